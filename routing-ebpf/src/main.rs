@@ -1,0 +1,2 @@
+//! eBPF programs (filled by the eBPF data plane work).
+fn main() {}

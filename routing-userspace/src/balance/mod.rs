@@ -1,0 +1,3 @@
+//! Pod and member selection strategies, one per file.
+
+pub mod least_loaded;

@@ -1,0 +1,4 @@
+//! flexinfer-proxy: an L7 request router for OpenAI-compatible model servers.
+
+pub mod balance;
+pub mod load;

@@ -1,0 +1,2 @@
+//! Project tasks: `cargo xtask <task>`.
+fn main() {}
