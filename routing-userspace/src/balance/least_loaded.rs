@@ -1,4 +1,22 @@
 //! Least-loaded: fewest active connections first; ties rotate round-robin.
+//!
+//! Loads are read from the gauge plus unexpired reservations (see `load::reservations`,
+//! which calls [`order`] under its lock so that concurrent picks see each other).
+
+use super::Selection;
+
+/// Least-loaded over precomputed loads.
+pub struct LeastLoaded<'a> {
+    pub loads: &'a [u64],
+    pub ticket: usize,
+}
+
+impl Selection for LeastLoaded<'_> {
+    fn order(&self, n: usize) -> Vec<usize> {
+        debug_assert_eq!(n, self.loads.len());
+        order(self.loads, self.ticket)
+    }
+}
 
 /// Indices of `loads` in preference order: ascending load; among equal loads, starting from
 /// index `rr % len` and wrapping, so successive calls with an increasing `rr` share ties out.

@@ -1,0 +1,201 @@
+//! A borrowed, top-level-only view of an OpenAI-style JSON request body.
+//!
+//! The proxy needs a handful of fields (model, session and cache keys, messages, documents) and
+//! must forward the body untouched, so it never builds a full JSON tree: every field is kept as
+//! raw JSON text and interpreted only when asked. A field of an unexpected type reads as absent,
+//! so a strange body can never fail key extraction.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+#[derive(Debug, Default, Deserialize)]
+pub struct BodyFields<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    session_id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_key: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "cacheKey")]
+    cache_key_camel: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prefix: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    document_context: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "documentContext")]
+    document_context_camel: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    context: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    documents: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+}
+
+/// One chat message, with its content kept raw (a string or an array of parts).
+#[derive(Debug, Deserialize)]
+struct Message<'a> {
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+fn as_string(raw: Option<&RawValue>) -> Option<String> {
+    serde_json::from_str::<String>(raw?.get()).ok()
+}
+
+/// Text of a message content: a plain string, or the text parts of an array joined by spaces.
+fn content_text(raw: &RawValue) -> Option<String> {
+    let s = raw.get();
+    match s.as_bytes().first() {
+        Some(b'"') => serde_json::from_str::<String>(s).ok(),
+        Some(b'[') => {
+            let parts: Vec<Part> = serde_json::from_str(s).ok()?;
+            let texts: Vec<String> = parts
+                .into_iter()
+                .filter(|p| p.kind.as_deref().is_none_or(|k| k == "text" || k == "input_text"))
+                .filter_map(|p| p.text)
+                .collect();
+            (!texts.is_empty()).then(|| texts.join(" "))
+        }
+        _ => None,
+    }
+}
+
+impl<'a> BodyFields<'a> {
+    /// `None` when the body is not a JSON object.
+    pub fn parse(body: &'a [u8]) -> Option<Self> {
+        // serde would also accept a JSON array for a struct; only an object is a request body.
+        let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
+        if *first != b'{' {
+            return None;
+        }
+        serde_json::from_slice(body).ok()
+    }
+
+    pub fn model(&self) -> Option<String> {
+        as_string(self.model)
+    }
+
+    pub fn session_id(&self) -> Option<String> {
+        as_string(self.session_id)
+    }
+
+    pub fn cache_key(&self) -> Option<String> {
+        as_string(self.cache_key)
+    }
+
+    pub fn cache_key_camel(&self) -> Option<String> {
+        as_string(self.cache_key_camel)
+    }
+
+    pub fn prefix(&self) -> Option<String> {
+        as_string(self.prefix)
+    }
+
+    fn messages(&self) -> Vec<Message<'a>> {
+        self.messages
+            .and_then(|m| serde_json::from_str(m.get()).ok())
+            .unwrap_or_default()
+    }
+
+    /// Whether the body carries a `messages` array (a chat request).
+    pub fn has_messages(&self) -> bool {
+        !self.messages().is_empty()
+    }
+
+    /// The text of every `role: "system"` message, in order (`developer` counts as system).
+    pub fn system_texts(&self) -> Vec<String> {
+        self.messages()
+            .iter()
+            .filter(|m| matches!(m.role.as_deref(), Some("system" | "developer")))
+            .filter_map(|m| m.content.and_then(content_text))
+            .collect()
+    }
+
+    /// The text of the first `role: "user"` message.
+    pub fn first_user_text(&self) -> Option<String> {
+        self.messages()
+            .iter()
+            .find(|m| m.role.as_deref() == Some("user"))
+            .and_then(|m| m.content.and_then(content_text))
+    }
+
+    /// Document context: `document_context`, `documentContext`, `context`, or the text of the
+    /// first entry of `documents[]` (a string, or an object's `text` / `content`), in that order.
+    pub fn document_context(&self) -> Option<String> {
+        let direct = [self.document_context, self.document_context_camel, self.context]
+            .into_iter()
+            .find_map(as_string);
+        direct.or_else(|| {
+            let docs: Vec<&RawValue> = serde_json::from_str(self.documents?.get()).ok()?;
+            let first = docs.first()?;
+            if let Some(s) = as_string(Some(first)) {
+                return Some(s);
+            }
+            #[derive(Deserialize)]
+            struct Doc {
+                text: Option<String>,
+                content: Option<String>,
+            }
+            let d: Doc = serde_json::from_str(first.get()).ok()?;
+            d.text.or(d.content)
+        })
+    }
+
+    /// A completions `prompt`: the string, or the first string of an array.
+    pub fn prompt_text(&self) -> Option<String> {
+        let raw = self.prompt?;
+        as_string(Some(raw)).or_else(|| {
+            let list: Vec<String> = serde_json::from_str(raw.get()).ok()?;
+            list.into_iter().next()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_fields_and_ignores_wrong_types() {
+        let body = br#"{"model":"m","session_id":42,"cache_key":"k","messages":[
+            {"role":"system","content":"S1"},
+            {"role":"system","content":[{"type":"text","text":"S2a"},{"type":"image_url","image_url":{}},{"type":"text","text":"S2b"}]},
+            {"role":"user","content":"U1"},{"role":"assistant","content":"A"},{"role":"user","content":"U2"}],
+            "documents":[{"text":"D"}]}"#;
+        let b = BodyFields::parse(body).unwrap();
+        assert_eq!(b.model().as_deref(), Some("m"));
+        assert_eq!(b.session_id(), None, "a number is not a session id");
+        assert_eq!(b.cache_key().as_deref(), Some("k"));
+        assert_eq!(b.system_texts(), vec!["S1".to_string(), "S2a S2b".to_string()]);
+        assert_eq!(b.first_user_text().as_deref(), Some("U1"));
+        assert_eq!(b.document_context().as_deref(), Some("D"));
+    }
+
+    #[test]
+    fn document_context_precedence() {
+        let b = BodyFields::parse(br#"{"context":"C","documentContext":"DC","documents":["X"]}"#).unwrap();
+        assert_eq!(b.document_context().as_deref(), Some("DC"));
+        let b = BodyFields::parse(br#"{"documents":["X","Y"]}"#).unwrap();
+        assert_eq!(b.document_context().as_deref(), Some("X"));
+    }
+
+    #[test]
+    fn not_an_object_is_none() {
+        assert!(BodyFields::parse(b"").is_none());
+        assert!(BodyFields::parse(b"[1]").is_none());
+        assert!(BodyFields::parse(b"{broken").is_none());
+    }
+}

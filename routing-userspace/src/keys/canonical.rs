@@ -1,0 +1,59 @@
+//! Canonical context (spec: "Prefix-Based Routing", step 4): the routed model identity, every
+//! system message, and the optional document context, each normalized and cut to its knob
+//! length, hashed together. Requests that share a system prompt and document share a key.
+//!
+//! Normalization collapses every run of white space to one space and trims the ends, so
+//! formatting noise does not split a shared prefix. A request with neither system text nor
+//! document context has no canonical key (the model alone is not a context).
+//!
+//! A `/v1/completions` request has no messages; its `prompt` then stands in for the system
+//! segment (cut to the same length), so shared prompt prefixes route together there too.
+
+use super::{KeyLimits, KeySource, RequestParts, RoutingKey};
+
+/// Collapse white-space runs to one space and trim.
+pub fn normalize(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for word in s.split_whitespace() {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(word);
+    }
+    out
+}
+
+/// The first `max` characters of `s`.
+pub fn cut(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// The canonical context text (before hashing); `None` when there is no context.
+pub fn context_text(req: &RequestParts<'_, '_>, limits: &KeyLimits) -> Option<String> {
+    let body = req.body?;
+    let system = if body.has_messages() {
+        body.system_texts()
+            .iter()
+            .map(|s| normalize(s))
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n")
+    } else {
+        body.prompt_text().map(|p| normalize(&p)).unwrap_or_default()
+    };
+    let document = body.document_context().map(|d| normalize(&d)).unwrap_or_default();
+    let system = cut(&system, limits.system_segment_max_length);
+    let document = cut(&document, limits.document_segment_max_length);
+    if system.is_empty() && document.is_empty() {
+        return None;
+    }
+    let model = req.model.map(str::to_owned).or_else(|| body.model()).unwrap_or_default();
+    Some(format!("model={model}\x1fsystem={system}\x1fdocument={document}"))
+}
+
+pub fn key(req: &RequestParts<'_, '_>, limits: &KeyLimits) -> Option<RoutingKey> {
+    context_text(req, limits).map(|t| RoutingKey::new(&t, KeySource::Canonical))
+}
