@@ -88,6 +88,15 @@ impl<'a> BodyFields<'a> {
         as_string(self.model)
     }
 
+    /// The byte range of the top-level `model` value inside `body` (the slice this view was
+    /// parsed from), so it can be replaced without touching any other byte.
+    pub fn model_span(&self, body: &[u8]) -> Option<std::ops::Range<usize>> {
+        let raw = self.model?.get().as_bytes();
+        let start = (raw.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+        let end = start + raw.len();
+        (end <= body.len()).then_some(start..end)
+    }
+
     pub fn session_id(&self) -> Option<String> {
         as_string(self.session_id)
     }
@@ -164,9 +173,34 @@ impl<'a> BodyFields<'a> {
     }
 }
 
+/// `body` with its top-level `model` value replaced by the JSON string `model`; `None` when the
+/// body has no `model` field.
+pub fn rewrite_model(body: &[u8], fields: &BodyFields<'_>, model: &str) -> Option<Vec<u8>> {
+    let span = fields.model_span(body)?;
+    let value = serde_json::to_string(model).expect("a string serializes");
+    let mut out = Vec::with_capacity(body.len() + value.len());
+    out.extend_from_slice(&body[..span.start]);
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(&body[span.end..]);
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rewrites_only_the_model_value() {
+        let body = br#"{ "messages": [{"role":"user","content":"model"}],  "model" :"alias" , "x":{"model":"inner"}}"#;
+        let f = BodyFields::parse(body).unwrap();
+        let out = rewrite_model(body, &f, "llama3:8b").unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{ "messages": [{"role":"user","content":"model"}],  "model" :"llama3:8b" , "x":{"model":"inner"}}"#
+        );
+        let none = br#"{"messages":[]}"#;
+        assert_eq!(rewrite_model(none, &BodyFields::parse(none).unwrap(), "m"), None);
+    }
 
     #[test]
     fn reads_fields_and_ignores_wrong_types() {

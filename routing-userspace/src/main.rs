@@ -1,1 +1,44 @@
-fn main() {}
+//! The `flexinfer-proxy` binary.
+
+use clap::{Parser, Subcommand};
+
+use routing_userspace::config::ServeArgs;
+
+#[derive(Parser)]
+#[command(name = "flexinfer-proxy", version, about = "An L7 request router for OpenAI-compatible model servers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve(ServeArgs),
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn runtime(worker_threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    b.enable_all();
+    if let Some(n) = worker_threads.filter(|&n| n > 0) {
+        b.worker_threads(n);
+    }
+    Ok(b.build()?)
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command {
+        Command::Serve(args) => {
+            let rt = runtime(args.worker_threads)?;
+            rt.block_on(routing_userspace::app::serve(args, routing_userspace::app::shutdown_signal()))
+        }
+    }
+}

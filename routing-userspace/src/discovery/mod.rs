@@ -4,6 +4,8 @@
 //! them into a [`ModelSet`] idempotently and, only when something really changed, rebuilds the
 //! routing table. Sources know nothing about rings or gauges.
 
+pub mod file;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
@@ -181,4 +183,12 @@ mod tests {
         }
         assert!("round-robin".parse::<Strategy>().is_err());
     }
+}
+
+/// Start the Kubernetes source (Model CRD, EndpointSlices, Services).
+pub fn start_kubernetes(
+    _args: &crate::config::ServeArgs,
+    _updates: tokio::sync::mpsc::UnboundedSender<Update>,
+) -> anyhow::Result<()> {
+    anyhow::bail!("this build has no Kubernetes discovery")
 }

@@ -27,3 +27,8 @@ pub trait LoadGauge: Send + Sync + 'static {
     /// Active connections to the pod in `slot`. Must not block or make a syscall.
     fn active(&self, slot: Slot) -> u64;
 }
+
+/// Open the node-wide eBPF gauge, or say why it cannot be used.
+pub fn open_ebpf_gauge(_opts: &crate::config::EbpfArgs) -> Result<std::sync::Arc<dyn LoadGauge>, String> {
+    Err("this build has no eBPF gauge".into())
+}

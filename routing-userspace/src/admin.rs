@@ -1,0 +1,113 @@
+//! The admin listener: `/metrics` (Prometheus text), `/healthz` (the process is serving),
+//! `/readyz` (discovery has synced at least once) and `/debug/routing` (the live table as JSON).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+
+use crate::load::LoadGauge;
+use crate::state::Shared;
+
+pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            let mut r = text(StatusCode::OK, &shared.metrics.render());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" if shared.is_ready() => text(StatusCode::OK, "ready\n"),
+        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "discovery has not synced yet\n"),
+        "/debug/routing" => {
+            let mut r = text(StatusCode::OK, &serde_json::to_string_pretty(&routing_view(&shared)).unwrap_or_default());
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_owned())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+/// The live routing table, gauges and reservations.
+pub fn routing_view(shared: &Shared) -> Value {
+    let table = shared.table.load();
+    let now = Instant::now();
+    let models: Vec<Value> = table
+        .models()
+        .map(|m| {
+            let pods: Vec<Value> = m
+                .pods
+                .iter()
+                .map(|p| {
+                    json!({
+                        "address": &*p.label,
+                        "slot": p.slot,
+                        "active": p.slot.map(|s| shared.pick_gauge.active(s)),
+                        "in_flight_here": p.slot.map(|s| shared.inflight.active(s)),
+                        "reservations": shared.pod_ledger.pending(&p.addr, now),
+                    })
+                })
+                .collect();
+            json!({
+                "name": &*m.name,
+                "strategy": m.spec.routing.as_str(),
+                "ready": m.spec.ready,
+                "served_model_name": m.spec.served_model_name,
+                "service_label": m.spec.service_label,
+                "route_priority": m.spec.route_priority,
+                "service": m.service.as_deref(),
+                "ring_points": m.ring.points(),
+                "pods": pods,
+            })
+        })
+        .collect();
+    let groups: Vec<Value> = table
+        .groups()
+        .map(|g| {
+            json!({
+                "label": &*g.label,
+                "mode": shared.knobs.label_group_mode.as_str(),
+                "members": g.members.iter().map(|m| json!({
+                    "model": &*m.name,
+                    "ready": m.spec.ready,
+                    "route_priority": m.spec.route_priority,
+                    "reservations": shared.group_ledger.pending(&m.name, now),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let k = &shared.knobs;
+    json!({
+        "ready": shared.is_ready(),
+        "gauge": shared.pick_gauge.name(),
+        "upstream_keepalive": shared.upstream.keepalive(),
+        "knobs": {
+            "explicit_key_max_length": k.limits.explicit_key_max_length,
+            "system_segment_max_length": k.limits.system_segment_max_length,
+            "document_segment_max_length": k.limits.document_segment_max_length,
+            "least_loaded_reservation_ttl_ms": k.reservation_ttl.as_millis() as u64,
+            "label_group_mode": k.label_group_mode.as_str(),
+        },
+        "models": models,
+        "label_groups": groups,
+    })
+}

@@ -1,0 +1,331 @@
+//! Command line and environment -> validated settings.
+//!
+//! Every knob the spec names is a flag with the spec's environment variable. Raw values are
+//! taken as text and validated in one place ([`RoutingKnobs::from_raw`]), because the spec
+//! wants invalid (non-positive) values to fall back to the defaults with a warning instead of
+//! refusing to start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::decide::LabelGroupMode;
+use crate::keys::KeyLimits;
+
+pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiscoveryKind {
+    /// A YAML file of models and pods, reloaded when it changes.
+    File,
+    /// Model custom resources, EndpointSlices and Services from the Kubernetes API.
+    Kubernetes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GaugeKind {
+    /// eBPF when it loads, else the userspace gauge.
+    Auto,
+    /// The node-wide eBPF connection gauge (fatal with --require-ebpf if it cannot load).
+    Ebpf,
+    /// The in-process in-flight gauge.
+    Userspace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KeepAlive {
+    /// Off while the eBPF gauge drives picks (one connection per request), on otherwise.
+    Auto,
+    On,
+    Off,
+}
+
+/// `flexinfer-proxy serve` options.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address the proxy listens on.
+    #[arg(long, env = "FLEXINFER_PROXY_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+
+    /// Address of the admin server (/metrics, /healthz, /readyz, /debug/routing).
+    #[arg(long, env = "FLEXINFER_PROXY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    pub admin_listen: SocketAddr,
+
+    /// Where models and pods come from.
+    #[arg(long, value_enum, env = "FLEXINFER_PROXY_DISCOVERY", default_value = "file")]
+    pub discovery: DiscoveryKind,
+
+    /// The models file (with --discovery file).
+    #[arg(long, env = "FLEXINFER_PROXY_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// How often the models file is checked for changes.
+    #[arg(long, env = "FLEXINFER_PROXY_CONFIG_POLL", default_value = "500ms", value_parser = parse_duration)]
+    pub config_poll: Duration,
+
+    /// Namespace to watch (with --discovery kubernetes); empty means all namespaces.
+    #[arg(long, env = "FLEXINFER_PROXY_NAMESPACE", default_value = "")]
+    pub namespace: String,
+
+    /// Kubeconfig file (else in-cluster config, else the default kubeconfig).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Tokio worker threads (default: one per core).
+    #[arg(long, env = "FLEXINFER_PROXY_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
+
+    /// Largest request body buffered for routing; larger requests get 413.
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_BODY_BYTES", default_value_t = 32 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Pods tried (the pick, then alternates) when connecting fails, before the Service.
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_POD_ATTEMPTS", default_value_t = 3)]
+    pub max_pod_attempts: usize,
+
+    /// Upstream TCP connect timeout.
+    #[arg(long, env = "FLEXINFER_PROXY_CONNECT_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// Keep-alive pooling of upstream connections.
+    #[arg(long, value_enum, env = "FLEXINFER_PROXY_UPSTREAM_KEEPALIVE", default_value = "auto")]
+    pub upstream_keepalive: KeepAlive,
+
+    /// How long in-flight requests may finish after SIGTERM.
+    #[arg(long, env = "FLEXINFER_PROXY_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    #[command(flatten)]
+    pub routing: RoutingArgs,
+
+    #[command(flatten)]
+    pub ebpf: EbpfArgs,
+
+    /// Cap on distinct keys tracked exactly per (model, strategy, key_source) series.
+    #[arg(long, env = "FLEXINFER_PROXY_KEY_CARDINALITY_CAP", default_value_t = 10_000)]
+    pub key_cardinality_cap: usize,
+}
+
+/// The spec's routing knobs, as raw text (validated by [`RoutingKnobs::from_raw`]).
+#[derive(Debug, Clone, Args)]
+pub struct RoutingArgs {
+    /// Longest accepted explicit cache key (characters).
+    #[arg(long, env = "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH", default_value = "128")]
+    pub explicit_key_max_length: String,
+
+    /// System-message segment length used by canonical context (characters).
+    #[arg(long, env = "PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH", default_value = "512")]
+    pub system_segment_max_length: String,
+
+    /// Document-context segment length used by canonical context (characters).
+    #[arg(long, env = "PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH", default_value = "256")]
+    pub document_segment_max_length: String,
+
+    /// Least-loaded reservation lifetime ("10s", "500ms", or seconds); 0 disables reservations.
+    #[arg(long, env = "PROXY_LEAST_LOADED_RESERVATION_TTL", default_value = "10s")]
+    pub least_loaded_reservation_ttl: String,
+
+    /// Member selection in shared service-label groups.
+    #[arg(long, env = "FLEXINFER_PROXY_LABEL_GROUP_ROUTING", default_value = "round-robin")]
+    pub label_group_routing: String,
+}
+
+/// eBPF gauge options.
+#[derive(Debug, Clone, Args)]
+pub struct EbpfArgs {
+    /// Which load gauge drives least-loaded picks.
+    #[arg(long, value_enum, env = "FLEXINFER_PROXY_GAUGE", default_value = "auto")]
+    pub gauge: GaugeKind,
+
+    /// Exit if the eBPF gauge cannot be loaded.
+    #[arg(long, env = "FLEXINFER_PROXY_REQUIRE_EBPF", default_value_t = false)]
+    pub require_ebpf: bool,
+
+    /// cgroup v2 path the sock_ops program attaches to (default: the cgroup2 root).
+    #[arg(long, env = "FLEXINFER_PROXY_CGROUP_PATH")]
+    pub cgroup_path: Option<PathBuf>,
+
+    /// Where the BPF maps and links are pinned.
+    #[arg(long, env = "FLEXINFER_PROXY_BPF_PIN_DIR", default_value = "/sys/fs/bpf/flexinfer")]
+    pub bpf_pin_dir: PathBuf,
+
+    /// The bpffs mount point.
+    #[arg(long, env = "FLEXINFER_PROXY_BPFFS", default_value = "/sys/fs/bpf")]
+    pub bpffs: PathBuf,
+
+    /// Same-node socket redirect through sk_msg (off unless asked).
+    #[arg(long, env = "FLEXINFER_PROXY_SK_MSG_REDIRECT", default_value_t = false)]
+    pub sk_msg_redirect: bool,
+}
+
+/// Validated routing knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutingKnobs {
+    pub limits: KeyLimits,
+    pub reservation_ttl: Duration,
+    pub label_group_mode: LabelGroupMode,
+}
+
+impl Default for RoutingKnobs {
+    fn default() -> Self {
+        Self {
+            limits: KeyLimits::default(),
+            reservation_ttl: DEFAULT_RESERVATION_TTL,
+            label_group_mode: LabelGroupMode::RoundRobin,
+        }
+    }
+}
+
+/// A knob value that was not usable, and the default used instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnobWarning {
+    pub knob: &'static str,
+    pub value: String,
+    pub used: String,
+}
+
+impl RoutingKnobs {
+    /// Validate raw knob text. Invalid or non-positive lengths, unparsable or negative TTLs and
+    /// unknown modes fall back to the defaults; each fallback is reported.
+    pub fn from_raw(raw: &RoutingArgs) -> (Self, Vec<KnobWarning>) {
+        let d = Self::default();
+        let mut warnings = Vec::new();
+        let mut length = |knob: &'static str, value: &str, default: usize| match value.trim().parse::<i64>() {
+            Ok(n) if n > 0 => n as usize,
+            _ => {
+                warnings.push(KnobWarning {
+                    knob,
+                    value: value.to_owned(),
+                    used: default.to_string(),
+                });
+                default
+            }
+        };
+        let limits = KeyLimits {
+            explicit_key_max_length: length(
+                "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH",
+                &raw.explicit_key_max_length,
+                d.limits.explicit_key_max_length,
+            ),
+            system_segment_max_length: length(
+                "PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH",
+                &raw.system_segment_max_length,
+                d.limits.system_segment_max_length,
+            ),
+            document_segment_max_length: length(
+                "PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH",
+                &raw.document_segment_max_length,
+                d.limits.document_segment_max_length,
+            ),
+        };
+        let reservation_ttl = match parse_duration(&raw.least_loaded_reservation_ttl) {
+            Ok(t) => t,
+            Err(_) => {
+                warnings.push(KnobWarning {
+                    knob: "PROXY_LEAST_LOADED_RESERVATION_TTL",
+                    value: raw.least_loaded_reservation_ttl.clone(),
+                    used: "10s".into(),
+                });
+                d.reservation_ttl
+            }
+        };
+        let label_group_mode = match raw.label_group_routing.parse() {
+            Ok(m) => m,
+            Err(_) => {
+                warnings.push(KnobWarning {
+                    knob: "FLEXINFER_PROXY_LABEL_GROUP_ROUTING",
+                    value: raw.label_group_routing.clone(),
+                    used: d.label_group_mode.to_string(),
+                });
+                d.label_group_mode
+            }
+        };
+        (
+            Self {
+                limits,
+                reservation_ttl,
+                label_group_mode,
+            },
+            warnings,
+        )
+    }
+}
+
+/// "10s", "250ms", "2m", "1h", or a plain number of seconds (fractions allowed). Not negative.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}"))?;
+    if !n.is_finite() || n < 0.0 {
+        return Err(format!("invalid duration {s:?}: must be zero or positive"));
+    }
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m or h)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(e: &str, s: &str, d: &str, ttl: &str, mode: &str) -> RoutingArgs {
+        RoutingArgs {
+            explicit_key_max_length: e.into(),
+            system_segment_max_length: s.into(),
+            document_segment_max_length: d.into(),
+            least_loaded_reservation_ttl: ttl.into(),
+            label_group_routing: mode.into(),
+        }
+    }
+
+    #[test]
+    fn valid_knobs_are_taken() {
+        let (k, w) = RoutingKnobs::from_raw(&raw("64", "1024", "32", "250ms", "least-loaded"));
+        assert!(w.is_empty());
+        assert_eq!(k.limits, KeyLimits { explicit_key_max_length: 64, system_segment_max_length: 1024, document_segment_max_length: 32 });
+        assert_eq!(k.reservation_ttl, Duration::from_millis(250));
+        assert_eq!(k.label_group_mode, LabelGroupMode::LeastLoaded);
+    }
+
+    #[test]
+    fn invalid_or_non_positive_knobs_fall_back_to_defaults() {
+        let (k, w) = RoutingKnobs::from_raw(&raw("0", "-5", "abc", "-1s", "random"));
+        assert_eq!(k, RoutingKnobs::default());
+        let names: Vec<_> = w.iter().map(|w| w.knob).collect();
+        assert_eq!(
+            names,
+            [
+                "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH",
+                "PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH",
+                "PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH",
+                "PROXY_LEAST_LOADED_RESERVATION_TTL",
+                "FLEXINFER_PROXY_LABEL_GROUP_ROUTING"
+            ]
+        );
+    }
+
+    #[test]
+    fn ttl_zero_disables_and_durations_parse() {
+        let (k, w) = RoutingKnobs::from_raw(&raw("128", "512", "256", "0", "round-robin"));
+        assert!(w.is_empty());
+        assert_eq!(k.reservation_ttl, Duration::ZERO);
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

@@ -1,0 +1,65 @@
+//! Model resolution (issue order): `X-Model-ID` header > `/model/<name>/...` path prefix
+//! (stripped before forwarding) > body `model` > the only model when just one is configured.
+
+use http::HeaderMap;
+
+pub const HEADER_MODEL_ID: &str = "x-model-id";
+
+/// Where the model name came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFrom {
+    Header,
+    Path,
+    Body,
+    OnlyModel,
+}
+
+/// A `/model/<name>/rest` path split into the name and the path to forward (`/rest`).
+pub fn split_model_path(path: &str) -> Option<(String, &str)> {
+    let rest = path.strip_prefix("/model/")?;
+    let (name, tail) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let name = percent_decode(name)?;
+    (!name.is_empty()).then_some((name, tail))
+}
+
+/// The model named by the `X-Model-ID` header.
+pub fn header_model(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(HEADER_MODEL_ID)?.to_str().ok()?.trim();
+    (!v.is_empty()).then(|| v.to_owned())
+}
+
+/// Decode `%XX` escapes; `None` on a broken escape or non-UTF-8 result.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_prefix() {
+        assert_eq!(split_model_path("/model/llama/v1/chat/completions"), Some(("llama".into(), "/v1/chat/completions")));
+        assert_eq!(split_model_path("/model/llama3%3A8b/v1/models"), Some(("llama3:8b".into(), "/v1/models")));
+        assert_eq!(split_model_path("/model/x"), Some(("x".into(), "/")));
+        assert_eq!(split_model_path("/model//v1"), None);
+        assert_eq!(split_model_path("/v1/chat/completions"), None);
+        assert_eq!(split_model_path("/model/bad%zz/v1"), None);
+    }
+}

@@ -1,0 +1,121 @@
+//! What every request shares: the published routing table, gauges, ledgers, metrics and the
+//! upstream client; and the one place discovery updates turn into a new table.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use crate::config::RoutingKnobs;
+use crate::discovery::{ModelSet, Update};
+use crate::load::reservations::ReservationLedger;
+use crate::load::slots::SlotAllocator;
+use crate::load::userspace::UserspaceGauge;
+use crate::load::LoadGauge;
+use crate::metrics::Metrics;
+use crate::proxy::upstream::Upstream;
+use crate::table::RoutingTable;
+
+pub struct Shared {
+    pub table: ArcSwap<RoutingTable>,
+    pub knobs: RoutingKnobs,
+    pub metrics: Arc<Metrics>,
+    /// The gauge least-loaded picks read (eBPF or userspace).
+    pub pick_gauge: Arc<dyn LoadGauge>,
+    /// This process's in-flight requests per pod (always kept).
+    pub inflight: Arc<UserspaceGauge>,
+    pub pod_ledger: ReservationLedger<SocketAddr>,
+    pub group_ledger: ReservationLedger<Arc<str>>,
+    pub upstream: Upstream,
+    pub max_body_bytes: usize,
+    pub max_pod_attempts: usize,
+    /// Set once discovery delivered its first complete view.
+    pub ready: AtomicBool,
+    discovered: Mutex<(ModelSet, SlotAllocator)>,
+}
+
+impl Shared {
+    pub fn new(
+        knobs: RoutingKnobs,
+        metrics: Arc<Metrics>,
+        pick_gauge: Arc<dyn LoadGauge>,
+        inflight: Arc<UserspaceGauge>,
+        upstream: Upstream,
+        max_body_bytes: usize,
+        max_pod_attempts: usize,
+    ) -> Self {
+        Self {
+            table: ArcSwap::from_pointee(RoutingTable::default()),
+            pod_ledger: ReservationLedger::new(knobs.reservation_ttl),
+            group_ledger: ReservationLedger::new(knobs.reservation_ttl),
+            knobs,
+            metrics,
+            pick_gauge,
+            inflight,
+            upstream,
+            max_body_bytes,
+            max_pod_attempts,
+            ready: AtomicBool::new(false),
+            discovered: Mutex::new((ModelSet::default(), SlotAllocator::default())),
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Fold one discovery update in; rebuild and publish the table only on a real change.
+    pub fn apply(&self, update: Update) {
+        let is_reset = matches!(update, Update::Reset(_));
+        let mut guard = self.discovered.lock().expect("discovery lock");
+        let (set, slots) = &mut *guard;
+        let changed = set.apply(update);
+        if changed || (is_reset && !self.is_ready()) {
+            let assigned = slots.sync(&RoutingTable::pod_addrs(set));
+            self.pick_gauge.set_pods(&assigned);
+            let table = RoutingTable::build(set, slots);
+            self.touch_metrics(&table);
+            let pods: usize = table.models().map(|m| m.pods.len()).sum();
+            tracing::info!(models = set.len(), pods, "routing table updated");
+            self.table.store(Arc::new(table));
+        }
+        if is_reset && !self.ready.swap(true, Ordering::AcqRel) {
+            tracing::info!("discovery synced; ready");
+        }
+    }
+
+    /// Per-model series exist from the start (so `rate()` works from zero), and the ready
+    /// endpoint count follows the table.
+    fn touch_metrics(&self, table: &RoutingTable) {
+        let m = &self.metrics;
+        m.ready_endpoints.reset();
+        for model in table.models() {
+            let name = &*model.name;
+            m.ready_endpoints.with_label_values(&[name]).set(model.pods.len() as i64);
+            m.active_connections.with_label_values(&[name]);
+            m.least_loaded_reservations_total.with_label_values(&[name]);
+            m.least_loaded_reservations_expired_total.with_label_values(&[name]);
+            m.request_duration_seconds.with_label_values(&[name]);
+            m.time_to_first_byte_seconds.with_label_values(&[name]);
+        }
+        for g in table.groups() {
+            let mode = self.knobs.label_group_mode.as_str();
+            for member in &g.members {
+                m.label_group_route_target_hits_total
+                    .with_label_values(&[&g.label, mode, &member.name]);
+            }
+        }
+    }
+
+    /// Count reservations that expired unconsumed (run every second or so).
+    pub fn sweep_reservations(&self, now: Instant) {
+        for (model, n) in self.pod_ledger.sweep(now).into_iter().chain(self.group_ledger.sweep(now)) {
+            self.metrics
+                .least_loaded_reservations_expired_total
+                .with_label_values(&[&model])
+                .inc_by(n);
+        }
+    }
+}
