@@ -3,3 +3,4 @@
 pub mod balance;
 pub mod discovery;
 pub mod load;
+pub mod sim;
