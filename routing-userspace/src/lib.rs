@@ -16,5 +16,6 @@ pub mod keys;
 pub mod load;
 pub mod metrics;
 pub mod proxy;
+pub mod sim;
 pub mod state;
 pub mod table;

@@ -1,0 +1,248 @@
+//! Counters behind the sim's `/metrics`, rendered as hand-written Prometheus text.
+//!
+//! A handful of atomics is all a replica needs to show; a registry would add nothing. Every
+//! series carries `pod="<name>"` so one Prometheus scraping several sims can tell them apart.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// The routes the sim counts; the label is the metric's `endpoint` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+    Embeddings,
+    Models,
+    Health,
+    Metrics,
+    NotFound,
+    MethodNotAllowed,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 8] = [
+        Endpoint::Chat,
+        Endpoint::Completions,
+        Endpoint::Embeddings,
+        Endpoint::Models,
+        Endpoint::Health,
+        Endpoint::Metrics,
+        Endpoint::NotFound,
+        Endpoint::MethodNotAllowed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat_completions",
+            Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Models => "models",
+            Endpoint::Health => "health",
+            Endpoint::Metrics => "metrics",
+            Endpoint::NotFound => "not_found",
+            Endpoint::MethodNotAllowed => "method_not_allowed",
+        }
+    }
+}
+
+/// Request and token counters plus the queue gauges.
+#[derive(Debug, Default)]
+pub struct Stats {
+    requests: [AtomicU64; Endpoint::ALL.len()],
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    waiting: AtomicU64,
+    running: AtomicU64,
+}
+
+/// Cache figures read under the cache lock at scrape time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CacheStats {
+    pub used: usize,
+    pub capacity: usize,
+    pub evictions: u64,
+}
+
+impl Stats {
+    pub fn count_request(&self, endpoint: Endpoint) {
+        self.requests[endpoint as usize].fetch_add(1, Relaxed);
+    }
+
+    pub fn count_prompt(&self, prompt_tokens: u64, cached_tokens: u64) {
+        self.prompt_tokens.fetch_add(prompt_tokens, Relaxed);
+        self.cached_tokens.fetch_add(cached_tokens, Relaxed);
+    }
+
+    pub fn count_completion_tokens(&self, n: u64) {
+        self.completion_tokens.fetch_add(n, Relaxed);
+    }
+
+    /// Count a generation request as waiting for a slot until [`Admission::start`] or drop.
+    pub fn admit(self: &Arc<Self>) -> Admission {
+        self.waiting.fetch_add(1, Relaxed);
+        Admission {
+            stats: Arc::clone(self),
+            running: false,
+        }
+    }
+
+    /// Requests waiting for or holding a generation slot.
+    pub fn in_flight(&self) -> u64 {
+        self.waiting.load(Relaxed) + self.running.load(Relaxed)
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self, pod: &str, cache: CacheStats) -> String {
+        let pod = escape_label(pod);
+        let mut out = String::with_capacity(2048);
+        family(
+            &mut out,
+            "sim_requests_total",
+            "counter",
+            "Requests received, by endpoint.",
+        );
+        for e in Endpoint::ALL {
+            let n = self.requests[e as usize].load(Relaxed);
+            let _ = writeln!(
+                out,
+                "sim_requests_total{{pod=\"{pod}\",endpoint=\"{}\"}} {n}",
+                e.label()
+            );
+        }
+        let series: [(&str, &str, &str, u64); 9] = [
+            (
+                "sim_prompt_tokens_total",
+                "counter",
+                "Prompt tokens of generation requests.",
+                self.prompt_tokens.load(Relaxed),
+            ),
+            (
+                "sim_cached_tokens_total",
+                "counter",
+                "Prompt tokens served from the prefix cache.",
+                self.cached_tokens.load(Relaxed),
+            ),
+            (
+                "sim_completion_tokens_total",
+                "counter",
+                "Output tokens generated.",
+                self.completion_tokens.load(Relaxed),
+            ),
+            (
+                "sim_requests_in_flight",
+                "gauge",
+                "Generation requests waiting or running.",
+                self.in_flight(),
+            ),
+            (
+                "sim_requests_running",
+                "gauge",
+                "Generation requests holding a slot.",
+                self.running.load(Relaxed),
+            ),
+            (
+                "sim_requests_waiting",
+                "gauge",
+                "Generation requests queued for a slot.",
+                self.waiting.load(Relaxed),
+            ),
+            (
+                "sim_cache_blocks_used",
+                "gauge",
+                "Prefix cache blocks held.",
+                cache.used as u64,
+            ),
+            (
+                "sim_cache_blocks_capacity",
+                "gauge",
+                "Prefix cache capacity in blocks.",
+                cache.capacity as u64,
+            ),
+            (
+                "sim_cache_evictions_total",
+                "counter",
+                "Prefix cache blocks evicted.",
+                cache.evictions,
+            ),
+        ];
+        for (name, kind, help, value) in series {
+            family(&mut out, name, kind, help);
+            let _ = writeln!(out, "{name}{{pod=\"{pod}\"}} {value}");
+        }
+        out
+    }
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A generation request holding the waiting or running gauge; releases it on drop.
+#[derive(Debug)]
+pub struct Admission {
+    stats: Arc<Stats>,
+    running: bool,
+}
+
+impl Admission {
+    /// The request got a slot: move it from waiting to running.
+    pub fn start(&mut self) {
+        if !self.running {
+            self.running = true;
+            self.stats.waiting.fetch_sub(1, Relaxed);
+            self.stats.running.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        let gauge = if self.running {
+            &self.stats.running
+        } else {
+            &self.stats.waiting
+        };
+        gauge.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_moves_between_gauges_and_releases() {
+        let stats = Arc::new(Stats::default());
+        let mut a = stats.admit();
+        let _b = stats.admit();
+        assert_eq!(stats.waiting.load(Relaxed), 2);
+        a.start();
+        assert_eq!(stats.running.load(Relaxed), 1);
+        assert_eq!(stats.in_flight(), 2);
+        drop(a);
+        assert_eq!(stats.running.load(Relaxed), 0);
+        assert_eq!(stats.in_flight(), 1);
+    }
+
+    #[test]
+    fn renders_labelled_series() {
+        let stats = Stats::default();
+        stats.count_request(Endpoint::Chat);
+        stats.count_prompt(100, 64);
+        let text = stats.render("a\"b", CacheStats::default());
+        assert!(
+            text.contains("sim_requests_total{pod=\"a\\\"b\",endpoint=\"chat_completions\"} 1\n")
+        );
+        assert!(text.contains("sim_cached_tokens_total{pod=\"a\\\"b\"} 64\n"));
+        assert!(text.contains("# TYPE sim_cache_blocks_used gauge\n"));
+    }
+}
