@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use routing_userspace::config::ServeArgs;
+use routing_userspace::sim::SimArgs;
 
 #[derive(Parser)]
 #[command(name = "flexinfer-proxy", version, about = "An L7 request router for OpenAI-compatible model servers")]
@@ -15,12 +16,19 @@ struct Cli {
 enum Command {
     /// Run the proxy.
     Serve(ServeArgs),
+    /// Run a simulated OpenAI-compatible model server (one GPU replica stand-in).
+    Sim(SimArgs),
 }
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn runtime(worker_threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
@@ -40,5 +48,6 @@ fn main() -> anyhow::Result<()> {
             let rt = runtime(args.worker_threads)?;
             rt.block_on(routing_userspace::app::serve(args, routing_userspace::app::shutdown_signal()))
         }
+        Command::Sim(args) => runtime(None)?.block_on(routing_userspace::sim::run(args)),
     }
 }
