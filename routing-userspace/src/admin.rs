@@ -28,11 +28,19 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Ful
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if shared.is_ready() => text(StatusCode::OK, "ready\n"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "discovery has not synced yet\n"),
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "discovery has not synced yet\n",
+        ),
         "/debug/routing" => {
-            let mut r = text(StatusCode::OK, &serde_json::to_string_pretty(&routing_view(&shared)).unwrap_or_default());
-            r.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            let mut r = text(
+                StatusCode::OK,
+                &serde_json::to_string_pretty(&routing_view(&shared)).unwrap_or_default(),
+            );
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             r
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
@@ -42,8 +50,10 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Ful
 fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_owned())));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }
 

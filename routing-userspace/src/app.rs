@@ -16,7 +16,10 @@ use crate::state::Shared;
 use crate::{admin, proxy};
 
 /// The gauge least-loaded picks read, and whether it is the eBPF one.
-fn choose_gauge(args: &ServeArgs, userspace: &Arc<UserspaceGauge>) -> anyhow::Result<(Arc<dyn LoadGauge>, bool)> {
+fn choose_gauge(
+    args: &ServeArgs,
+    userspace: &Arc<UserspaceGauge>,
+) -> anyhow::Result<(Arc<dyn LoadGauge>, bool)> {
     if args.ebpf.gauge == GaugeKind::Userspace {
         if args.ebpf.require_ebpf {
             bail!("--require-ebpf conflicts with --gauge userspace");
@@ -38,7 +41,10 @@ fn choose_gauge(args: &ServeArgs, userspace: &Arc<UserspaceGauge>) -> anyhow::Re
     }
 }
 
-pub async fn serve(args: ServeArgs, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve(
+    args: ServeArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let (knobs, warnings) = RoutingKnobs::from_raw(&args.routing);
     for w in &warnings {
         tracing::warn!(knob = w.knob, value = %w.value, using = %w.used, "invalid routing knob; using the default");
@@ -79,7 +85,8 @@ pub async fn serve(args: ServeArgs, shutdown: impl std::future::Future<Output = 
                 .config
                 .clone()
                 .context("--config (FLEXINFER_PROXY_CONFIG) is required with --discovery file")?;
-            crate::discovery::file::start(path, args.config_poll, tx).map_err(anyhow::Error::msg)?;
+            crate::discovery::file::start(path, args.config_poll, tx)
+                .map_err(anyhow::Error::msg)?;
         }
         DiscoveryKind::Kubernetes => crate::discovery::start_kubernetes(&args, tx)?,
     }

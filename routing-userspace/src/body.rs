@@ -64,7 +64,11 @@ fn content_text(raw: &RawValue) -> Option<String> {
             let parts: Vec<Part> = serde_json::from_str(s).ok()?;
             let texts: Vec<String> = parts
                 .into_iter()
-                .filter(|p| p.kind.as_deref().is_none_or(|k| k == "text" || k == "input_text"))
+                .filter(|p| {
+                    p.kind
+                        .as_deref()
+                        .is_none_or(|k| k == "text" || k == "input_text")
+                })
                 .filter_map(|p| p.text)
                 .collect();
             (!texts.is_empty()).then(|| texts.join(" "))
@@ -144,9 +148,13 @@ impl<'a> BodyFields<'a> {
     /// Document context: `document_context`, `documentContext`, `context`, or the text of the
     /// first entry of `documents[]` (a string, or an object's `text` / `content`), in that order.
     pub fn document_context(&self) -> Option<String> {
-        let direct = [self.document_context, self.document_context_camel, self.context]
-            .into_iter()
-            .find_map(as_string);
+        let direct = [
+            self.document_context,
+            self.document_context_camel,
+            self.context,
+        ]
+        .into_iter()
+        .find_map(as_string);
         direct.or_else(|| {
             let docs: Vec<&RawValue> = serde_json::from_str(self.documents?.get()).ok()?;
             let first = docs.first()?;
@@ -199,7 +207,10 @@ mod tests {
             r#"{ "messages": [{"role":"user","content":"model"}],  "model" :"llama3:8b" , "x":{"model":"inner"}}"#
         );
         let none = br#"{"messages":[]}"#;
-        assert_eq!(rewrite_model(none, &BodyFields::parse(none).unwrap(), "m"), None);
+        assert_eq!(
+            rewrite_model(none, &BodyFields::parse(none).unwrap(), "m"),
+            None
+        );
     }
 
     #[test]
@@ -213,14 +224,18 @@ mod tests {
         assert_eq!(b.model().as_deref(), Some("m"));
         assert_eq!(b.session_id(), None, "a number is not a session id");
         assert_eq!(b.cache_key().as_deref(), Some("k"));
-        assert_eq!(b.system_texts(), vec!["S1".to_string(), "S2a S2b".to_string()]);
+        assert_eq!(
+            b.system_texts(),
+            vec!["S1".to_string(), "S2a S2b".to_string()]
+        );
         assert_eq!(b.first_user_text().as_deref(), Some("U1"));
         assert_eq!(b.document_context().as_deref(), Some("D"));
     }
 
     #[test]
     fn document_context_precedence() {
-        let b = BodyFields::parse(br#"{"context":"C","documentContext":"DC","documents":["X"]}"#).unwrap();
+        let b = BodyFields::parse(br#"{"context":"C","documentContext":"DC","documents":["X"]}"#)
+            .unwrap();
         assert_eq!(b.document_context().as_deref(), Some("DC"));
         let b = BodyFields::parse(br#"{"documents":["X","Y"]}"#).unwrap();
         assert_eq!(b.document_context().as_deref(), Some("X"));

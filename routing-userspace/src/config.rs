@@ -50,11 +50,20 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
 
     /// Address of the admin server (/metrics, /healthz, /readyz, /debug/routing).
-    #[arg(long, env = "FLEXINFER_PROXY_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ADMIN_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
     pub admin_listen: SocketAddr,
 
     /// Where models and pods come from.
-    #[arg(long, value_enum, env = "FLEXINFER_PROXY_DISCOVERY", default_value = "file")]
+    #[arg(
+        long,
+        value_enum,
+        env = "FLEXINFER_PROXY_DISCOVERY",
+        default_value = "file"
+    )]
     pub discovery: DiscoveryKind,
 
     /// The models file (with --discovery file).
@@ -90,7 +99,12 @@ pub struct ServeArgs {
     pub connect_timeout: Duration,
 
     /// Keep-alive pooling of upstream connections.
-    #[arg(long, value_enum, env = "FLEXINFER_PROXY_UPSTREAM_KEEPALIVE", default_value = "auto")]
+    #[arg(
+        long,
+        value_enum,
+        env = "FLEXINFER_PROXY_UPSTREAM_KEEPALIVE",
+        default_value = "auto"
+    )]
     pub upstream_keepalive: KeepAlive,
 
     /// How long in-flight requests may finish after SIGTERM.
@@ -104,7 +118,11 @@ pub struct ServeArgs {
     pub ebpf: EbpfArgs,
 
     /// Cap on distinct keys tracked exactly per (model, strategy, key_source) series.
-    #[arg(long, env = "FLEXINFER_PROXY_KEY_CARDINALITY_CAP", default_value_t = 10_000)]
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_KEY_CARDINALITY_CAP",
+        default_value_t = 10_000
+    )]
     pub key_cardinality_cap: usize,
 }
 
@@ -112,23 +130,43 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct RoutingArgs {
     /// Longest accepted explicit cache key (characters).
-    #[arg(long, env = "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH", default_value = "128")]
+    #[arg(
+        long,
+        env = "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH",
+        default_value = "128"
+    )]
     pub explicit_key_max_length: String,
 
     /// System-message segment length used by canonical context (characters).
-    #[arg(long, env = "PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH", default_value = "512")]
+    #[arg(
+        long,
+        env = "PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH",
+        default_value = "512"
+    )]
     pub system_segment_max_length: String,
 
     /// Document-context segment length used by canonical context (characters).
-    #[arg(long, env = "PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH", default_value = "256")]
+    #[arg(
+        long,
+        env = "PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH",
+        default_value = "256"
+    )]
     pub document_segment_max_length: String,
 
     /// Least-loaded reservation lifetime ("10s", "500ms", or seconds); 0 disables reservations.
-    #[arg(long, env = "PROXY_LEAST_LOADED_RESERVATION_TTL", default_value = "10s")]
+    #[arg(
+        long,
+        env = "PROXY_LEAST_LOADED_RESERVATION_TTL",
+        default_value = "10s"
+    )]
     pub least_loaded_reservation_ttl: String,
 
     /// Member selection in shared service-label groups.
-    #[arg(long, env = "FLEXINFER_PROXY_LABEL_GROUP_ROUTING", default_value = "round-robin")]
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_LABEL_GROUP_ROUTING",
+        default_value = "round-robin"
+    )]
     pub label_group_routing: String,
 }
 
@@ -136,7 +174,12 @@ pub struct RoutingArgs {
 #[derive(Debug, Clone, Args)]
 pub struct EbpfArgs {
     /// Which load gauge drives least-loaded picks.
-    #[arg(long, value_enum, env = "FLEXINFER_PROXY_GAUGE", default_value = "auto")]
+    #[arg(
+        long,
+        value_enum,
+        env = "FLEXINFER_PROXY_GAUGE",
+        default_value = "auto"
+    )]
     pub gauge: GaugeKind,
 
     /// Exit if the eBPF gauge cannot be loaded.
@@ -148,7 +191,11 @@ pub struct EbpfArgs {
     pub cgroup_path: Option<PathBuf>,
 
     /// Where the BPF maps and links are pinned.
-    #[arg(long, env = "FLEXINFER_PROXY_BPF_PIN_DIR", default_value = "/sys/fs/bpf/flexinfer")]
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_BPF_PIN_DIR",
+        default_value = "/sys/fs/bpf/flexinfer"
+    )]
     pub bpf_pin_dir: PathBuf,
 
     /// The bpffs mount point.
@@ -192,17 +239,18 @@ impl RoutingKnobs {
     pub fn from_raw(raw: &RoutingArgs) -> (Self, Vec<KnobWarning>) {
         let d = Self::default();
         let mut warnings = Vec::new();
-        let mut length = |knob: &'static str, value: &str, default: usize| match value.trim().parse::<i64>() {
-            Ok(n) if n > 0 => n as usize,
-            _ => {
-                warnings.push(KnobWarning {
-                    knob,
-                    value: value.to_owned(),
-                    used: default.to_string(),
-                });
-                default
-            }
-        };
+        let mut length =
+            |knob: &'static str, value: &str, default: usize| match value.trim().parse::<i64>() {
+                Ok(n) if n > 0 => n as usize,
+                _ => {
+                    warnings.push(KnobWarning {
+                        knob,
+                        value: value.to_owned(),
+                        used: default.to_string(),
+                    });
+                    default
+                }
+            };
         let limits = KeyLimits {
             explicit_key_max_length: length(
                 "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH",
@@ -272,7 +320,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ))
+        }
     };
     Ok(Duration::from_secs_f64(secs))
 }
@@ -295,7 +347,14 @@ mod tests {
     fn valid_knobs_are_taken() {
         let (k, w) = RoutingKnobs::from_raw(&raw("64", "1024", "32", "250ms", "least-loaded"));
         assert!(w.is_empty());
-        assert_eq!(k.limits, KeyLimits { explicit_key_max_length: 64, system_segment_max_length: 1024, document_segment_max_length: 32 });
+        assert_eq!(
+            k.limits,
+            KeyLimits {
+                explicit_key_max_length: 64,
+                system_segment_max_length: 1024,
+                document_segment_max_length: 32
+            }
+        );
         assert_eq!(k.reservation_ttl, Duration::from_millis(250));
         assert_eq!(k.label_group_mode, LabelGroupMode::LeastLoaded);
     }

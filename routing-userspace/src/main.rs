@@ -6,7 +6,11 @@ use routing_userspace::config::ServeArgs;
 use routing_userspace::sim::SimArgs;
 
 #[derive(Parser)]
-#[command(name = "flexinfer-proxy", version, about = "An L7 request router for OpenAI-compatible model servers")]
+#[command(
+    name = "flexinfer-proxy",
+    version,
+    about = "An L7 request router for OpenAI-compatible model servers"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -46,7 +50,10 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             let rt = runtime(args.worker_threads)?;
-            rt.block_on(routing_userspace::app::serve(args, routing_userspace::app::shutdown_signal()))
+            rt.block_on(routing_userspace::app::serve(
+                args,
+                routing_userspace::app::shutdown_signal(),
+            ))
         }
         Command::Sim(args) => runtime(None)?.block_on(routing_userspace::sim::run(args)),
     }

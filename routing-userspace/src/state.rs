@@ -93,25 +93,36 @@ impl Shared {
         m.ready_endpoints.reset();
         for model in table.models() {
             let name = &*model.name;
-            m.ready_endpoints.with_label_values(&[name]).set(model.pods.len() as i64);
+            m.ready_endpoints
+                .with_label_values(&[name])
+                .set(model.pods.len() as i64);
             m.active_connections.with_label_values(&[name]);
             m.least_loaded_reservations_total.with_label_values(&[name]);
-            m.least_loaded_reservations_expired_total.with_label_values(&[name]);
+            m.least_loaded_reservations_expired_total
+                .with_label_values(&[name]);
             m.request_duration_seconds.with_label_values(&[name]);
             m.time_to_first_byte_seconds.with_label_values(&[name]);
         }
         for g in table.groups() {
             let mode = self.knobs.label_group_mode.as_str();
             for member in &g.members {
-                m.label_group_route_target_hits_total
-                    .with_label_values(&[&g.label, mode, &member.name]);
+                m.label_group_route_target_hits_total.with_label_values(&[
+                    &g.label,
+                    mode,
+                    &member.name,
+                ]);
             }
         }
     }
 
     /// Count reservations that expired unconsumed (run every second or so).
     pub fn sweep_reservations(&self, now: Instant) {
-        for (model, n) in self.pod_ledger.sweep(now).into_iter().chain(self.group_ledger.sweep(now)) {
+        for (model, n) in self
+            .pod_ledger
+            .sweep(now)
+            .into_iter()
+            .chain(self.group_ledger.sweep(now))
+        {
             self.metrics
                 .least_loaded_reservations_expired_total
                 .with_label_values(&[&model])

@@ -113,12 +113,20 @@ impl RoutingTable {
     pub fn build_with_vnodes(set: &ModelSet, slots: &SlotAllocator, vnodes: u32) -> Self {
         let models: BTreeMap<String, Arc<ModelRoute>> = set
             .models()
-            .map(|m| (m.name.clone(), Arc::new(ModelRoute::new(m.clone(), slots, vnodes))))
+            .map(|m| {
+                (
+                    m.name.clone(),
+                    Arc::new(ModelRoute::new(m.clone(), slots, vnodes)),
+                )
+            })
             .collect();
         let mut by_label: BTreeMap<String, Vec<Arc<ModelRoute>>> = BTreeMap::new();
         for m in models.values() {
             if let Some(label) = &m.spec.service_label {
-                by_label.entry(label.clone()).or_default().push(Arc::clone(m));
+                by_label
+                    .entry(label.clone())
+                    .or_default()
+                    .push(Arc::clone(m));
             }
         }
         let groups = by_label
@@ -149,7 +157,11 @@ impl RoutingTable {
     /// The route used when a request names no model and exactly one model is configured.
     pub fn only_model(&self) -> Option<Route> {
         if self.models.len() == 1 {
-            return self.models.values().next().map(|m| Route::Model(Arc::clone(m)));
+            return self
+                .models
+                .values()
+                .next()
+                .map(|m| Route::Model(Arc::clone(m)));
         }
         None
     }
@@ -164,7 +176,10 @@ impl RoutingTable {
 
     /// Every pod address of every model (for slot assignment).
     pub fn pod_addrs(set: &ModelSet) -> Vec<SocketAddr> {
-        let mut v: Vec<SocketAddr> = set.models().flat_map(|m| m.endpoints.iter().copied()).collect();
+        let mut v: Vec<SocketAddr> = set
+            .models()
+            .flat_map(|m| m.endpoints.iter().copied())
+            .collect();
         v.sort();
         v.dedup();
         v

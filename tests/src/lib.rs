@@ -1,1 +1,325 @@
-//! Shared support for the workspace integration tests.
+//! Shared support for the workspace integration tests: real `flexinfer-proxy` processes (proxy
+//! and `sim` replicas) on loopback, and a small HTTP client.
+//!
+//! Processes are killed when their handle drops, so a failing test leaves nothing running.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// The `flexinfer-proxy` binary: `FLEXINFER_PROXY_BIN`, else next to this test's target dir.
+/// `cargo test --workspace` builds it first (routing-userspace has integration tests of its
+/// own, which makes cargo build its binary).
+pub fn proxy_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("FLEXINFER_PROXY_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/flexinfer-proxy
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let bin = profile_dir.join("flexinfer-proxy");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (cargo build -p routing-userspace) or set FLEXINFER_PROXY_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A child process killed (SIGKILL) on drop.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The process's stderr so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then wait up to `timeout` for the exit.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety concerns.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("flexinfer-test-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Self(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn spawn(args: &[String], env: &HashMap<String, String>, log: PathBuf) -> Proc {
+    let stderr = std::fs::File::create(&log).expect("log file");
+    let child = Command::new(proxy_bin())
+        .args(args)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn flexinfer-proxy");
+    Proc { child, log }
+}
+
+/// Wait until `GET url` answers 200.
+pub async fn wait_ok(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(r) = get(addr, path).await {
+            if r.status == StatusCode::OK {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("{addr}{path} not ready after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A simulated replica (`flexinfer-proxy sim`).
+pub struct Sim {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub proc: Proc,
+}
+
+/// Start a sim named `name` with extra flags, and wait for /health.
+pub async fn start_sim(name: &str, extra: &[&str], dir: &Path) -> Sim {
+    let addr = loopback(free_port());
+    let mut args = vec![
+        "sim".to_string(),
+        "--listen".into(),
+        addr.to_string(),
+        "--name".into(),
+        name.to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let proc = spawn(&args, &HashMap::new(), dir.join(format!("sim-{name}.log")));
+    wait_ok(addr, "/health", Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("sim {name}: {e}"));
+    Sim {
+        name: name.into(),
+        addr,
+        proc,
+    }
+}
+
+/// A running proxy with its models file.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub config: PathBuf,
+    pub proc: Proc,
+}
+
+impl Proxy {
+    /// Replace the models file and wait until the proxy has applied it (its poll is 100 ms).
+    pub async fn rewrite_config(&self, yaml: &str) {
+        let tmp = self.config.with_extension("tmp");
+        std::fs::write(&tmp, yaml).expect("write config");
+        std::fs::rename(&tmp, &self.config).expect("swap config");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+
+    pub async fn metrics(&self) -> String {
+        get(self.admin, "/metrics").await.expect("metrics").text()
+    }
+}
+
+/// Start a proxy on `yaml` with extra flags and environment, and wait for /readyz.
+pub async fn start_proxy(yaml: &str, extra: &[&str], env: &[(&str, &str)], dir: &Path) -> Proxy {
+    let config = dir.join(format!("models-{}.yaml", free_port()));
+    std::fs::write(&config, yaml).expect("write config");
+    let addr = loopback(free_port());
+    let admin = loopback(free_port());
+    let mut args = vec![
+        "serve".to_string(),
+        "--listen".into(),
+        addr.to_string(),
+        "--admin-listen".into(),
+        admin.to_string(),
+        "--config".into(),
+        config.display().to_string(),
+        "--config-poll".into(),
+        "100ms".into(),
+        "--gauge".into(),
+        "userspace".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut envs: HashMap<String, String> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    envs.entry("RUST_LOG".into())
+        .or_insert_with(|| "info,routing_userspace=debug".into());
+    let proc = spawn(&args, &envs, dir.join(format!("proxy-{}.log", addr.port())));
+    if let Err(e) = wait_ok(admin, "/readyz", Duration::from_secs(10)).await {
+        panic!("proxy: {e}\n{}", proc.log_text());
+    }
+    Proxy {
+        addr,
+        admin,
+        config,
+        proc,
+    }
+}
+
+/// A buffered HTTP response.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    /// The sim replica that served this (`x-sim-pod`).
+    pub fn pod(&self) -> String {
+        self.header("x-sim-pod").unwrap_or("<none>").to_string()
+    }
+}
+
+pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub async fn send(req: Request<Full<Bytes>>) -> anyhow::Result<Reply> {
+    let resp = client().request(req).await?;
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await?.to_bytes();
+    Ok(Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    })
+}
+
+pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<Reply> {
+    let req = Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new()))?;
+    send(req).await
+}
+
+/// POST a JSON body with extra headers.
+pub async fn post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> anyhow::Result<Reply> {
+    let mut b =
+        Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    send(b.body(Full::new(Bytes::from(body.to_owned())))?).await
+}
+
+/// A chat body with a system prompt, a user message and optional extra top-level fields.
+pub fn chat_body(model: &str, system: Option<&str>, user: &str, extra: &str) -> String {
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(serde_json::json!({"role": "system", "content": s}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": user}));
+    let mut v = serde_json::json!({"model": model, "messages": messages, "max_tokens": 2});
+    if !extra.is_empty() {
+        let more: serde_json::Value = serde_json::from_str(extra).expect("extra fields are JSON");
+        for (k, val) in more.as_object().expect("extra is an object") {
+            v[k] = val.clone();
+        }
+    }
+    v.to_string()
+}
+
+/// The value of one Prometheus sample line `name{labels} value`, matching every given label.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .reduce(|a, b| a + b)
+}

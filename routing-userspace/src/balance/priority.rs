@@ -62,19 +62,47 @@ mod tests {
 
     #[test]
     fn narrows_to_the_ready_top_tier() {
-        let g = [M("slow", 0, true), M("fast", 100, true), M("fast2", 100, true)];
-        assert_eq!(top_ready_tier(&g), Some(Tier { members: vec![1, 2], narrowed: true }));
+        let g = [
+            M("slow", 0, true),
+            M("fast", 100, true),
+            M("fast2", 100, true),
+        ];
+        assert_eq!(
+            top_ready_tier(&g),
+            Some(Tier {
+                members: vec![1, 2],
+                narrowed: true
+            })
+        );
         let g = [M("slow", 0, true), M("fast", 100, false)];
-        assert_eq!(top_ready_tier(&g), Some(Tier { members: vec![0], narrowed: false }), "primary left Ready");
+        assert_eq!(
+            top_ready_tier(&g),
+            Some(Tier {
+                members: vec![0],
+                narrowed: false
+            }),
+            "primary left Ready"
+        );
         let g = [M("a", 0, true), M("b", 0, true)];
-        assert_eq!(top_ready_tier(&g), Some(Tier { members: vec![0, 1], narrowed: false }), "symmetric fleet unaffected");
+        assert_eq!(
+            top_ready_tier(&g),
+            Some(Tier {
+                members: vec![0, 1],
+                narrowed: false
+            }),
+            "symmetric fleet unaffected"
+        );
         let g = [M("a", 0, false)];
         assert_eq!(top_ready_tier(&g), None);
     }
 
     #[test]
     fn cold_start_is_alphabetically_first_of_the_top_tier() {
-        let g = [M("zeta", 5, false), M("beta", 5, false), M("alpha", 0, false)];
+        let g = [
+            M("zeta", 5, false),
+            M("beta", 5, false),
+            M("alpha", 0, false),
+        ];
         assert_eq!(cold_start(&g), Some(1));
         let none: [M; 0] = [];
         assert_eq!(cold_start(&none), None);

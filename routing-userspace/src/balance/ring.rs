@@ -105,7 +105,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn pods(n: usize) -> Vec<String> {
-        (0..n).map(|i| format!("10.0.{}.{}:8000", i / 200, i % 200 + 1)).collect()
+        (0..n)
+            .map(|i| format!("10.0.{}.{}:8000", i / 200, i % 200 + 1))
+            .collect()
     }
 
     fn keys(n: u64, salt: u64) -> impl Iterator<Item = u64> {

@@ -203,7 +203,10 @@ pub fn decide_model(m: &Arc<ModelRoute>, cx: &Context<'_, '_, '_>) -> Decision {
         match strategy {
             Strategy::Default if m.service.is_some() => Vec::new(),
             // No Service to balance for us (local file without `service:`): round-robin.
-            Strategy::Default => RoundRobin { ticket: m.next_ticket() }.order(n),
+            Strategy::Default => RoundRobin {
+                ticket: m.next_ticket(),
+            }
+            .order(n),
             Strategy::LeastLoaded => {
                 let addrs: Vec<SocketAddr> = m.pods.iter().map(|p| p.addr).collect();
                 cx.pod_ledger.pick_and_reserve(
@@ -215,9 +218,15 @@ pub fn decide_model(m: &Arc<ModelRoute>, cx: &Context<'_, '_, '_>) -> Decision {
                 )
             }
             Strategy::SessionAffinity | Strategy::Prefix => match key {
-                Some(k) => HashPick { ring: &m.ring, hash: k.hash }.order(n),
+                Some(k) => HashPick {
+                    ring: &m.ring,
+                    hash: k.hash,
+                }
+                .order(n),
                 // Spec: session ID not found -> random pod.
-                None if strategy == Strategy::SessionAffinity => RandomPick { draw: cx.draw }.order(n),
+                None if strategy == Strategy::SessionAffinity => {
+                    RandomPick { draw: cx.draw }.order(n)
+                }
                 // Spec: prefix with no key -> Service; with no Service, any pod beats none.
                 None if m.service.is_some() => Vec::new(),
                 None => RandomPick { draw: cx.draw }.order(n),
@@ -285,9 +294,17 @@ fn pick_in_tier(g: &LabelGroup, tier: &[usize], cx: &Context<'_, '_, '_>) -> usi
         }
     }
     match cx.group_mode {
-        LabelGroupMode::RoundRobin => tier[RoundRobin { ticket: g.next_ticket() }.order(tier.len())[0]],
+        LabelGroupMode::RoundRobin => {
+            tier[RoundRobin {
+                ticket: g.next_ticket(),
+            }
+            .order(tier.len())[0]]
+        }
         LabelGroupMode::LeastLoaded => {
-            let names: Vec<Arc<str>> = tier.iter().map(|&i| Arc::clone(&g.members[i].name)).collect();
+            let names: Vec<Arc<str>> = tier
+                .iter()
+                .map(|&i| Arc::clone(&g.members[i].name))
+                .collect();
             let order = cx.group_ledger.pick_and_reserve(
                 &names,
                 |k| {

@@ -56,7 +56,9 @@ pub fn parse(text: &str) -> Result<Vec<ModelSpec>, String> {
             }
             let routing = match m.routing.as_deref() {
                 None => Strategy::Default,
-                Some(r) => r.parse::<Strategy>().map_err(|e| format!("model {:?}: {e}", m.name))?,
+                Some(r) => r
+                    .parse::<Strategy>()
+                    .map_err(|e| format!("model {:?}: {e}", m.name))?,
             };
             let endpoints = m
                 .endpoints
@@ -68,7 +70,10 @@ pub fn parse(text: &str) -> Result<Vec<ModelSpec>, String> {
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(s) = &m.service {
                 if !(s.starts_with("http://") && s.len() > 7) {
-                    return Err(format!("model {:?}: service {s:?} must be an http:// URL", m.name));
+                    return Err(format!(
+                        "model {:?}: service {s:?} must be an http:// URL",
+                        m.name
+                    ));
                 }
             }
             Ok(ModelSpec {
@@ -86,13 +91,18 @@ pub fn parse(text: &str) -> Result<Vec<ModelSpec>, String> {
 }
 
 fn load(path: &Path) -> Result<(String, Vec<ModelSpec>), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let models = parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok((text, models))
 }
 
 /// Load `path` now (an error here is fatal to the caller), then watch it forever.
-pub fn start(path: PathBuf, poll: Duration, updates: UnboundedSender<Update>) -> Result<(), String> {
+pub fn start(
+    path: PathBuf,
+    poll: Duration,
+    updates: UnboundedSender<Update>,
+) -> Result<(), String> {
     let (mut last, models) = load(&path)?;
     let _ = updates.send(Update::Reset(models));
     tokio::spawn(async move {
@@ -159,9 +169,17 @@ models:
 
     #[test]
     fn errors_are_clear() {
-        assert!(parse("models:\n  - name: a\n    routing: fastest\n").unwrap_err().contains("unknown routing strategy"));
-        assert!(parse("models:\n  - name: a\n    endpoints: [localhost]\n").unwrap_err().contains("not IP:port"));
-        assert!(parse("models:\n  - name: a\n  - name: a\n").unwrap_err().contains("twice"));
-        assert!(parse("models:\n  - name: a\n    sevice: http://x\n").unwrap_err().contains("unknown field"));
+        assert!(parse("models:\n  - name: a\n    routing: fastest\n")
+            .unwrap_err()
+            .contains("unknown routing strategy"));
+        assert!(parse("models:\n  - name: a\n    endpoints: [localhost]\n")
+            .unwrap_err()
+            .contains("not IP:port"));
+        assert!(parse("models:\n  - name: a\n  - name: a\n")
+            .unwrap_err()
+            .contains("twice"));
+        assert!(parse("models:\n  - name: a\n    sevice: http://x\n")
+            .unwrap_err()
+            .contains("unknown field"));
     }
 }

@@ -42,16 +42,27 @@ pub fn context_text(req: &RequestParts<'_, '_>, limits: &KeyLimits) -> Option<St
             .collect::<Vec<_>>()
             .join("\n")
     } else {
-        body.prompt_text().map(|p| normalize(&p)).unwrap_or_default()
+        body.prompt_text()
+            .map(|p| normalize(&p))
+            .unwrap_or_default()
     };
-    let document = body.document_context().map(|d| normalize(&d)).unwrap_or_default();
+    let document = body
+        .document_context()
+        .map(|d| normalize(&d))
+        .unwrap_or_default();
     let system = cut(&system, limits.system_segment_max_length);
     let document = cut(&document, limits.document_segment_max_length);
     if system.is_empty() && document.is_empty() {
         return None;
     }
-    let model = req.model.map(str::to_owned).or_else(|| body.model()).unwrap_or_default();
-    Some(format!("model={model}\x1fsystem={system}\x1fdocument={document}"))
+    let model = req
+        .model
+        .map(str::to_owned)
+        .or_else(|| body.model())
+        .unwrap_or_default();
+    Some(format!(
+        "model={model}\x1fsystem={system}\x1fdocument={document}"
+    ))
 }
 
 pub fn key(req: &RequestParts<'_, '_>, limits: &KeyLimits) -> Option<RoutingKey> {

@@ -28,13 +28,20 @@ pub fn validate(raw: &str, max: usize) -> Result<&str, Malformed> {
     }
     // Every allowed character is one byte, so bytes are characters here.
     if key.len() > max {
-        return Err(Malformed::TooLong { len: key.len(), max });
+        return Err(Malformed::TooLong {
+            len: key.len(),
+            max,
+        });
     }
     Ok(key)
 }
 
 /// The first valid explicit key, recording the malformed ones it skipped.
-pub fn key(req: &RequestParts<'_, '_>, limits: &KeyLimits, ignored: &mut Vec<Ignored>) -> Option<RoutingKey> {
+pub fn key(
+    req: &RequestParts<'_, '_>,
+    limits: &KeyLimits,
+    ignored: &mut Vec<Ignored>,
+) -> Option<RoutingKey> {
     let body = req.body;
     let candidates: [(KeySource, Option<String>); 4] = [
         (
@@ -42,7 +49,10 @@ pub fn key(req: &RequestParts<'_, '_>, limits: &KeyLimits, ignored: &mut Vec<Ign
             header(req.headers, HEADER_CACHE_KEY).map(str::to_owned),
         ),
         (KeySource::ExplicitBody, body.and_then(|b| b.cache_key())),
-        (KeySource::ExplicitBody, body.and_then(|b| b.cache_key_camel())),
+        (
+            KeySource::ExplicitBody,
+            body.and_then(|b| b.cache_key_camel()),
+        ),
         (KeySource::PrefixField, body.and_then(|b| b.prefix())),
     ];
     for (source, value) in candidates {
@@ -53,7 +63,8 @@ pub fn key(req: &RequestParts<'_, '_>, limits: &KeyLimits, ignored: &mut Vec<Ign
         }
     }
     // A header that is present but not UTF-8 is malformed too.
-    if req.headers.contains_key(HEADER_CACHE_KEY) && header(req.headers, HEADER_CACHE_KEY).is_none() {
+    if req.headers.contains_key(HEADER_CACHE_KEY) && header(req.headers, HEADER_CACHE_KEY).is_none()
+    {
         ignored.insert(
             0,
             Ignored {

@@ -10,7 +10,9 @@
 //! wants anyway.
 
 use super::canonical::normalize;
-use super::{header, KeySource, RequestParts, RoutingKey, HEADER_CONVERSATION_ID, HEADER_SESSION_ID};
+use super::{
+    header, KeySource, RequestParts, RoutingKey, HEADER_CONVERSATION_ID, HEADER_SESSION_ID,
+};
 
 /// A session id from a header or the body: trimmed, non-empty.
 fn usable(v: &str) -> Option<&str> {

@@ -11,7 +11,10 @@ const SYS: &str = r#"{"role":"system","content":"You are terse."}"#;
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in pairs {
-        h.insert(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        h.insert(
+            HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        );
     }
     h
 }
@@ -56,7 +59,9 @@ fn check(strategy: Strategy, rows: Vec<Row>) {
     let limits = KeyLimits::default();
     for row in rows {
         let got = run(strategy, row.headers, &row.body, &limits).key;
-        let want = row.want.map(|(text, source)| RoutingKey::new(&text, source));
+        let want = row
+            .want
+            .map(|(text, source)| RoutingKey::new(&text, source));
         assert_eq!(got, want, "{strategy} row {:?}", row.name);
     }
 }
@@ -70,21 +75,89 @@ fn chat(extra: &str, messages: &str) -> String {
 fn prefix_precedence() {
     let user = r#"{"role":"user","content":"hi"}"#;
     let msgs = format!("{SYS},{user}");
-    let all = chat(r#""cache_key":"body-k","cacheKey":"camel-k","prefix":"legacy-k","document_context":"Doc","session_id":"s-body""#, &msgs);
+    let all = chat(
+        r#""cache_key":"body-k","cacheKey":"camel-k","prefix":"legacy-k","document_context":"Doc","session_id":"s-body""#,
+        &msgs,
+    );
     let rows = vec![
-        Row { name: "1 header beats everything", headers: &[("x-flexinfer-cache-key", "hdr-k"), ("x-session-id", "s")], body: all.clone(), want: Some(("hdr-k".into(), KeySource::ExplicitHeader)) },
-        Row { name: "2 cache_key", headers: &[("x-session-id", "s")], body: all.clone(), want: Some(("body-k".into(), KeySource::ExplicitBody)) },
-        Row { name: "2 cacheKey", headers: &[], body: chat(r#""cacheKey":"camel-k","prefix":"legacy-k""#, &msgs), want: Some(("camel-k".into(), KeySource::ExplicitBody)) },
-        Row { name: "3 prefix", headers: &[], body: chat(r#""prefix":"legacy-k","document_context":"Doc""#, &msgs), want: Some(("legacy-k".into(), KeySource::PrefixField)) },
-        Row { name: "4 canonical system+document", headers: &[("x-session-id", "s")], body: chat(r#""document_context":"Doc""#, &msgs), want: Some((canon("You are terse.", "Doc"), KeySource::Canonical)) },
-        Row { name: "4 canonical system only", headers: &[], body: chat("", &msgs), want: Some((canon("You are terse.", ""), KeySource::Canonical)) },
-        Row { name: "4 canonical document only", headers: &[], body: chat(r#""context":"Doc""#, user), want: Some((canon("", "Doc"), KeySource::Canonical)) },
-        Row { name: "5 session header when no context", headers: &[("x-session-id", "s")], body: chat("", user), want: Some(("s".into(), KeySource::SessionHeader)) },
-        Row { name: "5 conversation header", headers: &[("x-conversation-id", "c")], body: chat("", user), want: Some(("c".into(), KeySource::ConversationHeader)) },
-        Row { name: "5 body session_id", headers: &[], body: chat(r#""session_id":"sb""#, user), want: Some(("sb".into(), KeySource::SessionBody)) },
-        Row { name: "5 implicit session", headers: &[], body: chat("", user), want: Some((implicit(&[], "hi"), KeySource::ImplicitSession)) },
-        Row { name: "6 nothing: service fallback", headers: &[], body: r#"{"model":"m"}"#.into(), want: None },
-        Row { name: "6 no body at all", headers: &[], body: String::new(), want: None },
+        Row {
+            name: "1 header beats everything",
+            headers: &[("x-flexinfer-cache-key", "hdr-k"), ("x-session-id", "s")],
+            body: all.clone(),
+            want: Some(("hdr-k".into(), KeySource::ExplicitHeader)),
+        },
+        Row {
+            name: "2 cache_key",
+            headers: &[("x-session-id", "s")],
+            body: all.clone(),
+            want: Some(("body-k".into(), KeySource::ExplicitBody)),
+        },
+        Row {
+            name: "2 cacheKey",
+            headers: &[],
+            body: chat(r#""cacheKey":"camel-k","prefix":"legacy-k""#, &msgs),
+            want: Some(("camel-k".into(), KeySource::ExplicitBody)),
+        },
+        Row {
+            name: "3 prefix",
+            headers: &[],
+            body: chat(r#""prefix":"legacy-k","document_context":"Doc""#, &msgs),
+            want: Some(("legacy-k".into(), KeySource::PrefixField)),
+        },
+        Row {
+            name: "4 canonical system+document",
+            headers: &[("x-session-id", "s")],
+            body: chat(r#""document_context":"Doc""#, &msgs),
+            want: Some((canon("You are terse.", "Doc"), KeySource::Canonical)),
+        },
+        Row {
+            name: "4 canonical system only",
+            headers: &[],
+            body: chat("", &msgs),
+            want: Some((canon("You are terse.", ""), KeySource::Canonical)),
+        },
+        Row {
+            name: "4 canonical document only",
+            headers: &[],
+            body: chat(r#""context":"Doc""#, user),
+            want: Some((canon("", "Doc"), KeySource::Canonical)),
+        },
+        Row {
+            name: "5 session header when no context",
+            headers: &[("x-session-id", "s")],
+            body: chat("", user),
+            want: Some(("s".into(), KeySource::SessionHeader)),
+        },
+        Row {
+            name: "5 conversation header",
+            headers: &[("x-conversation-id", "c")],
+            body: chat("", user),
+            want: Some(("c".into(), KeySource::ConversationHeader)),
+        },
+        Row {
+            name: "5 body session_id",
+            headers: &[],
+            body: chat(r#""session_id":"sb""#, user),
+            want: Some(("sb".into(), KeySource::SessionBody)),
+        },
+        Row {
+            name: "5 implicit session",
+            headers: &[],
+            body: chat("", user),
+            want: Some((implicit(&[], "hi"), KeySource::ImplicitSession)),
+        },
+        Row {
+            name: "6 nothing: service fallback",
+            headers: &[],
+            body: r#"{"model":"m"}"#.into(),
+            want: None,
+        },
+        Row {
+            name: "6 no body at all",
+            headers: &[],
+            body: String::new(),
+            want: None,
+        },
     ];
     check(Strategy::Prefix, rows);
 }
@@ -94,13 +167,51 @@ fn session_precedence() {
     let user = r#"{"role":"user","content":"hi"}"#;
     let msgs = format!("{SYS},{user}");
     let rows = vec![
-        Row { name: "1 X-Session-ID", headers: &[("x-session-id", "s"), ("x-conversation-id", "c")], body: chat(r#""session_id":"b""#, &msgs), want: Some(("s".into(), KeySource::SessionHeader)) },
-        Row { name: "2 X-Conversation-ID", headers: &[("x-conversation-id", "c")], body: chat(r#""session_id":"b""#, &msgs), want: Some(("c".into(), KeySource::ConversationHeader)) },
-        Row { name: "3 body session_id", headers: &[], body: chat(r#""session_id":"b""#, &msgs), want: Some(("b".into(), KeySource::SessionBody)) },
-        Row { name: "4 implicit", headers: &[], body: chat("", &msgs), want: Some((implicit(&["You are terse."], "hi"), KeySource::ImplicitSession)) },
-        Row { name: "blank header falls through", headers: &[("x-session-id", "   ")], body: chat(r#""session_id":"b""#, &msgs), want: Some(("b".into(), KeySource::SessionBody)) },
-        Row { name: "cache key is not a session key", headers: &[("x-flexinfer-cache-key", "k")], body: r#"{"model":"m"}"#.into(), want: None },
-        Row { name: "no user message: no implicit key", headers: &[], body: chat("", SYS), want: None },
+        Row {
+            name: "1 X-Session-ID",
+            headers: &[("x-session-id", "s"), ("x-conversation-id", "c")],
+            body: chat(r#""session_id":"b""#, &msgs),
+            want: Some(("s".into(), KeySource::SessionHeader)),
+        },
+        Row {
+            name: "2 X-Conversation-ID",
+            headers: &[("x-conversation-id", "c")],
+            body: chat(r#""session_id":"b""#, &msgs),
+            want: Some(("c".into(), KeySource::ConversationHeader)),
+        },
+        Row {
+            name: "3 body session_id",
+            headers: &[],
+            body: chat(r#""session_id":"b""#, &msgs),
+            want: Some(("b".into(), KeySource::SessionBody)),
+        },
+        Row {
+            name: "4 implicit",
+            headers: &[],
+            body: chat("", &msgs),
+            want: Some((
+                implicit(&["You are terse."], "hi"),
+                KeySource::ImplicitSession,
+            )),
+        },
+        Row {
+            name: "blank header falls through",
+            headers: &[("x-session-id", "   ")],
+            body: chat(r#""session_id":"b""#, &msgs),
+            want: Some(("b".into(), KeySource::SessionBody)),
+        },
+        Row {
+            name: "cache key is not a session key",
+            headers: &[("x-flexinfer-cache-key", "k")],
+            body: r#"{"model":"m"}"#.into(),
+            want: None,
+        },
+        Row {
+            name: "no user message: no implicit key",
+            headers: &[],
+            body: chat("", SYS),
+            want: None,
+        },
     ];
     check(Strategy::SessionAffinity, rows);
 }
@@ -108,7 +219,12 @@ fn session_precedence() {
 #[test]
 fn default_and_least_loaded_use_no_key() {
     for s in [Strategy::Default, Strategy::LeastLoaded] {
-        let e = run(s, &[("x-flexinfer-cache-key", "k"), ("x-session-id", "s")], r#"{"session_id":"x"}"#, &KeyLimits::default());
+        let e = run(
+            s,
+            &[("x-flexinfer-cache-key", "k"), ("x-session-id", "s")],
+            r#"{"session_id":"x"}"#,
+            &KeyLimits::default(),
+        );
         assert_eq!(e.key, None);
     }
 }
@@ -122,10 +238,26 @@ fn implicit_session_is_stable_across_turns() {
     ];
     let keys: Vec<_> = turns
         .iter()
-        .map(|m| run(Strategy::SessionAffinity, &[], &format!(r#"{{"messages":{m}}}"#), &KeyLimits::default()).key.unwrap())
+        .map(|m| {
+            run(
+                Strategy::SessionAffinity,
+                &[],
+                &format!(r#"{{"messages":{m}}}"#),
+                &KeyLimits::default(),
+            )
+            .key
+            .unwrap()
+        })
         .collect();
     assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
-    let other = run(Strategy::SessionAffinity, &[], r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"Other"}]}"#, &KeyLimits::default()).key.unwrap();
+    let other = run(
+        Strategy::SessionAffinity,
+        &[],
+        r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"Other"}]}"#,
+        &KeyLimits::default(),
+    )
+    .key
+    .unwrap();
     assert_ne!(other, keys[0]);
 }
 
@@ -143,8 +275,15 @@ fn explicit_key_safety_rules() {
     assert_eq!(ok("ünïcode"), Err(Malformed::BadCharacter));
     assert_eq!(ok("a+b"), Err(Malformed::BadCharacter));
     assert_eq!(ok(&"k".repeat(128)), Ok("k".repeat(128).as_str()));
-    assert_eq!(ok(&"k".repeat(129)), Err(Malformed::TooLong { len: 129, max: 128 }));
-    assert_eq!(validate("abcd", 3), Err(Malformed::TooLong { len: 4, max: 3 }), "max is a knob");
+    assert_eq!(
+        ok(&"k".repeat(129)),
+        Err(Malformed::TooLong { len: 129, max: 128 })
+    );
+    assert_eq!(
+        validate("abcd", 3),
+        Err(Malformed::TooLong { len: 4, max: 3 }),
+        "max is a knob"
+    );
 }
 
 #[test]
@@ -153,40 +292,108 @@ fn malformed_keys_fall_through_to_the_next_source() {
     let msgs = format!("{SYS},{user}");
     let limits = KeyLimits::default();
     // Bad header -> valid body cache_key.
-    let e = run(Strategy::Prefix, &[("x-flexinfer-cache-key", "bad key with spaces 0")], &chat(r#""cache_key":"good""#, &msgs), &limits);
-    assert_eq!(e.key, Some(RoutingKey::new("good", KeySource::ExplicitBody)));
-    assert_eq!(e.ignored, vec![Ignored { source: KeySource::ExplicitHeader, reason: Malformed::BadCharacter }]);
+    let e = run(
+        Strategy::Prefix,
+        &[("x-flexinfer-cache-key", "bad key with spaces 0")],
+        &chat(r#""cache_key":"good""#, &msgs),
+        &limits,
+    );
+    assert_eq!(
+        e.key,
+        Some(RoutingKey::new("good", KeySource::ExplicitBody))
+    );
+    assert_eq!(
+        e.ignored,
+        vec![Ignored {
+            source: KeySource::ExplicitHeader,
+            reason: Malformed::BadCharacter
+        }]
+    );
     // Bad header, bad cache_key, too-long prefix -> canonical context.
     let long = "p".repeat(200);
     let e = run(
         Strategy::Prefix,
         &[("x-flexinfer-cache-key", "bad key")],
-        &chat(&format!(r#""cache_key":"","prefix":"{long}","document_context":"Doc""#), &msgs),
+        &chat(
+            &format!(r#""cache_key":"","prefix":"{long}","document_context":"Doc""#),
+            &msgs,
+        ),
         &limits,
     );
-    assert_eq!(e.key, Some(RoutingKey::new(&canon("You are terse.", "Doc"), KeySource::Canonical)));
+    assert_eq!(
+        e.key,
+        Some(RoutingKey::new(
+            &canon("You are terse.", "Doc"),
+            KeySource::Canonical
+        ))
+    );
     assert_eq!(e.ignored.len(), 3);
     // A malformed key routes exactly like the same request without it.
-    let without = run(Strategy::Prefix, &[], &chat(r#""document_context":"Doc""#, &msgs), &limits);
-    let with_bad = run(Strategy::Prefix, &[("x-flexinfer-cache-key", "bad key with spaces 7")], &chat(r#""document_context":"Doc""#, &msgs), &limits);
+    let without = run(
+        Strategy::Prefix,
+        &[],
+        &chat(r#""document_context":"Doc""#, &msgs),
+        &limits,
+    );
+    let with_bad = run(
+        Strategy::Prefix,
+        &[("x-flexinfer-cache-key", "bad key with spaces 7")],
+        &chat(r#""document_context":"Doc""#, &msgs),
+        &limits,
+    );
     assert_eq!(without.key, with_bad.key);
     // Bad header and nothing else -> no key (service fallback), never an error.
-    let e = run(Strategy::Prefix, &[("x-flexinfer-cache-key", "x y")], r#"{"model":"m"}"#, &limits);
+    let e = run(
+        Strategy::Prefix,
+        &[("x-flexinfer-cache-key", "x y")],
+        r#"{"model":"m"}"#,
+        &limits,
+    );
     assert_eq!(e.key, None);
 }
 
 #[test]
 fn canonical_normalization_and_segment_cuts() {
-    let limits = KeyLimits { explicit_key_max_length: 128, system_segment_max_length: 5, document_segment_max_length: 3 };
-    let a = run(Strategy::Prefix, &[], r#"{"messages":[{"role":"system","content":"  Hello   world  "}],"document_context":"ABCDEF"}"#, &limits);
-    assert_eq!(a.key, Some(RoutingKey::new(&canon("Hello", "ABC"), KeySource::Canonical)));
+    let limits = KeyLimits {
+        explicit_key_max_length: 128,
+        system_segment_max_length: 5,
+        document_segment_max_length: 3,
+    };
+    let a = run(
+        Strategy::Prefix,
+        &[],
+        r#"{"messages":[{"role":"system","content":"  Hello   world  "}],"document_context":"ABCDEF"}"#,
+        &limits,
+    );
+    assert_eq!(
+        a.key,
+        Some(RoutingKey::new(
+            &canon("Hello", "ABC"),
+            KeySource::Canonical
+        ))
+    );
     // Same first 5 system chars and 3 document chars: same key.
-    let b = run(Strategy::Prefix, &[], r#"{"messages":[{"role":"system","content":"Hello there"}],"documents":[{"content":"ABCxyz"}]}"#, &limits);
+    let b = run(
+        Strategy::Prefix,
+        &[],
+        r#"{"messages":[{"role":"system","content":"Hello there"}],"documents":[{"content":"ABCxyz"}]}"#,
+        &limits,
+    );
     assert_eq!(a.key, b.key);
     // Parts arrays and plain strings normalize alike.
     let d = KeyLimits::default();
-    let s = run(Strategy::Prefix, &[], r#"{"messages":[{"role":"system","content":"Be  brief. Be kind."}]}"#, &d);
-    let p = run(Strategy::Prefix, &[], r#"{"messages":[{"role":"system","content":[{"type":"text","text":"Be brief."},{"type":"text","text":"Be kind."}]}]}"#, &d);
+    let s = run(
+        Strategy::Prefix,
+        &[],
+        r#"{"messages":[{"role":"system","content":"Be  brief. Be kind."}]}"#,
+        &d,
+    );
+    let p = run(
+        Strategy::Prefix,
+        &[],
+        r#"{"messages":[{"role":"system","content":[{"type":"text","text":"Be brief."},{"type":"text","text":"Be kind."}]}]}"#,
+        &d,
+    );
     assert_eq!(s.key, p.key);
     // Multi-byte characters are cut on character boundaries.
     assert_eq!(canonical::cut("ééé", 2), "éé");
@@ -194,17 +401,50 @@ fn canonical_normalization_and_segment_cuts() {
 
 #[test]
 fn canonical_uses_the_routed_model_then_the_body_model() {
-    let body = BodyFields::parse(br#"{"model":"body-model","messages":[{"role":"system","content":"S"}]}"#);
+    let body = BodyFields::parse(
+        br#"{"model":"body-model","messages":[{"role":"system","content":"S"}]}"#,
+    );
     let h = HeaderMap::new();
     let limits = KeyLimits::default();
-    let routed = canonical::context_text(&RequestParts { headers: &h, body: body.as_ref(), model: Some("routed") }, &limits);
-    assert_eq!(routed.as_deref(), Some("model=routed\x1fsystem=S\x1fdocument="));
-    let fallback = canonical::context_text(&RequestParts { headers: &h, body: body.as_ref(), model: None }, &limits);
-    assert_eq!(fallback.as_deref(), Some("model=body-model\x1fsystem=S\x1fdocument="));
+    let routed = canonical::context_text(
+        &RequestParts {
+            headers: &h,
+            body: body.as_ref(),
+            model: Some("routed"),
+        },
+        &limits,
+    );
+    assert_eq!(
+        routed.as_deref(),
+        Some("model=routed\x1fsystem=S\x1fdocument=")
+    );
+    let fallback = canonical::context_text(
+        &RequestParts {
+            headers: &h,
+            body: body.as_ref(),
+            model: None,
+        },
+        &limits,
+    );
+    assert_eq!(
+        fallback.as_deref(),
+        Some("model=body-model\x1fsystem=S\x1fdocument=")
+    );
 }
 
 #[test]
 fn completions_prompt_stands_in_for_the_system_segment() {
-    let e = run(Strategy::Prefix, &[], r#"{"model":"m","prompt":"Shared   preamble"}"#, &KeyLimits::default());
-    assert_eq!(e.key, Some(RoutingKey::new(&canon("Shared preamble", ""), KeySource::Canonical)));
+    let e = run(
+        Strategy::Prefix,
+        &[],
+        r#"{"model":"m","prompt":"Shared   preamble"}"#,
+        &KeyLimits::default(),
+    );
+    assert_eq!(
+        e.key,
+        Some(RoutingKey::new(
+            &canon("Shared preamble", ""),
+            KeySource::Canonical
+        ))
+    );
 }

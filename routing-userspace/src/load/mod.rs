@@ -29,6 +29,8 @@ pub trait LoadGauge: Send + Sync + 'static {
 }
 
 /// Open the node-wide eBPF gauge, or say why it cannot be used.
-pub fn open_ebpf_gauge(_opts: &crate::config::EbpfArgs) -> Result<std::sync::Arc<dyn LoadGauge>, String> {
+pub fn open_ebpf_gauge(
+    _opts: &crate::config::EbpfArgs,
+) -> Result<std::sync::Arc<dyn LoadGauge>, String> {
     Err("this build has no eBPF gauge".into())
 }

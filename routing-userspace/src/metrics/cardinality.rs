@@ -113,7 +113,14 @@ mod tests {
         let mut t = CardinalityTracker::new(100);
         for i in 0..30 {
             let o = t.observe(hash_key(&format!("k{}", i % 3)));
-            assert_eq!(o, if i < 3 { Observed::New } else { Observed::Known });
+            assert_eq!(
+                o,
+                if i < 3 {
+                    Observed::New
+                } else {
+                    Observed::Known
+                }
+            );
         }
         assert_eq!(t.estimate(), 3.0);
     }

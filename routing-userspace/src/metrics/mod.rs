@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
-    GaugeVec,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use cardinality::{CardinalityTracker, Observed};
@@ -41,20 +41,26 @@ pub struct Metrics {
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    r.register(Box::new(c.clone())).expect("metric registered once");
+    r.register(Box::new(c.clone()))
+        .expect("metric registered once");
     c
 }
 
 fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    r.register(Box::new(g.clone())).expect("metric registered once");
+    r.register(Box::new(g.clone()))
+        .expect("metric registered once");
     g
 }
 
 fn histogram(r: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
-    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), labels)
-        .expect("valid metric");
-    r.register(Box::new(h.clone())).expect("metric registered once");
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+        labels,
+    )
+    .expect("valid metric");
+    r.register(Box::new(h.clone()))
+        .expect("metric registered once");
     h
 }
 
@@ -69,13 +75,15 @@ impl Metrics {
             &["model", "strategy", "key_source"],
         )
         .expect("valid metric");
-        r.register(Box::new(routing_key_cardinality.clone())).expect("metric registered once");
+        r.register(Box::new(routing_key_cardinality.clone()))
+            .expect("metric registered once");
         let ebpf_enabled = IntGauge::new(
             "flexinfer_proxy_ebpf_enabled",
             "1 when the eBPF connection gauge drives least-loaded picks, 0 on the userspace gauge",
         )
         .expect("valid metric");
-        r.register(Box::new(ebpf_enabled.clone())).expect("metric registered once");
+        r.register(Box::new(ebpf_enabled.clone()))
+            .expect("metric registered once");
         Self {
             requests_total: counter(&r, "flexinfer_proxy_requests_total", "Total requests per model (by status)", &["model", "status"]),
             active_connections: gauge(&r, "flexinfer_proxy_active_connections", "Current connections per model", &["model"]),
@@ -158,17 +166,24 @@ impl Metrics {
         let observed = t.observe(hash);
         let labels = [model, strategy, key_source];
         if observed == Observed::Overflow {
-            self.routing_key_cardinality_overflow_total.with_label_values(&labels).inc();
+            self.routing_key_cardinality_overflow_total
+                .with_label_values(&labels)
+                .inc();
         }
         if observed != Observed::Known {
-            self.routing_key_cardinality.with_label_values(&labels).set(t.estimate());
+            self.routing_key_cardinality
+                .with_label_values(&labels)
+                .set(t.estimate());
         }
     }
 
     /// Upper bound of the memory the key trackers may hold, in bytes.
     pub fn cardinality_memory_bound(&self) -> usize {
         let trackers = self.trackers.lock().expect("tracker lock");
-        trackers.values().map(CardinalityTracker::memory_bound).sum()
+        trackers
+            .values()
+            .map(CardinalityTracker::memory_bound)
+            .sum()
     }
 
     /// The Prometheus text exposition.

@@ -56,7 +56,9 @@ impl ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             kind: "service_unavailable",
             code: "no_ready_endpoints",
-            message: format!("Model `{model}` has no ready endpoints and no Service to fall back to."),
+            message: format!(
+                "Model `{model}` has no ready endpoints and no Service to fall back to."
+            ),
         }
     }
 
@@ -80,15 +82,18 @@ impl ApiError {
 
     pub fn body(&self) -> Bytes {
         Bytes::from(
-            json!({"error": {"message": self.message, "type": self.kind, "code": self.code}}).to_string(),
+            json!({"error": {"message": self.message, "type": self.kind, "code": self.code}})
+                .to_string(),
         )
     }
 
     pub fn into_response(self) -> Response<Full<Bytes>> {
         let mut r = Response::new(Full::new(self.body()));
         *r.status_mut() = self.status;
-        r.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         r
     }
 }

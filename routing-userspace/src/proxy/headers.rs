@@ -32,7 +32,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Append the client to `X-Forwarded-For` and say we passed by (`Via`).
-pub fn add_forwarding(headers: &mut HeaderMap, client_ip: std::net::IpAddr, original_host: Option<HeaderValue>) {
+pub fn add_forwarding(
+    headers: &mut HeaderMap,
+    client_ip: std::net::IpAddr,
+    original_host: Option<HeaderValue>,
+) {
     let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
         Some(prev) => format!("{prev}, {client_ip}"),
         None => client_ip.to_string(),
@@ -56,7 +60,10 @@ mod tests {
     #[test]
     fn removes_hop_by_hop_and_connection_listed_headers() {
         let mut h = HeaderMap::new();
-        h.insert("connection", HeaderValue::from_static("keep-alive, x-private"));
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("x-private", HeaderValue::from_static("1"));
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
@@ -73,7 +80,11 @@ mod tests {
     fn forwarding_appends() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
-        add_forwarding(&mut h, "127.0.0.1".parse().unwrap(), Some(HeaderValue::from_static("proxy:8080")));
+        add_forwarding(
+            &mut h,
+            "127.0.0.1".parse().unwrap(),
+            Some(HeaderValue::from_static("proxy:8080")),
+        );
         assert_eq!(h["x-forwarded-for"], "1.2.3.4, 127.0.0.1");
         assert_eq!(h["x-forwarded-host"], "proxy:8080");
         assert_eq!(h["via"], "1.1 flexinfer-proxy");

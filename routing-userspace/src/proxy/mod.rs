@@ -41,7 +41,11 @@ pub type ProxyBody = Either<ObservedBody, Full<Bytes>>;
 /// names out of metric labels).
 const UNKNOWN_MODEL: &str = "unknown";
 
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+pub async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<ProxyBody> {
     let start = Instant::now();
     match route_request(&shared, req, peer, start).await {
         Ok(resp) => resp,
@@ -73,7 +77,9 @@ impl Failure {
 async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, ApiError> {
     match Limited::new(body, limit).collect().await {
         Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::body_too_large(limit)),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::body_too_large(limit))
+        }
         Err(e) => Err(ApiError::bad_body(e)),
     }
 }
@@ -91,7 +97,9 @@ async fn route_request(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared_len.is_some_and(|n| n > shared.max_body_bytes as u64) {
-        return Err(Failure::unknown(ApiError::body_too_large(shared.max_body_bytes)));
+        return Err(Failure::unknown(ApiError::body_too_large(
+            shared.max_body_bytes,
+        )));
     }
 
     // Model from the header or the path prefix; the prefix is stripped either way.
@@ -109,7 +117,9 @@ async fn route_request(
         None => forward_path,
     };
 
-    let bytes = read_body(body, shared.max_body_bytes).await.map_err(Failure::unknown)?;
+    let bytes = read_body(body, shared.max_body_bytes)
+        .await
+        .map_err(Failure::unknown)?;
     let fields = BodyFields::parse(&bytes);
     let table = shared.table.load_full();
 
@@ -150,7 +160,9 @@ async fn route_request(
 
     // Rewrite the body's model for the backend when the model says so.
     let body_bytes = match (&decision.model.spec.served_model_name, &fields) {
-        (Some(served), Some(f)) => rewrite_model(&bytes, f, served).map(Bytes::from).unwrap_or_else(|| bytes.clone()),
+        (Some(served), Some(f)) => rewrite_model(&bytes, f, served)
+            .map(Bytes::from)
+            .unwrap_or_else(|| bytes.clone()),
         _ => bytes.clone(),
     };
 
@@ -158,12 +170,27 @@ async fn route_request(
     headers::strip_hop_by_hop(&mut parts.headers);
     headers::add_forwarding(&mut parts.headers, peer.ip(), original_host);
     parts.headers.remove(header::HOST);
-    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body_bytes.len()));
-    if body_bytes.is_empty() && matches!(parts.method, Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS) {
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(body_bytes.len()));
+    if body_bytes.is_empty()
+        && matches!(
+            parts.method,
+            Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
+        )
+    {
         parts.headers.remove(header::CONTENT_LENGTH);
     }
 
-    forward(shared, &decision, &parts, &path_and_query, body_bytes, start).await
+    forward(
+        shared,
+        &decision,
+        &parts,
+        &path_and_query,
+        body_bytes,
+        start,
+    )
+    .await
 }
 
 /// Try the decision's targets in order; only a failed connect moves on to the next one.
@@ -211,7 +238,10 @@ async fn forward(
             }
             Target::Service(_) => None,
         };
-        let active = shared.metrics.active_connections.with_label_values(&[&model]);
+        let active = shared
+            .metrics
+            .active_connections
+            .with_label_values(&[&model]);
         active.inc();
         match shared.upstream.send(req).await {
             Ok(resp) => {
@@ -225,13 +255,22 @@ async fn forward(
                     .inc();
                 let watch = Watch {
                     start,
-                    ttfb: shared.metrics.time_to_first_byte_seconds.with_label_values(&[&model]),
-                    duration: shared.metrics.request_duration_seconds.with_label_values(&[&model]),
+                    ttfb: shared
+                        .metrics
+                        .time_to_first_byte_seconds
+                        .with_label_values(&[&model]),
+                    duration: shared
+                        .metrics
+                        .request_duration_seconds
+                        .with_label_values(&[&model]),
                     active,
                     inflight,
                     first_seen: false,
                 };
-                return Ok(Response::from_parts(rparts, Either::Left(ObservedBody::new(rbody, watch))));
+                return Ok(Response::from_parts(
+                    rparts,
+                    Either::Left(ObservedBody::new(rbody, watch)),
+                ));
             }
             Err(SendError::Connect(e)) => {
                 active.dec();
@@ -264,7 +303,8 @@ fn target_uri(target: &Target, path_and_query: &str) -> Result<Uri, String> {
         Target::Pod(p) => format!("http://{}{}", p.addr, path_and_query),
         Target::Service(url) => format!("{}{}", url.trim_end_matches('/'), path_and_query),
     };
-    s.parse::<Uri>().map_err(|e| format!("bad upstream URI {s:?}: {e}"))
+    s.parse::<Uri>()
+        .map_err(|e| format!("bad upstream URI {s:?}: {e}"))
 }
 
 /// Metrics and the spec's debug lines for a decision.
@@ -282,8 +322,13 @@ fn record_decision(shared: &Shared, d: &Decision) {
     if let Some(hash) = d.key_hash {
         m.observe_key(model, strategy, key_source, hash);
     }
-    if d.strategy == Strategy::LeastLoaded && shared.pod_ledger.enabled() && d.outcome == decide::Outcome::Pod {
-        m.least_loaded_reservations_total.with_label_values(&[model]).inc();
+    if d.strategy == Strategy::LeastLoaded
+        && shared.pod_ledger.enabled()
+        && d.outcome == decide::Outcome::Pod
+    {
+        m.least_loaded_reservations_total
+            .with_label_values(&[model])
+            .inc();
     }
     if let Some(g) = &d.group {
         m.label_group_route_decisions_total
@@ -292,8 +337,13 @@ fn record_decision(shared: &Shared, d: &Decision) {
         m.label_group_route_target_hits_total
             .with_label_values(&[&g.label, g.mode.as_str(), model])
             .inc();
-        if g.mode == LabelGroupMode::LeastLoaded && g.outcome != GroupOutcome::ColdStart && shared.group_ledger.enabled() {
-            m.least_loaded_reservations_total.with_label_values(&[model]).inc();
+        if g.mode == LabelGroupMode::LeastLoaded
+            && g.outcome != GroupOutcome::ColdStart
+            && shared.group_ledger.enabled()
+        {
+            m.least_loaded_reservations_total
+                .with_label_values(&[model])
+                .inc();
         }
     }
     match d.targets.first() {
@@ -328,7 +378,9 @@ fn model_list(table: &crate::table::RoutingTable) -> Response<ProxyBody> {
     let body = json!({"object": "list", "data": data}).to_string();
     let mut r = Response::new(Either::Right(Full::new(Bytes::from(body))));
     *r.status_mut() = StatusCode::OK;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }

@@ -55,8 +55,14 @@ mod tests {
 
     #[test]
     fn path_prefix() {
-        assert_eq!(split_model_path("/model/llama/v1/chat/completions"), Some(("llama".into(), "/v1/chat/completions")));
-        assert_eq!(split_model_path("/model/llama3%3A8b/v1/models"), Some(("llama3:8b".into(), "/v1/models")));
+        assert_eq!(
+            split_model_path("/model/llama/v1/chat/completions"),
+            Some(("llama".into(), "/v1/chat/completions"))
+        );
+        assert_eq!(
+            split_model_path("/model/llama3%3A8b/v1/models"),
+            Some(("llama3:8b".into(), "/v1/models"))
+        );
         assert_eq!(split_model_path("/model/x"), Some(("x".into(), "/")));
         assert_eq!(split_model_path("/model//v1"), None);
         assert_eq!(split_model_path("/v1/chat/completions"), None);

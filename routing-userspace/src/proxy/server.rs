@@ -50,7 +50,9 @@ where
             let handler = handler.clone();
             async move { Ok::<_, Infallible>(handler(req, peer).await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

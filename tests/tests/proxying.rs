@@ -1,0 +1,241 @@
+//! Pass-through behaviour: model resolution, streaming, bodies and headers, errors.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+
+use flexinfer_tests::*;
+
+async fn one_model(dir: &TempDir, extra_yaml: &str, sim_flags: &[&str]) -> (Sim, Proxy) {
+    let sim = start_sim("solo", sim_flags, dir.path()).await;
+    let cfg = format!(
+        "models:\n  - name: solo\n    routing: prefix\n    endpoints: [{}]\n{extra_yaml}",
+        sim.addr
+    );
+    let proxy = start_proxy(&cfg, &["--max-body-bytes", "4096"], &[], dir.path()).await;
+    (sim, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_sse_chunk_arrives_while_the_backend_is_still_generating() {
+    let dir = TempDir::new("sse");
+    let (sim, proxy) = one_model(&dir, "", &["--inter-token-ms", "150"]).await;
+    let body = r#"{"model":"solo","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"stream please"}]}"#;
+    let req = Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let t0 = Instant::now();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    let first = loop {
+        let frame = body.frame().await.expect("a frame").unwrap();
+        if let Ok(data) = frame.into_data() {
+            break data;
+        }
+    };
+    let first_at = t0.elapsed();
+    assert!(first.starts_with(b"data: "), "{first:?}");
+    // The backend is mid-generation right now: it still counts the request in flight.
+    let m = get(sim.addr, "/metrics").await.unwrap().text();
+    assert_eq!(
+        metric_value(&m, "sim_requests_in_flight", &[]),
+        Some(1.0),
+        "the proxy buffered the stream"
+    );
+    let mut rest = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(d) = frame.unwrap().into_data() {
+            rest.extend_from_slice(&d);
+        }
+    }
+    let all_at = t0.elapsed();
+    assert!(String::from_utf8_lossy(&rest)
+        .trim_end()
+        .ends_with("data: [DONE]"));
+    assert!(
+        all_at >= first_at + Duration::from_millis(600),
+        "first {first_at:?}, last {all_at:?}"
+    );
+    let pm = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &pm,
+            "flexinfer_proxy_time_to_first_byte_seconds_count",
+            &[("model", "solo")]
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn model_resolution_order_and_path_prefix_stripping() {
+    let dir = TempDir::new("resolve");
+    let a = start_sim("a", &[], dir.path()).await;
+    let b = start_sim("b", &[], dir.path()).await;
+    let cfg = format!(
+        "models:\n  - name: alpha\n    endpoints: [{}]\n  - name: beta\n    servedModelName: beta-backend:7b\n    endpoints: [{}]\n",
+        a.addr, b.addr
+    );
+    let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
+    let body = chat_body("alpha", None, "hi", "");
+    // Header beats path beats body.
+    let r = post(
+        proxy.addr,
+        "/model/alpha/v1/chat/completions",
+        &[("x-model-id", "beta")],
+        &body,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.pod(), "b");
+    let r = post(proxy.addr, "/model/beta/v1/chat/completions", &[], &body)
+        .await
+        .unwrap();
+    assert_eq!(r.pod(), "b");
+    // The prefix was stripped: the sim served /v1/chat/completions (it 404s anything else).
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = post(proxy.addr, "/v1/chat/completions", &[], &body)
+        .await
+        .unwrap();
+    assert_eq!(r.pod(), "a");
+    // servedModelName rewrote the body's model for the backend, and only that.
+    let r = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        &[],
+        &chat_body("beta", None, "hi", ""),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.json()["model"], "beta-backend:7b");
+    // Alpha has no servedModelName: the backend saw the exact bytes the client sent.
+    let r = post(proxy.addr, "/v1/chat/completions", &[], &body)
+        .await
+        .unwrap();
+    let sha = format!("{:016x}", xxhash(&body));
+    assert_eq!(r.header("x-sim-request-body-sha"), Some(sha.as_str()));
+    // Two models and no name: GET /v1/models lists them; a POST is a clear 400.
+    let r = get(proxy.addr, "/v1/models").await.unwrap();
+    let ids: Vec<String> = r.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["alpha", "beta"]);
+    let r = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        &[],
+        r#"{"messages":[]}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["code"], "model_required");
+    // Unknown model: 404, OpenAI-shaped.
+    let r = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        &[],
+        &chat_body("gamma", None, "hi", ""),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+    // Other /v1 routes pass through with the model from the header.
+    let r = get_with(proxy.addr, "/v1/models", &[("x-model-id", "beta")]).await;
+    assert_eq!((r.status.as_u16(), r.pod()), (200, "b".into()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_only_model_serves_requests_that_name_none_and_limits_hold() {
+    let dir = TempDir::new("solo");
+    let (_sim, proxy) = one_model(&dir, "", &[]).await;
+    let r = post(
+        proxy.addr,
+        "/v1/completions",
+        &[],
+        r#"{"prompt":"Once upon a time","max_tokens":2}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.status.as_u16(), r.pod()), (200, "solo".into()));
+    // Embeddings pass through too.
+    let r = post(proxy.addr, "/v1/embeddings", &[], r#"{"input":"hello"}"#)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    // Bodies over --max-body-bytes (4096 here): 413, OpenAI-shaped, with and without a length.
+    let big = chat_body("solo", None, &"x".repeat(5000), "");
+    let r = post(proxy.addr, "/v1/chat/completions", &[], &big)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 413);
+    assert_eq!(r.json()["error"]["code"], "request_too_large");
+    // A body that is not JSON still reaches the backend (routing falls through, never fails).
+    let r = post(proxy.addr, "/v1/chat/completions", &[], "not json")
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status.as_u16(), r.pod()),
+        (400, "solo".into()),
+        "the sim's own 400, passed through"
+    );
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_requests_total",
+            &[("model", "unknown"), ("status", "413")]
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hop_by_hop_headers_stay_on_their_hop_and_others_pass() {
+    let dir = TempDir::new("headers");
+    let (_sim, proxy) = one_model(&dir, "", &[]).await;
+    let body = chat_body("solo", None, "hi", "");
+    let req = Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer secret")
+        .header("connection", "x-hop")
+        .header("x-hop", "must not reach the backend")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let r = send(req).await.unwrap();
+    assert_eq!(r.status, 200);
+    assert!(
+        r.header("x-sim-pod").is_some(),
+        "backend response headers are preserved"
+    );
+    assert!(r
+        .header("connection")
+        .is_none_or(|v| v.eq_ignore_ascii_case("keep-alive")));
+}
+
+/// The sim reports the xxh3-64 of the raw body it received.
+fn xxhash(s: &str) -> u64 {
+    xxh3(s.as_bytes())
+}
+
+async fn get_with(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut b = Request::get(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    send(b.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap()
+}
+
+use xxhash_rust::xxh3::xxh3_64 as xxh3;

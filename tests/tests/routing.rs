@@ -1,0 +1,446 @@
+//! The core routing behaviour over real sockets: one proxy process in front of several `sim`
+//! processes, configured through a models file.
+
+use std::collections::{HashMap, HashSet};
+
+use flexinfer_tests::*;
+
+const SYSTEM: &str = "You are FlexInfer's support assistant. Answer from the product manual only, cite sections, keep it short.";
+
+fn yaml(models: &[(&str, &str, Option<String>, &[&Sim])]) -> String {
+    let mut s = String::from("models:\n");
+    for (name, routing, service, pods) in models {
+        s.push_str(&format!("  - name: {name}\n    routing: {routing}\n"));
+        if let Some(svc) = service {
+            s.push_str(&format!("    service: {svc}\n"));
+        }
+        let eps: Vec<String> = pods.iter().map(|p| p.addr.to_string()).collect();
+        s.push_str(&format!("    endpoints: [{}]\n", eps.join(", ")));
+    }
+    s
+}
+
+async fn sims(n: usize, extra: &[&str], dir: &TempDir) -> Vec<Sim> {
+    let mut v = Vec::new();
+    for i in 0..n {
+        v.push(start_sim(&format!("pod-{i}"), extra, dir.path()).await);
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prefix_routing_pins_a_system_prompt_and_spreads_distinct_ones() {
+    let dir = TempDir::new("prefix");
+    let pods = sims(4, &[], &dir).await;
+    let refs: Vec<&Sim> = pods.iter().collect();
+    let proxy = start_proxy(
+        &yaml(&[("chat", "prefix", None, &refs)]),
+        &[],
+        &[],
+        dir.path(),
+    )
+    .await;
+
+    // A fixed system prompt: 100 requests, one pod.
+    let mut served = HashSet::new();
+    for i in 0..100 {
+        let r = post(
+            proxy.addr,
+            "/v1/chat/completions",
+            &[],
+            &chat_body("chat", Some(SYSTEM), &format!("question {i}"), ""),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        served.insert(r.pod());
+    }
+    assert_eq!(
+        served.len(),
+        1,
+        "one system prompt must stay on one pod: {served:?}"
+    );
+
+    // Distinct system prompts spread over every pod.
+    let mut hits: HashMap<String, usize> = HashMap::new();
+    for i in 0..80 {
+        let r = post(
+            proxy.addr,
+            "/v1/chat/completions",
+            &[],
+            &chat_body("chat", Some(&format!("Tenant {i} system prompt")), "hi", ""),
+        )
+        .await
+        .unwrap();
+        *hits.entry(r.pod()).or_default() += 1;
+    }
+    assert_eq!(
+        hits.len(),
+        4,
+        "distinct prompts must reach all pods: {hits:?}"
+    );
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_routing_decisions_total",
+            &[
+                ("model", "chat"),
+                ("key_source", "canonical"),
+                ("outcome", "pod")
+            ]
+        ),
+        Some(180.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_headers_and_headerless_multi_turn_conversations_stick() {
+    let dir = TempDir::new("session");
+    let pods = sims(4, &[], &dir).await;
+    let refs: Vec<&Sim> = pods.iter().collect();
+    let proxy = start_proxy(
+        &yaml(&[("chat", "session-affinity", None, &refs)]),
+        &[],
+        &[],
+        dir.path(),
+    )
+    .await;
+
+    for (header, users) in [("x-session-id", 12), ("x-conversation-id", 12)] {
+        let mut first: HashMap<String, String> = HashMap::new();
+        for round in 0..5 {
+            for u in 0..users {
+                let id = format!("user-{u}");
+                let r = post(
+                    proxy.addr,
+                    "/v1/chat/completions",
+                    &[(header, &id)],
+                    &chat_body("chat", None, &format!("turn {round}"), ""),
+                )
+                .await
+                .unwrap();
+                assert_eq!(
+                    &r.pod(),
+                    first.entry(id).or_insert_with(|| r.pod()),
+                    "{header} moved"
+                );
+            }
+        }
+        let distinct: HashSet<_> = first.values().collect();
+        assert!(
+            distinct.len() > 1,
+            "12 sessions all on one pod is not affinity but luck"
+        );
+    }
+
+    // Multi-turn conversations with no header at all: each keeps its pod across turns.
+    for c in 0..8 {
+        let opening = format!("Conversation {c}: help me plan a trip");
+        let mut messages = vec![
+            serde_json::json!({"role": "system", "content": "You are a travel agent."}),
+            serde_json::json!({"role": "user", "content": opening}),
+        ];
+        let mut pod = None;
+        for turn in 0..4 {
+            let body = serde_json::json!({"model": "chat", "messages": messages, "max_tokens": 2})
+                .to_string();
+            let r = post(proxy.addr, "/v1/chat/completions", &[], &body)
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200);
+            let p = pod.get_or_insert_with(|| r.pod()).clone();
+            assert_eq!(r.pod(), p, "conversation {c} moved at turn {turn}");
+            let reply = r.json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+            messages
+                .push(serde_json::json!({"role": "user", "content": format!("follow-up {turn}")}));
+        }
+    }
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_routing_decisions_total",
+            &[("key_source", "implicit-session")]
+        ),
+        Some(32.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_key_routes_like_canonical_context_and_never_fails() {
+    let dir = TempDir::new("malformed");
+    let pods = sims(4, &[], &dir).await;
+    let refs: Vec<&Sim> = pods.iter().collect();
+    let proxy = start_proxy(
+        &yaml(&[("chat", "prefix", None, &refs)]),
+        &[],
+        &[],
+        dir.path(),
+    )
+    .await;
+    for doc in ["doc A", "doc B", "doc C", "doc D", "doc E"] {
+        let body = chat_body(
+            "chat",
+            Some("Answer from the document."),
+            "Summarize",
+            &format!(r#"{{"document_context":"{doc}"}}"#),
+        );
+        let plain = post(proxy.addr, "/v1/chat/completions", &[], &body)
+            .await
+            .unwrap();
+        for bad in [
+            "bad key with spaces 1",
+            &"k".repeat(129),
+            "semi;colon",
+            "ünïcode",
+        ] {
+            let r = post(
+                proxy.addr,
+                "/v1/chat/completions",
+                &[("x-flexinfer-cache-key", bad)],
+                &body,
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status, 200, "a malformed key must not fail the request");
+            assert_eq!(
+                r.pod(),
+                plain.pod(),
+                "malformed key {bad:?} must route like canonical context"
+            );
+        }
+        // A valid explicit key overrides the context.
+        let r = post(
+            proxy.addr,
+            "/v1/chat/completions",
+            &[("x-flexinfer-cache-key", "tenant-a/doc-42")],
+            &body,
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_routing_decisions_total",
+            &[("key_source", "canonical")]
+        ),
+        Some(25.0)
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_routing_decisions_total",
+            &[("key_source", "explicit-header")]
+        ),
+        Some(5.0)
+    );
+    assert!(proxy
+        .proc
+        .log_text()
+        .contains("ignoring malformed routing key"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn least_loaded_spreads_a_burst_of_50_over_4_slow_pods() {
+    let dir = TempDir::new("burst");
+    // Slow pods: each request holds its pod for about half a second.
+    let pods = sims(
+        4,
+        &["--ttft-base-ms", "400", "--max-concurrency", "64"],
+        &dir,
+    )
+    .await;
+    let refs: Vec<&Sim> = pods.iter().collect();
+    let proxy = start_proxy(
+        &yaml(&[("chat", "least-loaded", None, &refs)]),
+        &[],
+        &[],
+        dir.path(),
+    )
+    .await;
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let addr = proxy.addr;
+            tokio::spawn(async move {
+                post(
+                    addr,
+                    "/v1/chat/completions",
+                    &[],
+                    &chat_body("chat", None, &format!("req {i}"), ""),
+                )
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    let mut hits: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        *hits.entry(r.pod()).or_default() += 1;
+    }
+    assert_eq!(hits.values().sum::<usize>(), 50);
+    assert!(
+        hits.values().all(|&n| n <= 13),
+        "at most 13 per pod: {hits:?}"
+    );
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_least_loaded_reservations_total",
+            &[("model", "chat")]
+        ),
+        Some(50.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_a_pod_moves_only_that_pods_keys() {
+    let dir = TempDir::new("churn");
+    let pods = sims(4, &[], &dir).await;
+    let refs: Vec<&Sim> = pods.iter().collect();
+    let proxy = start_proxy(
+        &yaml(&[("chat", "prefix", None, &refs)]),
+        &[],
+        &[],
+        dir.path(),
+    )
+    .await;
+    let body = chat_body("chat", None, "hi", "");
+    let mut before = HashMap::new();
+    for k in 0..120 {
+        let key = format!("tenant/{k}");
+        let r = post(
+            proxy.addr,
+            "/v1/chat/completions",
+            &[("x-flexinfer-cache-key", &key)],
+            &body,
+        )
+        .await
+        .unwrap();
+        before.insert(key, r.pod());
+    }
+    let gone = "pod-2".to_string();
+    let kept: Vec<&Sim> = pods.iter().filter(|p| p.name != gone).collect();
+    proxy
+        .rewrite_config(&yaml(&[("chat", "prefix", None, &kept)]))
+        .await;
+    let mut moved = 0;
+    for (key, old) in &before {
+        let r = post(
+            proxy.addr,
+            "/v1/chat/completions",
+            &[("x-flexinfer-cache-key", key)],
+            &body,
+        )
+        .await
+        .unwrap();
+        assert_ne!(r.pod(), gone, "the removed pod still gets traffic");
+        if old != &gone {
+            assert_eq!(&r.pod(), old, "key {key} moved although its pod stayed");
+        } else {
+            moved += 1;
+        }
+    }
+    assert!(moved > 0, "pod-2 held no keys; the test proves nothing");
+    // And back: re-adding the pod returns exactly its keys.
+    proxy
+        .rewrite_config(&yaml(&[("chat", "prefix", None, &refs)]))
+        .await;
+    for (key, old) in &before {
+        let r = post(
+            proxy.addr,
+            "/v1/chat/completions",
+            &[("x-flexinfer-cache-key", key)],
+            &body,
+        )
+        .await
+        .unwrap();
+        assert_eq!(&r.pod(), old);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_endpoints_and_dead_pods_fall_back_to_the_service() {
+    let dir = TempDir::new("fallback");
+    let service = start_sim("the-service", &[], dir.path()).await;
+    let live = start_sim("live", &[], dir.path()).await;
+    let dead = format!("127.0.0.1:{}", free_port());
+    let cfg = format!(
+        "models:\n  - name: empty\n    routing: prefix\n    service: http://{svc}\n    endpoints: []\n  - name: deadpods\n    routing: session-affinity\n    service: http://{svc}\n    endpoints: [{dead}]\n  - name: mixed\n    routing: prefix\n    endpoints: [{dead}, {live}]\n",
+        svc = service.addr,
+        live = live.addr
+    );
+    let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
+    let r = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        &[],
+        &chat_body("empty", Some(SYSTEM), "hi", ""),
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.status.as_u16(), r.pod()), (200, "the-service".into()));
+    // Every pod refuses connections: retried, then the Service.
+    let r = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        &[("x-session-id", "s1")],
+        &chat_body("deadpods", None, "hi", ""),
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.status.as_u16(), r.pod()), (200, "the-service".into()));
+    // One dead pod among live ones: every key is served, by the live pod.
+    for k in 0..20 {
+        let r = post(
+            proxy.addr,
+            "/v1/chat/completions",
+            &[("x-flexinfer-cache-key", &format!("k{k}"))],
+            &chat_body("mixed", None, "hi", ""),
+        )
+        .await
+        .unwrap();
+        assert_eq!((r.status.as_u16(), r.pod()), (200, "live".into()));
+    }
+    let m = proxy.metrics().await;
+    assert!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_upstream_connect_errors_total",
+            &[("model", "mixed")]
+        )
+        .unwrap()
+            >= 1.0
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_routing_target_hits_total",
+            &[("model", "empty"), ("target", "service-dns")]
+        ),
+        Some(1.0)
+    );
+    // Nothing at all to reach: an OpenAI-shaped 502, not a hang or a dropped connection.
+    let cfg2 = format!("models:\n  - name: gone\n    routing: prefix\n    endpoints: [{dead}]\n");
+    proxy.rewrite_config(&cfg2).await;
+    let r = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        &[],
+        &chat_body("gone", Some(SYSTEM), "hi", ""),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 502);
+    assert_eq!(r.json()["error"]["code"], "upstream_unreachable");
+}
