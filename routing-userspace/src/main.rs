@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the proxy.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a simulated OpenAI-compatible model server (one GPU replica stand-in).
     Sim(SimArgs),
 }

@@ -157,6 +157,14 @@ fn normalize(m: &mut ModelSpec) {
     m.endpoints.dedup();
 }
 
+/// Start the Kubernetes source (Model CRD, EndpointSlices, Services).
+pub fn start_kubernetes(
+    _args: &crate::config::ServeArgs,
+    _updates: tokio::sync::mpsc::UnboundedSender<Update>,
+) -> anyhow::Result<()> {
+    anyhow::bail!("this build has no Kubernetes discovery")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,12 +202,4 @@ mod tests {
         }
         assert!("round-robin".parse::<Strategy>().is_err());
     }
-}
-
-/// Start the Kubernetes source (Model CRD, EndpointSlices, Services).
-pub fn start_kubernetes(
-    _args: &crate::config::ServeArgs,
-    _updates: tokio::sync::mpsc::UnboundedSender<Update>,
-) -> anyhow::Result<()> {
-    anyhow::bail!("this build has no Kubernetes discovery")
 }
