@@ -51,7 +51,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let rt = runtime(args.worker_threads)?;
             rt.block_on(routing_userspace::app::serve(
-                args,
+                *args,
                 routing_userspace::app::shutdown_signal(),
             ))
         }
