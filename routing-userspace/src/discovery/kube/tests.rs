@@ -1,0 +1,341 @@
+//! kube-rs against the in-process API server: the contract's discovery cases end to end.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::testserver::{Kind, TestApiServer};
+use super::{run_with_client, KubeOptions};
+use crate::discovery::{ModelSet, ModelSpec, Strategy, Update};
+
+fn model(name: &str, ready: bool, annotations: Value, labels: Value) -> Value {
+    json!({
+        "kind": "Model",
+        "metadata": {"name": name, "namespace": "ns", "annotations": annotations, "labels": labels},
+        "spec": {"backend": "vllm", "source": "hf://org/model"},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
+                                   "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    })
+}
+
+fn service(name: &str, port: i32) -> Value {
+    json!({
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}
+    })
+}
+
+/// `(address, ready, terminating)`; `ready: None` leaves the condition unset.
+fn slice(svc: &str, name: &str, address_type: &str, eps: &[(&str, Option<bool>, bool)]) -> Value {
+    let endpoints: Vec<Value> = eps
+        .iter()
+        .map(|(ip, ready, terminating)| {
+            let mut c = json!({"serving": ready.unwrap_or(true), "terminating": terminating});
+            if let Some(r) = ready {
+                c["ready"] = json!(r);
+            }
+            json!({"addresses": [ip], "conditions": c, "targetRef": {"kind": "Pod", "name": format!("pod-{ip}")}})
+        })
+        .collect();
+    json!({
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "ns", "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": address_type,
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        "endpoints": endpoints
+    })
+}
+
+fn addrs(list: &[&str]) -> Vec<SocketAddr> {
+    let mut v: Vec<SocketAddr> = list.iter().map(|s| s.parse().unwrap()).collect();
+    v.sort();
+    v
+}
+
+struct Harness {
+    server: TestApiServer,
+    rx: UnboundedReceiver<Update>,
+    set: ModelSet,
+    seen: Vec<Update>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Harness {
+    async fn start(server: TestApiServer, namespace: Option<&str>) -> Self {
+        let (tx, rx) = unbounded_channel();
+        let opts = KubeOptions {
+            namespace: namespace.map(str::to_owned),
+            ..KubeOptions::default()
+        };
+        let task = tokio::spawn(run_with_client(server.client(), opts, tx));
+        Self {
+            server,
+            rx,
+            set: ModelSet::default(),
+            seen: Vec::new(),
+            task,
+        }
+    }
+
+    async fn next(&mut self) -> Update {
+        let u = tokio::time::timeout(Duration::from_secs(10), self.rx.recv())
+            .await
+            .expect("an update within 10s")
+            .expect("discovery is running");
+        self.set.apply(u.clone());
+        self.seen.push(u.clone());
+        u
+    }
+
+    /// Applies updates until `done` holds for the model set.
+    async fn until(&mut self, what: &str, done: impl Fn(&ModelSet) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while !done(&self.set) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}; seen {:#?}",
+                self.seen
+            );
+            self.next().await;
+        }
+    }
+
+    fn get(&self, name: &str) -> &ModelSpec {
+        self.set
+            .models()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("no model {name}"))
+    }
+
+    /// Waits until the server saw `n` requests matching `pred`.
+    async fn wait_requests(&self, n: usize, pred: impl Fn(&str) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let count = self.server.requests().iter().filter(|r| pred(r)).count();
+            if count >= n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "requests: {:#?}",
+                self.server.requests()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A prefix model with a mixed IPv4 slice and an IPv6 slice, plus a cold model with no ready pod.
+async fn fleet() -> TestApiServer {
+    let server = TestApiServer::start().await;
+    server.apply(model(
+        "m",
+        true,
+        json!({"flexinfer.ai/routing": "prefix", "flexinfer.ai/route-priority": "100"}),
+        json!({"flexinfer.ai/service": "chat"}),
+    ));
+    server.apply(service("m", 80));
+    server.apply(slice(
+        "m",
+        "m-v4",
+        "IPv4",
+        &[
+            ("10.0.0.1", Some(true), false),
+            ("10.0.0.2", Some(false), false),
+            ("10.0.0.3", Some(false), true),
+            ("10.0.0.4", None, false),
+            ("10.0.0.5", Some(true), true),
+        ],
+    ));
+    server.apply(slice(
+        "m",
+        "m-v6",
+        "IPv6",
+        &[
+            ("fd00::1", Some(true), false),
+            ("fd00::2", Some(false), false),
+        ],
+    ));
+    server.apply(model("cold", true, json!({}), json!({})));
+    server.apply(service("cold", 8080));
+    server.apply(slice(
+        "cold",
+        "cold-1",
+        "IPv4",
+        &[("10.0.1.1", Some(false), false)],
+    ));
+    // Another namespace, not watched when the proxy is limited to `ns`.
+    let mut other = model("elsewhere", true, json!({}), json!({}));
+    other["metadata"]["namespace"] = json!("other");
+    server.apply(other);
+    server
+}
+
+#[tokio::test]
+async fn first_reset_has_ready_pods_strategy_and_service_fallback() {
+    let mut h = Harness::start(fleet().await, Some("ns")).await;
+    let Update::Reset(list) = h.next().await else {
+        panic!("the first update is a Reset: {:?}", h.seen)
+    };
+    assert_eq!(list.len(), 2, "{list:#?}");
+    let m = h.get("m");
+    assert_eq!(m.routing, Strategy::Prefix);
+    assert_eq!(m.route_priority, 100);
+    assert_eq!(m.service_label.as_deref(), Some("chat"));
+    assert!(m.ready);
+    assert_eq!(
+        m.endpoints,
+        addrs(&["10.0.0.1:8000", "10.0.0.4:8000", "[fd00::1]:8000"])
+    );
+    assert_eq!(
+        m.service.as_deref(),
+        Some("http://m.ns.svc.cluster.local:80")
+    );
+    let cold = h.get("cold");
+    assert_eq!(cold.routing, Strategy::Default);
+    assert!(cold.endpoints.is_empty());
+    assert_eq!(
+        cold.service.as_deref(),
+        Some("http://cold.ns.svc.cluster.local:8080")
+    );
+    assert!(
+        h.server
+            .requests()
+            .iter()
+            .all(|r| r.contains("/namespaces/ns/")),
+        "namespaced watches only"
+    );
+}
+
+#[tokio::test]
+async fn all_namespaces_by_default() {
+    let mut h = Harness::start(fleet().await, None).await;
+    let Update::Reset(list) = h.next().await else {
+        panic!()
+    };
+    assert_eq!(list.len(), 3);
+}
+
+#[tokio::test]
+async fn pod_readiness_model_readiness_and_deletion_are_per_model_updates() {
+    let mut h = Harness::start(fleet().await, Some("ns")).await;
+    assert!(matches!(h.next().await, Update::Reset(_)));
+
+    // 10.0.0.1 turns not ready: only that pod leaves.
+    h.server.apply(slice(
+        "m",
+        "m-v4",
+        "IPv4",
+        &[
+            ("10.0.0.1", Some(false), false),
+            ("10.0.0.2", Some(false), false),
+            ("10.0.0.4", None, false),
+        ],
+    ));
+    let Update::Upsert(m) = h.next().await else {
+        panic!("{:?}", h.seen)
+    };
+    assert_eq!(m.name, "m");
+    assert_eq!(m.endpoints, addrs(&["10.0.0.4:8000", "[fd00::1]:8000"]));
+
+    // The Model loses Ready.
+    h.server.apply(model(
+        "m",
+        false,
+        json!({"flexinfer.ai/routing": "prefix", "flexinfer.ai/route-priority": "100"}),
+        json!({"flexinfer.ai/service": "chat"}),
+    ));
+    let Update::Upsert(m) = h.next().await else {
+        panic!("{:?}", h.seen)
+    };
+    assert!(!m.ready);
+    assert_eq!(m.endpoints.len(), 2, "endpoints unchanged");
+
+    // The Model is deleted.
+    h.server.delete(Kind::Model, "ns", "m");
+    assert_eq!(h.next().await, Update::Remove("m".into()));
+    assert_eq!(h.set.len(), 1);
+
+    // The cold model's pod becomes ready.
+    h.server.apply(slice(
+        "cold",
+        "cold-1",
+        "IPv4",
+        &[("10.0.1.1", Some(true), false)],
+    ));
+    let Update::Upsert(cold) = h.next().await else {
+        panic!("{:?}", h.seen)
+    };
+    assert_eq!(cold.endpoints, addrs(&["10.0.1.1:8000"]));
+}
+
+#[tokio::test]
+async fn gone_mid_watch_relists_without_dropping_the_table() {
+    let mut h = Harness::start(fleet().await, Some("ns")).await;
+    assert!(matches!(h.next().await, Update::Reset(_)));
+    let lists = |kind: &'static str| move |r: &str| r.contains(kind) && !r.contains("watch=");
+    let watches = |kind: &'static str| move |r: &str| r.contains(kind) && r.contains("watch=");
+    h.wait_requests(1, watches("/models")).await;
+    h.wait_requests(1, watches("/endpointslices")).await;
+    h.server.bookmark();
+
+    // A relist that finds nothing new emits nothing.
+    h.server.expire(Kind::Service);
+    h.wait_requests(2, lists("/services")).await;
+    h.wait_requests(2, watches("/services")).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        h.rx.try_recv().is_err(),
+        "no update after an unchanged relist"
+    );
+
+    // Watches expire while the cluster changes: a new model appears, a pod leaves.
+    h.server.expire(Kind::Model);
+    h.server.expire(Kind::EndpointSlice);
+    h.server.apply(model(
+        "late",
+        true,
+        json!({"flexinfer.ai/routing": "least-loaded"}),
+        json!({}),
+    ));
+    h.server.apply(slice(
+        "m",
+        "m-v6",
+        "IPv6",
+        &[("fd00::2", Some(false), false)],
+    ));
+    h.until("the relisted state", |s| {
+        s.models().any(|m| m.name == "late")
+            && s.models()
+                .any(|m| m.name == "m" && m.endpoints == addrs(&["10.0.0.1:8000", "10.0.0.4:8000"]))
+    })
+    .await;
+    h.wait_requests(2, lists("/models")).await;
+    h.wait_requests(2, lists("/endpointslices")).await;
+    for u in &h.seen {
+        if let Update::Reset(list) = u {
+            let names: Vec<&str> = list.iter().map(|m| m.name.as_str()).collect();
+            assert!(
+                names.contains(&"m") && names.contains(&"cold"),
+                "partial Reset {names:?} in {:#?}",
+                h.seen
+            );
+        }
+    }
+    assert_eq!(h.set.len(), 3);
+    assert_eq!(h.get("late").routing, Strategy::LeastLoaded);
+
+    // Watching resumes after the relist.
+    h.server.delete(Kind::Model, "ns", "late");
+    h.until("late removed", |s| s.models().all(|m| m.name != "late"))
+        .await;
+}
