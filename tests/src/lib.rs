@@ -1,1 +1,3 @@
 //! Shared support for the workspace integration tests.
+
+pub mod chart;
