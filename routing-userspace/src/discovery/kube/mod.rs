@@ -79,8 +79,15 @@ pub async fn run(opts: KubeOptions, updates: UnboundedSender<Update>) -> anyhow:
                 })?,
         },
     };
-    let client = Client::try_from(config).context("building the Kubernetes client")?;
-    run_with_client(client, opts, updates).await
+    run_with_client(client(config)?, opts, updates).await
+}
+
+/// Builds a client. kube's TLS takes rustls' process-wide crypto provider, and rustls panics when
+/// the build enabled two providers and none was chosen; pin ring so another crate pulling in
+/// aws-lc-rs cannot turn that into a crash at startup.
+fn client(config: Config) -> anyhow::Result<Client> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Client::try_from(config).context("building the Kubernetes client")
 }
 
 fn api<K>(client: &Client, opts: &KubeOptions) -> Api<K>

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::testserver::{Kind, TestApiServer};
-use super::{run_with_client, KubeOptions};
+use super::{client, run, run_with_client, KubeOptions};
 use crate::discovery::{ModelSet, ModelSpec, Strategy, Update};
 
 fn model(name: &str, ready: bool, annotations: Value, labels: Value) -> Value {
@@ -338,4 +338,47 @@ async fn gone_mid_watch_relists_without_dropping_the_table() {
     h.server.delete(Kind::Model, "ns", "late");
     h.until("late removed", |s| s.models().all(|m| m.name != "late"))
         .await;
+}
+
+#[tokio::test]
+async fn run_reads_a_kubeconfig_and_namespace_option() {
+    let server = fleet().await;
+    let path = std::env::temp_dir().join(format!(
+        "flexinfer-kubeconfig-{}-{}",
+        std::process::id(),
+        server.url().len()
+    ));
+    let kubeconfig = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": server.url()}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        "users": [{"name": "test", "user": {}}]
+    });
+    std::fs::write(&path, serde_yaml_ng::to_string(&kubeconfig).unwrap()).unwrap();
+    let (tx, mut rx) = unbounded_channel();
+    let opts = KubeOptions {
+        namespace: Some("other".into()),
+        kubeconfig: Some(path.clone()),
+        ..KubeOptions::default()
+    };
+    let task = tokio::spawn(run(opts, tx));
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a Reset")
+        .expect("running");
+    task.abort();
+    std::fs::remove_file(&path).ok();
+    let Update::Reset(list) = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(
+        list.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
+        ["elsewhere"]
+    );
+}
+
+#[tokio::test]
+async fn a_tls_client_builds_with_the_pinned_provider() {
+    let config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+    client(config).expect("TLS client");
 }

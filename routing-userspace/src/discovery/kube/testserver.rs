@@ -165,9 +165,14 @@ impl TestApiServer {
         }
     }
 
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// A kube client talking plain HTTP to this server.
     pub fn client(&self) -> kube::Client {
-        let config = kube::Config::new(format!("http://{}", self.addr).parse().expect("uri"));
+        let config = kube::Config::new(self.url().parse().expect("uri"));
         kube::Client::try_from(config).expect("client")
     }
 
