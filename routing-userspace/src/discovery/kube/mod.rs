@@ -94,7 +94,8 @@ fn api<K>(client: &Client, opts: &KubeOptions) -> Api<K>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
 {
-    match &opts.namespace {
+    // An empty namespace (FLEXINFER_PROXY_NAMESPACE="") means all, like None.
+    match opts.namespace.as_deref().filter(|ns| !ns.is_empty()) {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     }
@@ -108,6 +109,22 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     watcher(api, config).default_backoff()
+}
+
+/// What an operator can do about a watch error, for the two common setup mistakes.
+fn hint(e: &watcher::Error) -> &'static str {
+    let code = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code,
+        watcher::Error::WatchError(s) => s.code,
+        _ => 0,
+    };
+    match code {
+        403 => "RBAC: the proxy needs get/list/watch on models.inference.flexinfer.ai, endpointslices.discovery.k8s.io and services",
+        404 => "is the Model CRD (models.inference.flexinfer.ai) installed?",
+        _ => "",
+    }
 }
 
 /// Runs discovery with a given client until the receiver of `updates` goes away.
@@ -143,7 +160,7 @@ pub async fn run_with_client(
                 debug!(reason = %status.reason, "kubernetes watch expired; relisting");
             }
             Err(e) => {
-                warn!(error = %e, "kubernetes watch failed; retrying, the routing table stays as it is")
+                warn!(error = %e, hint = hint(&e), "kubernetes watch failed; retrying, the routing table stays as it is")
             }
         }
     }

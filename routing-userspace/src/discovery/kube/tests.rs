@@ -331,6 +331,11 @@ async fn gone_mid_watch_relists_without_dropping_the_table() {
             );
         }
     }
+    assert!(
+        !h.seen.iter().any(|u| matches!(u, Update::Remove(_))),
+        "no model lost: {:#?}",
+        h.seen
+    );
     assert_eq!(h.set.len(), 3);
     assert_eq!(h.get("late").routing, Strategy::LeastLoaded);
 
@@ -381,4 +386,25 @@ async fn run_reads_a_kubeconfig_and_namespace_option() {
 async fn a_tls_client_builds_with_the_pinned_provider() {
     let config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
     client(config).expect("TLS client");
+}
+
+#[tokio::test]
+async fn no_reset_until_every_list_succeeds() {
+    let server = fleet().await;
+    server.fail(Kind::Model, Some(403));
+    let mut h = Harness::start(server, Some("ns")).await;
+    h.wait_requests(2, |r| r.contains("/models")).await;
+    h.wait_requests(1, |r| r.contains("/endpointslices") && r.contains("watch="))
+        .await;
+    h.wait_requests(1, |r| r.contains("/services") && r.contains("watch="))
+        .await;
+    assert!(
+        h.rx.try_recv().is_err(),
+        "not synced while Models cannot be listed"
+    );
+    h.server.fail(Kind::Model, None);
+    let Update::Reset(list) = h.next().await else {
+        panic!("{:?}", h.seen)
+    };
+    assert_eq!(list.len(), 2);
 }

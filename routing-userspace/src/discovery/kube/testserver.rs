@@ -98,6 +98,8 @@ struct Inner {
     objects: BTreeMap<(Kind, String, String), Value>,
     history: Vec<(u64, Kind, String, Bytes)>,
     requests: Vec<String>,
+    /// Kinds whose requests fail with this HTTP status (403 = RBAC, 404 = no CRD).
+    failing: BTreeMap<Kind, u16>,
 }
 
 /// The server; it stops when dropped.
@@ -255,6 +257,15 @@ impl TestApiServer {
         }
     }
 
+    /// Makes every request for `kind` fail with `code` (None heals it).
+    pub fn fail(&self, kind: Kind, code: Option<u16>) {
+        let mut inner = self.inner.lock().unwrap();
+        match code {
+            Some(c) => inner.failing.insert(kind, c),
+            None => inner.failing.remove(&kind),
+        };
+    }
+
     /// The requests served so far (`path?query`).
     pub fn requests(&self) -> Vec<String> {
         self.inner.lock().unwrap().requests.clone()
@@ -296,6 +307,18 @@ fn handle(
             json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
         );
     };
+    if let Some(&code) = guard.failing.get(&kind) {
+        let status = StatusCode::from_u16(code).expect("status");
+        let reason = status
+            .canonical_reason()
+            .unwrap_or("Error")
+            .replace(' ', "");
+        return respond(
+            status,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                   "message": format!("{} failed", kind.name()), "reason": reason, "code": code}),
+        );
+    }
     let watching = matches!(query_param(&query, "watch"), Some("true" | "1"));
     if !watching {
         let items: Vec<Value> = guard
