@@ -22,7 +22,9 @@ fn table(strategy: Strategy, pods: u16) -> RoutingTable {
     let mut m = ModelSpec::new("m");
     m.routing = strategy;
     m.service = Some("http://m.svc:80".into());
-    m.endpoints = (0..pods).map(|p| SocketAddr::from(([10, 0, (p / 250) as u8, (p % 250) as u8 + 1], 8000))).collect();
+    m.endpoints = (0..pods)
+        .map(|p| SocketAddr::from(([10, 0, (p / 250) as u8, (p % 250) as u8 + 1], 8000)))
+        .collect();
     let mut set = ModelSet::default();
     set.apply(Update::Reset(vec![m]));
     let mut slots = SlotAllocator::default();
@@ -52,14 +54,37 @@ fn bench(c: &mut Criterion) {
     let groups = ReservationLedger::new(Duration::from_secs(10));
     let limits = KeyLimits::default();
     for (name, strategy, headers, body) in [
-        ("prefix/canonical 4k-word system prompt", Strategy::Prefix, HeaderMap::new(), rag_body(4000)),
-        ("prefix/explicit header", Strategy::Prefix, {
-            let mut h = HeaderMap::new();
-            h.insert("x-flexinfer-cache-key", HeaderValue::from_static("tenant-a/doc-42"));
-            h
-        }, rag_body(200)),
-        ("session/implicit", Strategy::SessionAffinity, HeaderMap::new(), rag_body(200)),
-        ("least-loaded", Strategy::LeastLoaded, HeaderMap::new(), rag_body(200)),
+        (
+            "prefix/canonical 4k-word system prompt",
+            Strategy::Prefix,
+            HeaderMap::new(),
+            rag_body(4000),
+        ),
+        (
+            "prefix/explicit header",
+            Strategy::Prefix,
+            {
+                let mut h = HeaderMap::new();
+                h.insert(
+                    "x-flexinfer-cache-key",
+                    HeaderValue::from_static("tenant-a/doc-42"),
+                );
+                h
+            },
+            rag_body(200),
+        ),
+        (
+            "session/implicit",
+            Strategy::SessionAffinity,
+            HeaderMap::new(),
+            rag_body(200),
+        ),
+        (
+            "least-loaded",
+            Strategy::LeastLoaded,
+            HeaderMap::new(),
+            rag_body(200),
+        ),
     ] {
         let t = table(strategy, 16);
         let route = t.lookup("m").unwrap();
@@ -67,7 +92,11 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 let fields = BodyFields::parse(body.as_bytes());
                 let cx = Context {
-                    parts: RequestParts { headers: &headers, body: fields.as_ref(), model: Some("m") },
+                    parts: RequestParts {
+                        headers: &headers,
+                        body: fields.as_ref(),
+                        model: Some("m"),
+                    },
                     limits: &limits,
                     gauge: gauge.as_ref(),
                     pod_ledger: &pods,
