@@ -275,6 +275,7 @@ fn defaults_reach_their_env_vars() {
         ("FLEXINFER_PROXY_REQUIRE_EBPF", "false"),
         ("FLEXINFER_PROXY_DISCOVERY", "kubernetes"),
         ("FLEXINFER_PROXY_NAMESPACE", ""),
+        ("FLEXINFER_PROXY_SERVICE_LABEL_KEY", "flexinfer.ai/service"),
         ("FLEXINFER_PROXY_LISTEN", "0.0.0.0:8080"),
         ("FLEXINFER_PROXY_ADMIN_LISTEN", "0.0.0.0:9090"),
         ("FLEXINFER_PROXY_CGROUP_PATH", "/run/flexinfer/cgroup2"),
@@ -291,6 +292,11 @@ fn every_knob_changes_its_env_var() {
             json!({"proxy": {"routing": {"explicitKeyMaxLength": 64}}}),
             "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH",
             "64",
+        ),
+        (
+            json!({"proxy": {"serviceLabelKey": "example.com/group"}}),
+            "FLEXINFER_PROXY_SERVICE_LABEL_KEY",
+            "example.com/group",
         ),
         (
             json!({"proxy": {"routing": {"systemSegmentMaxLength": 1024}}}),
