@@ -198,11 +198,7 @@ mod prog {
         let md = unsafe { &*ctx.msg };
         let port = remote_port_to_host(md.remote_port);
         let (family, local, remote) = match md.family {
-            FAMILY_V4 => (
-                FAMILY_V4,
-                [md.local_ip4, 0, 0, 0],
-                [md.remote_ip4, 0, 0, 0],
-            ),
+            FAMILY_V4 => (FAMILY_V4, [md.local_ip4, 0, 0, 0], [md.remote_ip4, 0, 0, 0]),
             FAMILY_V6 => {
                 let l = BackendKey::v6(md.local_ip6, 0);
                 let r = BackendKey::v6(md.remote_ip6, 0);

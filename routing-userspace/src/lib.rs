@@ -2,4 +2,5 @@
 
 pub mod balance;
 pub mod discovery;
+pub mod ebpf;
 pub mod load;

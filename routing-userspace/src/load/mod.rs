@@ -6,6 +6,7 @@
 //! mmapped BPF array). Pods are addressed by a [`Slot`], assigned by [`slots::SlotAllocator`]
 //! when the routing table is rebuilt, so a pick never hashes an address.
 
+pub mod ebpf;
 pub mod reservations;
 pub mod slots;
 pub mod userspace;

@@ -1,0 +1,262 @@
+//! The eBPF gauge against real loopback sockets in a child cgroup.
+//!
+//! Each test creates its own cgroup and pin directory, attaches there, and makes connections
+//! from a helper process it moves into that cgroup. They fail (not skip) whenever BPF is
+//! usable but the data plane misbehaves; they skip only without root / bpf(), and even then
+//! fail when FLEXINFER_REQUIRE_EBPF is set.
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::Duration;
+
+use flexinfer_tests::ebpf::{bpf_or_skip, ebpf_required, wait_for, Holder, TestCgroup, TestPins};
+use routing_userspace::ebpf::{cli, pins, sys, EbpfError, EbpfGauge, EbpfOptions};
+use routing_userspace::load::LoadGauge;
+
+const HOLDER: &str = env!("CARGO_BIN_EXE_conn-holder");
+
+fn listener() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let a = l.local_addr().expect("local addr");
+    (l, a)
+}
+
+fn attached(cgroup: &Path) -> Vec<u32> {
+    sys::sock_ops_attached(&File::open(cgroup).expect("open cgroup")).expect("BPF_PROG_QUERY")
+}
+
+fn open(opts: &EbpfOptions) -> EbpfGauge {
+    match EbpfGauge::open(opts) {
+        Ok(g) => g,
+        Err(e) => panic!("EbpfGauge::open failed: {e}"),
+    }
+}
+
+const SETTLE: Duration = Duration::from_secs(3);
+
+#[test]
+fn counts_connections_to_tracked_pods_only() {
+    if !bpf_or_skip("counts_connections_to_tracked_pods_only") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    assert!(gauge.created(), "a fresh pin dir is created, not reopened");
+    assert_eq!(
+        attached(&cg.path).len(),
+        1,
+        "sock_ops attached once to the test cgroup"
+    );
+
+    let (_tracked, pod) = listener();
+    let (_other, untracked) = listener();
+    // Proxy slot 7 on purpose: the gauge maps proxy slots to node-wide kernel slots.
+    gauge.set_pods(&[(pod, 7)]);
+    assert_eq!(gauge.active(7), 0);
+
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    assert_eq!(
+        cg.procs(),
+        vec![h.pid()],
+        "only the helper is in the test cgroup"
+    );
+    h.open(pod, 5);
+    h.open(untracked, 3);
+    assert_eq!(
+        gauge.active(7),
+        5,
+        "five established connections to the tracked pod"
+    );
+    assert_eq!(
+        gauge.kernel_loads().iter().sum::<u64>(),
+        5,
+        "untracked connections are not counted"
+    );
+    assert_eq!(gauge.active(8), 0, "an unassigned slot reads zero");
+
+    h.close(2);
+    assert_eq!(gauge.active(7), 3, "closing two leaves three");
+
+    // status (another reader of the pins) sees the same numbers.
+    let mut out = Vec::new();
+    cli::status_to(&pins.opts, &mut out).expect("status");
+    let out = String::from_utf8(out).expect("utf8");
+    assert!(
+        out.contains(&format!("       3  {pod}")),
+        "status output:\n{out}"
+    );
+
+    h.close(6);
+    let loads = gauge.kernel_loads();
+    assert!(
+        loads.iter().all(|&v| v == 0),
+        "every slot reads 0 after all close: {:?}",
+        loads
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v != 0)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn reopening_pins_continues_counts_without_double_attach() {
+    if !bpf_or_skip("reopening_pins_continues_counts_without_double_attach") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let (_l, pod) = listener();
+
+    let first = open(&pins.opts);
+    assert!(first.created());
+    first.set_pods(&[(pod, 0)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod, 3);
+    assert_eq!(first.active(0), 3);
+    let ids = attached(&cg.path);
+    drop(first); // the "proxy" exits without detaching
+
+    let second = open(&pins.opts); // the restarted proxy
+    assert!(
+        !second.created(),
+        "the restarted proxy reopens the pinned set"
+    );
+    assert_eq!(attached(&cg.path), ids, "no second attachment");
+    // A different proxy slot for the same pod: the kernel slot is reused from BACKENDS.
+    second.set_pods(&[(pod, 42)]);
+    assert_eq!(second.active(42), 3, "counts continue across the restart");
+    h.open(pod, 2);
+    assert_eq!(second.active(42), 5, "each new connection counted once");
+    assert_eq!(second.kernel_loads().iter().sum::<u64>(), 5);
+    h.close(5);
+    assert_eq!(second.active(42), 0);
+}
+
+#[test]
+fn two_processes_share_one_pinned_set() {
+    if !bpf_or_skip("two_processes_share_one_pinned_set") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let (_l1, pod1) = listener();
+    let (_l2, pod2) = listener();
+
+    let a = open(&pins.opts);
+    let b = open(&pins.opts);
+    assert!(a.created() && !b.created());
+    // Each "proxy" numbers the pods its own way.
+    a.set_pods(&[(pod1, 0), (pod2, 1)]);
+    b.set_pods(&[(pod2, 5), (pod1, 9)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod1, 2);
+    h.open(pod2, 1);
+    assert_eq!((a.active(0), a.active(1)), (2, 1));
+    assert_eq!(
+        (b.active(9), b.active(5)),
+        (2, 1),
+        "the second proxy sees the same node-wide load"
+    );
+    assert_eq!(attached(&cg.path).len(), 1);
+
+    // b forgets pod2; a still routes to it (a will re-add it on its next rebuild).
+    b.set_pods(&[(pod1, 9)]);
+    assert_eq!(b.active(5), 0, "an unlisted slot reads zero");
+    a.set_pods(&[(pod1, 0), (pod2, 1)]);
+    assert_eq!(a.active(0), 2);
+}
+
+#[test]
+fn sigkilled_holder_leaves_no_phantom_load() {
+    if !bpf_or_skip("sigkilled_holder_leaves_no_phantom_load") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    let (_l, pod) = listener();
+    gauge.set_pods(&[(pod, 3)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod, 4);
+    assert_eq!(gauge.active(3), 4);
+    h.kill();
+    assert_eq!(
+        wait_for(0, SETTLE, || gauge.active(3)),
+        0,
+        "a killed process's connections stop counting"
+    );
+    assert!(gauge.kernel_loads().iter().all(|&v| v == 0));
+}
+
+#[test]
+fn open_without_bpffs_fails_with_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("flexinfer-not-bpffs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmpdir");
+    let opts = EbpfOptions {
+        bpffs: dir.clone(),
+        pin_dir: dir.join("flexinfer"),
+        ..EbpfOptions::default()
+    };
+    let result = EbpfGauge::open(&opts);
+    let _ = std::fs::remove_dir_all(&dir);
+    match result {
+        Err(e @ EbpfError::NoBpffs { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&dir.display().to_string()) && msg.contains("not a bpf filesystem"),
+                "{msg}"
+            );
+        }
+        Err(EbpfError::NotEmbedded) if !ebpf_required() => {
+            eprintln!("SKIP open_without_bpffs_fails_with_a_clear_error: eBPF object not embedded");
+        }
+        Err(e) => panic!("expected NoBpffs, got {e:?}"),
+        Ok(_) => panic!("open succeeded on a directory that is not bpffs"),
+    }
+}
+
+#[test]
+fn detach_removes_pins_and_the_attachment() {
+    if !bpf_or_skip("detach_removes_pins_and_the_attachment") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    assert_eq!(attached(&cg.path).len(), 1);
+    assert!(pins.opts.pin_dir.join(pins::LINK_PIN).exists());
+    drop(gauge);
+    cli::detach(&pins.opts).expect("detach");
+    assert!(!pins.opts.pin_dir.exists(), "pin dir removed");
+    assert_eq!(
+        wait_for(0, SETTLE, || attached(&cg.path).len()),
+        0,
+        "no sock_ops program left on the cgroup"
+    );
+    // And a detached set is not silently reopened by status.
+    assert!(cli::status_to(&pins.opts, &mut Vec::new()).is_err());
+}
+
+#[test]
+fn every_test_cleans_up_after_itself() {
+    if !bpf_or_skip("every_test_cleans_up_after_itself") {
+        return;
+    }
+    let path;
+    let pin_dir;
+    {
+        let cg = TestCgroup::new();
+        let pins = TestPins::new(&cg);
+        let g = open(&pins.opts);
+        let (_l, pod) = listener();
+        g.set_pods(&[(pod, 0)]);
+        path = cg.path.clone();
+        pin_dir = pins.opts.pin_dir.clone();
+        // guards drop here: pins first (declared later), then the cgroup
+    }
+    assert!(!pin_dir.exists(), "{} still pinned", pin_dir.display());
+    assert!(!path.exists(), "{} still exists", path.display());
+}
