@@ -18,7 +18,7 @@ pub use crate::load::ebpf::EbpfGauge;
 pub use pins::PinnedSet;
 
 /// The embedded eBPF object (empty when the binary was built without one).
-static OBJECT: &[u8] = &aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/routing-ebpf.o"));
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/routing-ebpf.o"));
 
 /// The eBPF object built into this binary, or `None` if it was built without one
 /// (`cargo xtask build-ebpf` before `cargo build`, or `FLEXINFER_EBPF_OBJECT`, embeds it).
