@@ -189,12 +189,31 @@ impl Holder {
         self.child.id()
     }
 
-    fn command(&mut self, cmd: &str) {
+    /// Send one command; returns the value after `ok` (panics on `err`).
+    fn command(&mut self, cmd: &str) -> String {
         writeln!(self.stdin, "{cmd}").expect("holder stdin");
         self.stdin.flush().expect("holder stdin");
         let mut line = String::new();
         self.stdout.read_line(&mut line).expect("holder stdout");
-        assert_eq!(line.trim(), "ok", "holder answered {line:?} to {cmd:?}");
+        let line = line.trim();
+        match line.strip_prefix("ok") {
+            Some(v) => v.trim().to_string(),
+            None => panic!("holder answered {line:?} to {cmd:?}"),
+        }
+    }
+
+    /// Start an echo server inside the holder (so inside its cgroup); returns its address.
+    pub fn serve(&mut self) -> SocketAddr {
+        self.command("serve").parse().expect("server address")
+    }
+
+    /// Echo `bytes` over the newest connection `rounds` times; returns the elapsed time.
+    pub fn pingpong(&mut self, bytes: usize, rounds: u64) -> Duration {
+        let ns: u64 = self
+            .command(&format!("pingpong {bytes} {rounds}"))
+            .parse()
+            .expect("elapsed ns");
+        Duration::from_nanos(ns)
     }
 
     /// Open `n` connections to `addr` and hold them.

@@ -260,3 +260,79 @@ fn every_test_cleans_up_after_itself() {
     assert!(!pin_dir.exists(), "{} still pinned", pin_dir.display());
     assert!(!path.exists(), "{} still exists", path.display());
 }
+
+#[test]
+fn ipv6_and_v4_mapped_pods_are_counted() {
+    if !bpf_or_skip("ipv6_and_v4_mapped_pods_are_counted") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    let l6 = TcpListener::bind("[::1]:0").expect("bind [::1]");
+    let pod6 = l6.local_addr().expect("addr");
+    let (_l4, pod4) = listener();
+    gauge.set_pods(&[(pod6, 1), (pod4, 2)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod6, 2);
+    // An AF_INET6 socket to ::ffff:127.0.0.1 is the IPv4 pod.
+    let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", pod4.port())
+        .parse()
+        .expect("mapped");
+    h.open(mapped, 3);
+    assert_eq!((gauge.active(1), gauge.active(2)), (2, 3));
+    h.close(5);
+    assert_eq!((gauge.active(1), gauge.active(2)), (0, 0));
+}
+
+#[test]
+fn redirect_puts_both_ends_in_the_sockhash_and_data_still_flows() {
+    if !bpf_or_skip("redirect_puts_both_ends_in_the_sockhash_and_data_still_flows") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let mut pins = TestPins::new(&cg);
+    pins.opts.redirect = true;
+    let gauge = open(&pins.opts);
+    // Pod and client both in the attached cgroup, as on a node with the cgroup2 root attached.
+    let mut server = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let pod = server.serve();
+    gauge.set_pods(&[(pod, 0)]);
+    let mut client = Holder::spawn(Path::new(HOLDER), &cg.path);
+    client.open(pod, 1);
+    assert_eq!(gauge.active(0), 1);
+    assert_eq!(
+        pins::redirect_sockets(&pins.opts.pin_dir).expect("SOCKS"),
+        2,
+        "client and pod ends are redirect members"
+    );
+    client.pingpong(4096, 50); // panics if the echo is wrong
+    client.close(1);
+    assert_eq!(
+        wait_for(0, SETTLE, || pins::redirect_sockets(&pins.opts.pin_dir)
+            .expect("SOCKS")),
+        0
+    );
+    assert_eq!(gauge.active(0), 0);
+}
+
+#[test]
+fn redirect_is_off_by_default() {
+    if !bpf_or_skip("redirect_is_off_by_default") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    let mut server = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let pod = server.serve();
+    gauge.set_pods(&[(pod, 0)]);
+    let mut client = Holder::spawn(Path::new(HOLDER), &cg.path);
+    client.open(pod, 1);
+    client.pingpong(64, 10);
+    assert_eq!(gauge.active(0), 1);
+    assert_eq!(
+        pins::redirect_sockets(&pins.opts.pin_dir).expect("SOCKS"),
+        0
+    );
+}

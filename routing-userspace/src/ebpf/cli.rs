@@ -52,9 +52,15 @@ pub fn status_to(opts: &EbpfOptions, out: &mut dyn Write) -> anyhow::Result<()> 
     writeln!(out, "pinned set: {}", opts.pin_dir.display())?;
     writeln!(
         out,
-        "tracked connections: {}   pods: {}",
+        "tracked connections: {}   pods: {}   redirect: {} ({} sockets)",
         set.tracked_connections()?,
-        pods.len()
+        pods.len(),
+        if pins::redirect_enabled(&set)? {
+            "on"
+        } else {
+            "off"
+        },
+        pins::redirect_sockets(&opts.pin_dir)?
     )?;
     writeln!(out, "{:<5} {:>8}  pod", "slot", "active")?;
     for p in &pods {

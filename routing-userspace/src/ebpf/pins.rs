@@ -334,6 +334,38 @@ impl PinnedSet {
     }
 }
 
+/// Sockets currently in the SOCKS sockhash (the same-node redirect's members).
+pub fn redirect_sockets(pin_dir: &Path) -> Result<usize, EbpfError> {
+    let data = MapData::from_pin(pin_dir.join(maps::SOCKS)).map_err(|e| EbpfError::Map {
+        map: maps::SOCKS,
+        source: box_err(e),
+    })?;
+    let map = Map::from_map_data(data).map_err(|e| EbpfError::Map {
+        map: maps::SOCKS,
+        source: box_err(e),
+    })?;
+    let socks: SockHash<&MapData, SockKey> =
+        SockHash::try_from(&map).map_err(|e| EbpfError::Map {
+            map: maps::SOCKS,
+            source: box_err(e),
+        })?;
+    Ok(socks.keys().filter(|k| k.is_ok()).count())
+}
+
+/// Whether the node-wide redirect switch is on.
+pub fn redirect_enabled(set: &PinnedSet) -> Result<bool, EbpfError> {
+    let config: Array<&MapData, Config> =
+        Array::try_from(&set.config).map_err(|e| EbpfError::Map {
+            map: maps::CONFIG,
+            source: box_err(e),
+        })?;
+    let c = config.get(&0, 0).map_err(|e| EbpfError::Map {
+        map: maps::CONFIG,
+        source: box_err(e),
+    })?;
+    Ok(c.flags & CONFIG_REDIRECT != 0)
+}
+
 /// What [`remove_pins`] removed.
 #[derive(Debug, Default)]
 pub struct Removed {
