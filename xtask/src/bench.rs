@@ -15,21 +15,24 @@ pub enum Group {
     /// Gauge read per pod: mmapped BPF array vs map-lookup syscall vs userspace atomic.
     /// Builds the eBPF object first; needs root for the BPF rows.
     Gauge,
+    /// Loopback round trips with the sk_msg same-node redirect off vs on (needs root).
+    Redirect,
 }
 
 pub fn run(args: &Bench) -> Result<()> {
-    match args.group {
-        Group::Gauge => {
-            crate::ebpf::build(&crate::ebpf::BuildEbpf { release: true })?;
-            let status = Command::new("cargo")
-                .current_dir(crate::ebpf::workspace_root())
-                .args(["bench", "-p", "routing-userspace", "--bench", "gauge_read"])
-                .status()
-                .context("running cargo bench")?;
-            if !status.success() {
-                bail!("cargo bench failed ({status})");
-            }
-            Ok(())
-        }
+    let (package, bench) = match args.group {
+        Group::Gauge => ("routing-userspace", "gauge_read"),
+        Group::Redirect => ("flexinfer-tests", "redirect"),
+    };
+    // Both benches read the embedded object, so build it first.
+    crate::ebpf::build(&crate::ebpf::BuildEbpf { release: true })?;
+    let status = Command::new("cargo")
+        .current_dir(crate::ebpf::workspace_root())
+        .args(["bench", "-p", package, "--bench", bench])
+        .status()
+        .context("running cargo bench")?;
+    if !status.success() {
+        bail!("cargo bench failed ({status})");
     }
+    Ok(())
 }
