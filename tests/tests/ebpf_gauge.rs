@@ -336,3 +336,33 @@ fn redirect_is_off_by_default() {
         0
     );
 }
+
+#[test]
+fn a_failed_attach_leaves_nothing_pinned() {
+    if !bpf_or_skip("a_failed_attach_leaves_nothing_pinned") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let mut pins = TestPins::new(&cg);
+    // A directory that is not a cgroup: loading works, attaching must fail.
+    let not_cgroup = std::env::temp_dir();
+    pins.opts.cgroup = Some(not_cgroup.clone());
+    match EbpfGauge::open(&pins.opts) {
+        Err(e @ EbpfError::Attach { .. }) => {
+            assert!(
+                e.to_string().contains(&not_cgroup.display().to_string()),
+                "{e}"
+            );
+        }
+        Err(e) => panic!("expected an attach error, got {e:?}"),
+        Ok(_) => panic!("attaching to a non-cgroup directory succeeded"),
+    }
+    let left: Vec<_> = std::fs::read_dir(&pins.opts.pin_dir)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left pinned after a failed open: {left:?}");
+    // The next open (with a real cgroup) starts clean and works.
+    pins.opts.cgroup = Some(cg.path.clone());
+    let gauge = open(&pins.opts);
+    assert!(gauge.created());
+}

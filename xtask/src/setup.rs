@@ -108,16 +108,28 @@ pub fn find_libllvm(lib_dir: &Path) -> Result<(PathBuf, u32)> {
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| n.starts_with("libLLVM"))
         .collect();
-    names.sort();
+    // `libLLVM.so.<ver>-rust-...` is the shared object; `libLLVM-<major>-rust-....so` is a
+    // linker script naming it, useless behind a symlink in another directory. Prefer the
+    // former and skip anything that is not ELF.
+    names.sort_by_key(|n| !n.starts_with("libLLVM.so."));
     for name in &names {
-        if let Some(major) = llvm_major(name) {
-            return Ok((lib_dir.join(name), major));
+        let path = lib_dir.join(name);
+        if let Some(major) = llvm_major(name).filter(|_| is_elf(&path)) {
+            return Ok((path, major));
         }
     }
     bail!(
         "no libLLVM shared library in {} (found {names:?})",
         lib_dir.display()
     )
+}
+
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == *b"\x7fELF")
 }
 
 fn llvm_major(name: &str) -> Option<u32> {

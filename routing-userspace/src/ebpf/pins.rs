@@ -179,6 +179,10 @@ impl PinnedSet {
             None => super::cgroup::cgroup2_root()?,
         };
         let cgroup = File::open(&cgroup_path).map_err(io_err("opening cgroup", &cgroup_path))?;
+        // Without the link pin nothing is attached, so map pins left here (a crash between
+        // pinning maps and pinning the link) hold counts no program will ever count down.
+        // Start from fresh maps rather than reuse them.
+        remove_pin_files(pin_dir).map_err(io_err("removing stale pins in", pin_dir))?;
         let result = (|| {
             let pins: Vec<(&str, PathBuf)> =
                 maps::ALL.iter().map(|n| (*n, pin_dir.join(n))).collect();
@@ -266,7 +270,7 @@ impl PinnedSet {
         })();
         if result.is_err() {
             // Leave nothing half-made behind: the next open must start clean.
-            let _ = remove_pins(pin_dir);
+            let _ = remove_pin_files(pin_dir);
         }
         result
     }
@@ -382,19 +386,27 @@ pub fn remove_pins(pin_dir: &Path) -> io::Result<Removed> {
     if !pin_dir.exists() {
         return Ok(removed);
     }
-    let _lock = DirLock::exclusive(pin_dir)?;
+    let lock = DirLock::exclusive(pin_dir)?;
+    removed.files = remove_pin_files(pin_dir)?;
+    drop(lock);
+    removed.dir_removed = std::fs::remove_dir(pin_dir).is_ok();
+    Ok(removed)
+}
+
+/// Remove the loader's pin files (link first, so the set stops counting before its maps go).
+/// The caller holds the directory lock.
+fn remove_pin_files(pin_dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
     let names = std::iter::once(LINK_PIN)
         .chain(std::iter::once(SKMSG_PIN))
         .chain(maps::ALL.iter().copied());
     for name in names {
         let p = pin_dir.join(name);
         match std::fs::remove_file(&p) {
-            Ok(()) => removed.files.push(p),
+            Ok(()) => files.push(p),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
     }
-    drop(_lock);
-    removed.dir_removed = std::fs::remove_dir(pin_dir).is_ok();
-    Ok(removed)
+    Ok(files)
 }
