@@ -357,10 +357,12 @@ fn a_failed_attach_leaves_nothing_pinned() {
         Err(e) => panic!("expected an attach error, got {e:?}"),
         Ok(_) => panic!("attaching to a non-cgroup directory succeeded"),
     }
-    let left: Vec<_> = std::fs::read_dir(&pins.opts.pin_dir)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(left.is_empty(), "left pinned after a failed open: {left:?}");
+    assert!(
+        !pins.opts.pin_dir.exists(),
+        "left behind after a failed open: {:?}",
+        std::fs::read_dir(&pins.opts.pin_dir)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
     // The next open (with a real cgroup) starts clean and works.
     pins.opts.cgroup = Some(cg.path.clone());
     let gauge = open(&pins.opts);

@@ -88,10 +88,19 @@ impl PinnedSet {
         let object = super::embedded_object().ok_or(EbpfError::NotEmbedded)?;
         prepare_dirs(opts)?;
         let _lock = DirLock::exclusive(&opts.pin_dir).map_err(io_err("locking", &opts.pin_dir))?;
-        let mut set = if opts.pin_dir.join(LINK_PIN).exists() {
-            Self::open_pins(&opts.pin_dir)?
+        let set = if opts.pin_dir.join(LINK_PIN).exists() {
+            Self::open_pins(&opts.pin_dir)
         } else {
-            Self::create(object, opts)?
+            Self::create(object, opts)
+        };
+        drop(_lock);
+        let mut set = match set {
+            Ok(set) => set,
+            Err(e) => {
+                // Do not leave an empty pin directory behind (only succeeds if it is empty).
+                let _ = std::fs::remove_dir(&opts.pin_dir);
+                return Err(e);
+            }
         };
         set.set_redirect(opts.redirect)?;
         Ok(set)
