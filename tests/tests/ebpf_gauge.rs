@@ -368,3 +368,82 @@ fn a_failed_attach_leaves_nothing_pinned() {
     let gauge = open(&pins.opts);
     assert!(gauge.created());
 }
+
+const PROBE: &str = env!("CARGO_BIN_EXE_gauge-probe");
+
+fn probe(pins: &TestPins, cg: &TestCgroup, pods: &[SocketAddr]) -> String {
+    let out = std::process::Command::new(PROBE)
+        .arg(&pins.opts.pin_dir)
+        .arg(&cg.path)
+        .args(pods.iter().map(|p| p.to_string()))
+        .output()
+        .expect("run gauge-probe");
+    assert!(
+        out.status.success(),
+        "gauge-probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf8")
+}
+
+#[test]
+fn a_second_process_sees_the_same_load() {
+    if !bpf_or_skip("a_second_process_sees_the_same_load") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    let (_l1, pod1) = listener();
+    let (_l2, pod2) = listener();
+    gauge.set_pods(&[(pod1, 0), (pod2, 1)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod1, 3);
+    h.open(pod2, 1);
+    // Another process, numbering the pods the other way round.
+    let out = probe(&pins, &cg, &[pod2, pod1]);
+    assert_eq!(out, "created=false\nactive=1,3\n");
+    assert_eq!(attached(&cg.path).len(), 1);
+}
+
+#[test]
+fn processes_starting_together_attach_once() {
+    if !bpf_or_skip("processes_starting_together_attach_once") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let (_l, pod) = listener();
+    let mut children: Vec<std::process::Child> = (0..4)
+        .map(|_| {
+            std::process::Command::new(PROBE)
+                .arg(&pins.opts.pin_dir)
+                .arg(&cg.path)
+                .arg("--wait")
+                .arg(pod.to_string())
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn gauge-probe")
+        })
+        .collect();
+    // Release them all at once.
+    for c in &mut children {
+        use std::io::Write;
+        c.stdin
+            .take()
+            .expect("stdin")
+            .write_all(b"go\n")
+            .expect("release probe");
+    }
+    let mut created = 0;
+    for c in children {
+        let out = c.wait_with_output().expect("probe output");
+        assert!(out.status.success(), "probe failed");
+        if String::from_utf8_lossy(&out.stdout).contains("created=true") {
+            created += 1;
+        }
+    }
+    assert_eq!(created, 1, "exactly one process creates the pinned set");
+    assert_eq!(attached(&cg.path).len(), 1, "and it is attached once");
+}
