@@ -1,5 +1,10 @@
 //! Harness for tests of the eBPF gauge: BPF availability, child cgroups, pin dirs, and a
 //! connection-holding helper process.
+//!
+//! Each test gets its own child cgroup and pin directory, both cleaned up on drop, so tests
+//! run in parallel without seeing each other's connections and leave nothing attached or
+//! pinned. Connections are made by `conn-holder` processes started inside the child cgroup
+//! (cgroup v2 membership is per process), so the test process itself never changes cgroup.
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};

@@ -1,4 +1,5 @@
 //! Project tasks: `cargo xtask <task>`. A thin dispatcher; each task lives in its own module.
+#![forbid(unsafe_code)]
 
 mod bench;
 mod ebpf;

@@ -9,6 +9,7 @@
 //!   `rounds` times; answers `ok <elapsed ns>` (fails if the echo differs)
 //!
 //! EOF exits.
+#![forbid(unsafe_code)]
 
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};

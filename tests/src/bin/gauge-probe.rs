@@ -4,6 +4,7 @@
 //! `created=<bool>` and `active=<n>,<n>,...` and exits.
 //!
 //! usage: gauge-probe <pin-dir> <cgroup> [--wait] POD...
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
