@@ -163,17 +163,11 @@ mod tests {
     fn updates_are_idempotent_and_report_real_changes_only() {
         let mut set = ModelSet::default();
         let mut m = ModelSpec::new("a");
-        m.endpoints = vec![
-            "127.0.0.1:2".parse().unwrap(),
-            "127.0.0.1:1".parse().unwrap(),
-        ];
+        m.endpoints = vec!["127.0.0.1:2".parse().unwrap(), "127.0.0.1:1".parse().unwrap()];
         assert!(set.apply(Update::Reset(vec![m.clone()])));
         assert!(!set.apply(Update::Reset(vec![m.clone()])));
         m.endpoints.reverse();
-        assert!(
-            !set.apply(Update::Upsert(m.clone())),
-            "order is not a change"
-        );
+        assert!(!set.apply(Update::Upsert(m.clone())), "order is not a change");
         m.ready = false;
         assert!(set.apply(Update::Upsert(m)));
         assert!(set.apply(Update::Remove("a".into())));
@@ -182,12 +176,7 @@ mod tests {
 
     #[test]
     fn strategy_spellings() {
-        for s in [
-            Strategy::Default,
-            Strategy::SessionAffinity,
-            Strategy::Prefix,
-            Strategy::LeastLoaded,
-        ] {
+        for s in [Strategy::Default, Strategy::SessionAffinity, Strategy::Prefix, Strategy::LeastLoaded] {
             assert_eq!(s.as_str().parse::<Strategy>().unwrap(), s);
         }
         assert!("round-robin".parse::<Strategy>().is_err());

@@ -163,11 +163,7 @@ mod tests {
         assert!(l.consume(&7, t0));
         assert_eq!(l.pending(&7, t0), 1);
         let later = t0 + Duration::from_secs(10);
-        assert_eq!(
-            l.pending(&7, later),
-            0,
-            "expired reservations stop counting as load"
-        );
+        assert_eq!(l.pending(&7, later), 0, "expired reservations stop counting as load");
         assert_eq!(l.sweep(later), vec![(Arc::from("m"), 1)]);
         assert_eq!(l.sweep(later), vec![]);
         assert!(!l.consume(&7, later));

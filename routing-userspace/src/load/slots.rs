@@ -27,10 +27,7 @@ impl SlotAllocator {
     /// Assign slots to exactly `pods`: known pods keep theirs, new pods take free ones, pods
     /// no longer listed release theirs. Pods past capacity get no slot (they are still routed,
     /// but read as load 0).
-    pub fn sync<'a>(
-        &mut self,
-        pods: impl IntoIterator<Item = &'a SocketAddr>,
-    ) -> Vec<(SocketAddr, Slot)> {
+    pub fn sync<'a>(&mut self, pods: impl IntoIterator<Item = &'a SocketAddr>) -> Vec<(SocketAddr, Slot)> {
         let wanted: HashSet<SocketAddr> = pods.into_iter().copied().collect();
         let gone: Vec<SocketAddr> = self
             .assigned
@@ -57,8 +54,7 @@ impl SlotAllocator {
                 None => tracing::warn!(pod = %addr, "no free load-gauge slot; pod reads as idle"),
             }
         }
-        let mut out: Vec<(SocketAddr, Slot)> =
-            self.assigned.iter().map(|(a, s)| (*a, *s)).collect();
+        let mut out: Vec<(SocketAddr, Slot)> = self.assigned.iter().map(|(a, s)| (*a, *s)).collect();
         out.sort();
         out
     }
