@@ -87,10 +87,20 @@ mod tests {
 
     #[test]
     fn normalize_prefix_equals_cutting_the_normalized_text() {
-        let samples = ["  a  bb\tccc\n dddd ", "", "   ", "one", "héllo   wörld  ünïcode text"];
+        let samples = [
+            "  a  bb\tccc\n dddd ",
+            "",
+            "   ",
+            "one",
+            "héllo   wörld  ünïcode text",
+        ];
         for s in samples {
             for max in [0, 1, 2, 3, 5, 8, 13, 100] {
-                assert_eq!(normalize_prefix(s, max), cut(&normalize(s), max), "{s:?} {max}");
+                assert_eq!(
+                    normalize_prefix(s, max),
+                    cut(&normalize(s), max),
+                    "{s:?} {max}"
+                );
             }
         }
     }
