@@ -29,17 +29,15 @@ enum Command {
     Ebpf {
         #[command(subcommand)]
         action: EbpfAction,
-        #[command(flatten)]
-        args: EbpfArgs,
     },
 }
 
 #[derive(Subcommand)]
 enum EbpfAction {
     /// Per pod: its slot and live connection count, read from the pinned maps.
-    Status,
+    Status(EbpfArgs),
     /// Detach the programs and remove everything pinned under --bpf-pin-dir.
-    Detach,
+    Detach(EbpfArgs),
 }
 
 fn init_logging() {
@@ -75,9 +73,9 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Sim(args) => runtime(None)?.block_on(routing_userspace::sim::run(args)),
         Command::Demo(args) => runtime(None)?.block_on(routing_userspace::demo::run(args)),
-        Command::Ebpf { action, args } => match action {
-            EbpfAction::Status => routing_userspace::ebpf::cli::status(&args.options()),
-            EbpfAction::Detach => routing_userspace::ebpf::cli::detach(&args.options()),
+        Command::Ebpf { action } => match action {
+            EbpfAction::Status(args) => routing_userspace::ebpf::cli::status(&args.options()),
+            EbpfAction::Detach(args) => routing_userspace::ebpf::cli::detach(&args.options()),
         },
     }
 }

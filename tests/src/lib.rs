@@ -210,9 +210,11 @@ pub async fn start_proxy(yaml: &str, extra: &[&str], env: &[(&str, &str)], dir: 
         config.display().to_string(),
         "--config-poll".into(),
         "100ms".into(),
-        "--gauge".into(),
-        "userspace".into(),
     ];
+    // The userspace gauge unless the test picks one: most tests are about routing, not eBPF.
+    if !extra.contains(&"--gauge") {
+        args.extend(["--gauge".into(), "userspace".into()]);
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let mut envs: HashMap<String, String> = env
         .iter()
@@ -220,9 +222,23 @@ pub async fn start_proxy(yaml: &str, extra: &[&str], env: &[(&str, &str)], dir: 
         .collect();
     envs.entry("RUST_LOG".into())
         .or_insert_with(|| "info,routing_userspace=debug".into());
-    let proc = spawn(&args, &envs, dir.join(format!("proxy-{}.log", addr.port())));
-    if let Err(e) = wait_ok(admin, "/readyz", Duration::from_secs(10)).await {
-        panic!("proxy: {e}\n{}", proc.log_text());
+    let mut proc = spawn(&args, &envs, dir.join(format!("proxy-{}.log", addr.port())));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while wait_ok(admin, "/readyz", Duration::from_millis(100))
+        .await
+        .is_err()
+    {
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            panic!(
+                "proxy exited ({status}) before it was ready:\n{}",
+                proc.log_text()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "proxy not ready after 10s:\n{}",
+            proc.log_text()
+        );
     }
     Proxy {
         addr,

@@ -1,0 +1,286 @@
+//! The eBPF gauge through real proxy processes: a node-wide view shared by two proxies, no
+//! phantom load after SIGKILL, pinned state reused across a restart, and the userspace
+//! fallback when BPF is unavailable.
+//!
+//! Proxies run inside a child cgroup the test creates (sock_ops attaches there), with a pin
+//! directory of their own; both are removed afterwards. These tests fail, not skip, when
+//! FLEXINFER_REQUIRE_EBPF is set (CI) and BPF is broken.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use flexinfer_tests::ebpf::{bpf_or_skip, wait_for, TestCgroup, TestPins};
+use flexinfer_tests::*;
+use routing_userspace::ebpf::cli::pod_loads;
+use routing_userspace::ebpf::pins::PinnedSet;
+
+/// Flags that point a proxy's eBPF gauge at the test's cgroup and pins.
+fn ebpf_flags(pins: &TestPins) -> Vec<String> {
+    vec![
+        "--gauge".into(),
+        "ebpf".into(),
+        "--require-ebpf".into(),
+        "--cgroup-path".into(),
+        pins.opts.cgroup.as_ref().unwrap().display().to_string(),
+        "--bpf-pin-dir".into(),
+        pins.opts.pin_dir.display().to_string(),
+    ]
+}
+
+fn join(cgroup: &TestCgroup, pid: u32) {
+    std::fs::write(cgroup.path.join("cgroup.procs"), pid.to_string())
+        .expect("move into the test cgroup");
+}
+
+/// Live connections to `pod` as the kernel counts them.
+fn kernel_load(pins: &TestPins, pod: SocketAddr) -> u64 {
+    let set = PinnedSet::open_existing(&pins.opts.pin_dir).expect("pinned set");
+    pod_loads(&set)
+        .expect("read loads")
+        .into_iter()
+        .find(|p| p.addr == pod)
+        .map_or(0, |p| p.active)
+}
+
+fn models(slow: &Sim, others: &[&Sim]) -> String {
+    let all: Vec<String> = std::iter::once(slow)
+        .chain(others.iter().copied())
+        .map(|s| s.addr.to_string())
+        .collect();
+    format!(
+        "models:\n  - name: chat\n    routing: least-loaded\n    endpoints: [{}]\n  - name: pin-a\n    routing: least-loaded\n    endpoints: [{}]\n",
+        all.join(", "),
+        slow.addr
+    )
+}
+
+/// Start `n` long requests through `proxy`; they run until done or aborted (or the proxy dies).
+async fn hold(proxy: &Proxy, model: &str, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|i| {
+            let addr = proxy.addr;
+            let body = chat_body(model, None, &format!("long {i}"), r#"{"max_tokens":3000}"#);
+            tokio::spawn(async move {
+                let _ = post(addr, "/v1/chat/completions", &[], &body).await;
+            })
+        })
+        .collect()
+}
+
+async fn pods_of(proxy: &Proxy, n: usize) -> HashMap<String, usize> {
+    let mut hits = HashMap::new();
+    for i in 0..n {
+        let r = post(
+            proxy.addr,
+            "/v1/chat/completions",
+            &[],
+            &chat_body("chat", None, &format!("q{i}"), ""),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        *hits.entry(r.pod()).or_insert(0) += 1;
+    }
+    hits
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_proxy_sees_the_first_ones_connections() {
+    if !bpf_or_skip("a_second_proxy_sees_the_first_ones_connections") {
+        return;
+    }
+    let dir = TempDir::new("ebpf-two");
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    // Every pod streams a token per 10 ms: the held requests ask for 3000 tokens (30 s), the
+    // probes for 2.
+    let a = start_sim(
+        "a",
+        &["--inter-token-ms", "10", "--max-concurrency", "16"],
+        dir.path(),
+    )
+    .await;
+    let b = start_sim("b", &[], dir.path()).await;
+    let c = start_sim("c", &[], dir.path()).await;
+    let cfg = models(&a, &[&b, &c]);
+    let flags = ebpf_flags(&pins);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let p1 = start_proxy(&cfg, &flags, &[], dir.path()).await;
+    let p2 = start_proxy(&cfg, &flags, &[], dir.path()).await;
+    join(&cg, p1.proc.pid());
+    join(&cg, p2.proc.pid());
+    for p in [&p1, &p2] {
+        assert!(metric_value(&p.metrics().await, "flexinfer_proxy_ebpf_enabled", &[]) == Some(1.0));
+    }
+
+    // Process 1 holds four requests on pod A.
+    let held = hold(&p1, "pin-a", 4).await;
+    assert_eq!(
+        wait_for(4, Duration::from_secs(5), || kernel_load(&pins, a.addr)),
+        4
+    );
+
+    // Process 2 has sent nothing to A itself, yet its least-loaded picks avoid A.
+    let hits = pods_of(&p2, 8).await;
+    assert_eq!(
+        hits.get("a"),
+        None,
+        "process 2 ignored process 1's load on A: {hits:?}"
+    );
+    // Control: a proxy on its own (userspace) gauge does not know and round-robins onto A.
+    let blind = start_proxy(&cfg, &[], &[], dir.path()).await;
+    let hits = pods_of(&blind, 6).await;
+    assert!(
+        hits.get("a").copied().unwrap_or(0) >= 1,
+        "the control should hit A: {hits:?}"
+    );
+
+    // The operator view agrees.
+    let out = std::process::Command::new(proxy_bin())
+        .args(["ebpf", "status", "--bpf-pin-dir"])
+        .arg(&pins.opts.pin_dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.ends_with(&a.addr.to_string()))
+        .unwrap_or_else(|| panic!("{text}{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(line.split_whitespace().nth(1), Some("4"), "{text}");
+    for h in held {
+        h.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_pins() {
+    if !bpf_or_skip("a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_pins") {
+        return;
+    }
+    let dir = TempDir::new("ebpf-kill");
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let a = start_sim(
+        "a",
+        &["--inter-token-ms", "10", "--max-concurrency", "16"],
+        dir.path(),
+    )
+    .await;
+    let b = start_sim("b", &[], dir.path()).await;
+    let cfg = models(&a, &[&b]);
+    let flags = ebpf_flags(&pins);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+
+    let mut p1 = start_proxy(&cfg, &flags, &[], dir.path()).await;
+    join(&cg, p1.proc.pid());
+    let _held = hold(&p1, "pin-a", 3).await;
+    assert_eq!(
+        wait_for(3, Duration::from_secs(5), || kernel_load(&pins, a.addr)),
+        3
+    );
+    // SIGKILL mid-request: the kernel closes its sockets, and the counts follow.
+    p1.proc.child.kill().unwrap();
+    p1.proc.child.wait().unwrap();
+    assert_eq!(
+        wait_for(0, Duration::from_secs(5), || kernel_load(&pins, a.addr)),
+        0,
+        "phantom load after SIGKILL"
+    );
+
+    // A restarted proxy re-opens the pinned set: one attachment, counts start from the truth.
+    let p2 = start_proxy(&cfg, &flags, &[], dir.path()).await;
+    join(&cg, p2.proc.pid());
+    assert!(p2.proc.log_text().contains("eBPF connection gauge loaded"));
+    let _held = hold(&p2, "pin-a", 2).await;
+    assert_eq!(
+        wait_for(2, Duration::from_secs(5), || kernel_load(&pins, a.addr)),
+        2,
+        "double count after restart"
+    );
+    let attached =
+        routing_userspace::ebpf::sys::sock_ops_attached(&std::fs::File::open(&cg.path).unwrap())
+            .unwrap();
+    assert_eq!(attached.len(), 1, "the restart attached a second program");
+    // Its picks read the pinned gauge: A is busy, so "chat" goes to B.
+    let hits = pods_of(&p2, 4).await;
+    assert_eq!(hits.get("b"), Some(&4), "{hits:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_bpf_the_proxy_serves_on_the_userspace_gauge() {
+    let dir = TempDir::new("ebpf-none");
+    let sim = start_sim("a", &[], dir.path()).await;
+    let cfg = format!(
+        "models:\n  - name: chat\n    routing: least-loaded\n    endpoints: [{}]\n",
+        sim.addr
+    );
+    // A directory that is not bpffs stands for "BPF unavailable".
+    let fake = dir.path().join("not-bpffs");
+    std::fs::create_dir_all(&fake).unwrap();
+    let pin_dir = fake.join("flexinfer");
+    let (fake, pin_dir) = (fake.display().to_string(), pin_dir.display().to_string());
+    let proxy = start_proxy(
+        &cfg,
+        &[
+            "--gauge",
+            "auto",
+            "--bpffs",
+            &fake,
+            "--bpf-pin-dir",
+            &pin_dir,
+        ],
+        &[],
+        dir.path(),
+    )
+    .await;
+    let r = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        &[],
+        &chat_body("chat", None, "hi", ""),
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.status.as_u16(), r.pod()), (200, "a".into()));
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(&m, "flexinfer_proxy_ebpf_enabled", &[]),
+        Some(0.0)
+    );
+    let log = proxy.proc.log_text();
+    assert!(
+        log.contains("eBPF gauge unavailable; using the userspace in-flight gauge"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("eBPF gauge unavailable").count(),
+        1,
+        "the reason is logged once"
+    );
+    let view = get(proxy.admin, "/debug/routing").await.unwrap().json();
+    assert_eq!(view["gauge"], "userspace");
+    assert_eq!(view["upstream_keepalive"], true);
+
+    // --require-ebpf makes the same situation fatal, with the reason.
+    let out = std::process::Command::new(proxy_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--require-ebpf",
+            "--bpffs",
+            &fake,
+            "--bpf-pin-dir",
+            &pin_dir,
+            "--config",
+        ])
+        .arg(&proxy.config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("eBPF gauge required but unavailable"), "{err}");
+}
