@@ -3,6 +3,8 @@
 //!
 //! Processes are killed when their handle drops, so a failing test leaves nothing running.
 
+pub mod prom;
+
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
