@@ -3,6 +3,7 @@
 //! the text exposition format.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -212,10 +213,14 @@ pub fn prometheus_bin_or_skip(test: &str) -> Option<PathBuf> {
             bin.display()
         );
     }
-    eprintln!(
+    // Straight to the process's stderr: the test harness captures `eprintln!` of passing tests,
+    // and a skip must not pass silently.
+    let _ = writeln!(
+        std::io::stderr(),
         "\n==================== SKIPPED: {test} ====================\n\
-         Prometheus not found at {}. This test did NOT run.\n\
-         Install it (Debian: apt-get install prometheus) or set PROMETHEUS_BIN.\n\
+         Prometheus not found at {}. This test did NOT run (cargo will count it as passed).\n\
+         Install it (Debian: apt-get install prometheus) or set PROMETHEUS_BIN; set CI to make\n\
+         a missing Prometheus fail.\n\
          ==========================================================\n",
         bin.display()
     );
