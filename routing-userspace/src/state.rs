@@ -10,7 +10,8 @@ use arc_swap::ArcSwap;
 
 use crate::config::RoutingKnobs;
 use crate::decide::{GroupOutcome, Outcome};
-use crate::discovery::{ModelSet, Update};
+use crate::discovery::{ModelSet, Strategy, Update};
+use crate::keys::KeySource;
 use crate::load::reservations::ReservationLedger;
 use crate::load::slots::SlotAllocator;
 use crate::load::userspace::UserspaceGauge;
@@ -108,8 +109,15 @@ impl Shared {
                 .with_label_values(&[name]);
             m.request_duration_seconds.with_label_values(&[name]);
             m.time_to_first_byte_seconds.with_label_values(&[name]);
-            for source in sources_for(strategy) {
+            // A keyless request of a default or prefix model with a Service always goes to the
+            // Service; everything else can reach a pod, and anything falls back without pods.
+            let keyless_to_service =
+                model.service.is_some() && matches!(strategy, Strategy::Default | Strategy::Prefix);
+            for &source in sources_for(strategy) {
                 for outcome in [Outcome::Pod, Outcome::ServiceFallback] {
+                    if source == KeySource::None && outcome == Outcome::Pod && keyless_to_service {
+                        continue;
+                    }
                     m.routing_decisions_total.with_label_values(&[
                         name,
                         strategy.as_str(),

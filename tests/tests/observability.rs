@@ -147,6 +147,18 @@ async fn every_spec_family_is_exposed_with_the_spec_labels_before_and_after_traf
         ),
         Some(0.0)
     );
+    // A keyless prefix request with a Service always goes to the Service.
+    assert_eq!(
+        v(
+            "flexinfer_proxy_routing_decisions_total",
+            &[
+                ("model", "chat"),
+                ("key_source", "none"),
+                ("outcome", "pod")
+            ]
+        ),
+        None
+    );
     // Nothing keyed is invented for least-loaded models, nor a Service they do not have.
     for s in samples(&before, "flexinfer_proxy_routing_decisions_total") {
         if s.0["model"] != "chat" {
