@@ -78,6 +78,14 @@ pub struct ServeArgs {
     #[arg(long, env = "FLEXINFER_PROXY_NAMESPACE", default_value = "")]
     pub namespace: String,
 
+    /// Model metadata label that carries the shared service label (with --discovery kubernetes).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_SERVICE_LABEL_KEY",
+        default_value = "flexinfer.ai/service"
+    )]
+    pub service_label_key: String,
+
     /// Kubeconfig file (else in-cluster config, else the default kubeconfig).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,

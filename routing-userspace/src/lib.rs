@@ -11,6 +11,7 @@ pub mod balance;
 pub mod body;
 pub mod config;
 pub mod decide;
+pub mod demo;
 pub mod discovery;
 pub mod keys;
 pub mod load;

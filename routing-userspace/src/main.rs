@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use routing_userspace::config::ServeArgs;
+use routing_userspace::demo::DemoArgs;
 use routing_userspace::sim::SimArgs;
 
 #[derive(Parser)]
@@ -22,6 +23,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run a simulated OpenAI-compatible model server (one GPU replica stand-in).
     Sim(SimArgs),
+    /// Run the Chat-with-Doc demo: simulated replicas, a proxy, default vs prefix routing.
+    Demo(DemoArgs),
 }
 
 fn init_logging() {
@@ -56,5 +59,6 @@ fn main() -> anyhow::Result<()> {
             ))
         }
         Command::Sim(args) => runtime(None)?.block_on(routing_userspace::sim::run(args)),
+        Command::Demo(args) => runtime(None)?.block_on(routing_userspace::demo::run(args)),
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! Processes are killed when their handle drops, so a failing test leaves nothing running.
 
+pub mod chart;
 pub mod prom;
 
 use std::collections::HashMap;

@@ -5,6 +5,7 @@
 //! routing table. Sources know nothing about rings or gauges.
 
 pub mod file;
+pub mod kube;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -157,12 +158,25 @@ fn normalize(m: &mut ModelSpec) {
     m.endpoints.dedup();
 }
 
-/// Start the Kubernetes source (Model CRD, EndpointSlices, Services).
+/// Start the Kubernetes source (Model CRD, EndpointSlices, Services) in the background. A
+/// source that cannot run at all (no cluster config) ends the process: a proxy that silently
+/// never becomes ready helps nobody.
 pub fn start_kubernetes(
-    _args: &crate::config::ServeArgs,
-    _updates: tokio::sync::mpsc::UnboundedSender<Update>,
+    args: &crate::config::ServeArgs,
+    updates: tokio::sync::mpsc::UnboundedSender<Update>,
 ) -> anyhow::Result<()> {
-    anyhow::bail!("this build has no Kubernetes discovery")
+    let opts = kube::KubeOptions {
+        namespace: Some(args.namespace.clone()).filter(|n| !n.is_empty()),
+        kubeconfig: args.kubeconfig.clone(),
+        service_label_key: args.service_label_key.clone(),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = kube::run(opts, updates).await {
+            tracing::error!(error = format!("{e:#}"), "kubernetes discovery failed");
+            std::process::exit(2);
+        }
+    });
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,400 @@
+//! The Helm chart, rendered with its default values and with each knob changed: it lints, it is
+//! privileged with a Bidirectional bpffs mount, its RBAC is read-only on exactly the three
+//! resources discovery watches, and every knob reaches its environment variable.
+
+use flexinfer_tests::chart::{chart_dir, documents, render, yamllint};
+use serde_json::{json, Value};
+
+fn rendered(overrides: Value) -> Vec<Value> {
+    let text = render(
+        &chart_dir(),
+        "flexinfer-proxy",
+        "flexinfer-system",
+        overrides,
+    )
+    .expect("render");
+    documents(&text).expect("parse")
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {docs:#?}"))
+}
+
+fn proxy_container(docs: &[Value]) -> &Value {
+    let ds = find(docs, "DaemonSet");
+    ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "proxy")
+        .expect("proxy container")
+}
+
+fn env(docs: &[Value]) -> Vec<(String, String)> {
+    proxy_container(docs)["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let v = e["value"]
+                .as_str()
+                .unwrap_or_else(|| panic!("env values are strings: {e}"));
+            (e["name"].as_str().unwrap().to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+fn env_var(docs: &[Value], name: &str) -> Option<String> {
+    env(docs)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v)
+}
+
+#[test]
+fn default_render_lints_clean() {
+    for overrides in [
+        json!({}),
+        json!({"proxy": {"ebpf": {"enabled": false}}, "hostNetwork": true}),
+    ] {
+        let text = render(
+            &chart_dir(),
+            "flexinfer-proxy",
+            "flexinfer-system",
+            overrides,
+        )
+        .unwrap();
+        match yamllint(&text).unwrap() {
+            Some(report) => assert!(
+                report.trim().is_empty(),
+                "yamllint warnings:\n{report}\n{text}"
+            ),
+            None => {
+                eprintln!("yamllint not installed; lint skipped (set CI to make this an error)")
+            }
+        }
+    }
+    let crd = std::fs::read_to_string(chart_dir().join("crds/models.inference.flexinfer.ai.yaml"))
+        .unwrap();
+    if let Some(report) = yamllint(&crd).unwrap() {
+        assert!(report.trim().is_empty(), "{report}");
+    }
+}
+
+#[test]
+fn renders_the_expected_objects() {
+    let docs = rendered(json!({}));
+    let mut kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "DaemonSet",
+            "Service",
+            "ServiceAccount"
+        ]
+    );
+    let crd: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(chart_dir().join("crds/models.inference.flexinfer.ai.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(crd["kind"], "CustomResourceDefinition");
+    assert_eq!(crd["metadata"]["name"], "models.inference.flexinfer.ai");
+}
+
+#[test]
+fn daemonset_is_privileged_with_bidirectional_bpffs_and_cgroup2() {
+    let docs = rendered(json!({}));
+    let pod = &find(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    let c = proxy_container(&docs);
+    assert_eq!(c["securityContext"]["privileged"], true);
+    assert_eq!(c["command"], json!(["flexinfer-proxy", "serve"]));
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    let bpffs = mounts
+        .iter()
+        .find(|m| m["name"] == "bpffs")
+        .expect("bpffs mount");
+    assert_eq!(
+        (
+            bpffs["mountPath"].as_str(),
+            bpffs["mountPropagation"].as_str()
+        ),
+        (Some("/sys/fs/bpf"), Some("Bidirectional"))
+    );
+    let cg = mounts
+        .iter()
+        .find(|m| m["name"] == "cgroup2")
+        .expect("cgroup2 mount");
+    assert_eq!(
+        env_var(&docs, "FLEXINFER_PROXY_CGROUP_PATH").as_deref(),
+        cg["mountPath"].as_str()
+    );
+    let volumes = pod["volumes"].as_array().unwrap();
+    let host = |n: &str| {
+        volumes.iter().find(|v| v["name"] == n).unwrap()["hostPath"]["path"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(host("bpffs"), "/sys/fs/bpf");
+    assert_eq!(host("cgroup2"), "/sys/fs/cgroup");
+    // The cgroup2 host path is a knob (hybrid hosts mount it at /sys/fs/cgroup/unified).
+    let docs2 = rendered(json!({"proxy": {"ebpf": {"cgroup2HostPath": "/sys/fs/cgroup/unified"}}}));
+    let vols = find(&docs2, "DaemonSet")["spec"]["template"]["spec"]["volumes"].clone();
+    assert!(vols
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v["hostPath"]["path"] == "/sys/fs/cgroup/unified"));
+    // The init container mounts bpffs if missing, through the same Bidirectional mount.
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["securityContext"]["privileged"], true);
+    assert!(init["command"]
+        .to_string()
+        .contains("mount -t bpf bpf /sys/fs/bpf"));
+    assert_eq!(init["volumeMounts"][0]["mountPropagation"], "Bidirectional");
+    // Probes on the admin port.
+    assert_eq!(
+        c["livenessProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": "admin"})
+    );
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": "admin"})
+    );
+    let admin = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "admin")
+        .unwrap();
+    assert_eq!(admin["containerPort"], 9090);
+    assert!(c["resources"]["requests"]["cpu"].is_string());
+    assert!(
+        pod.get("hostNetwork").is_none(),
+        "no hostNetwork by default"
+    );
+}
+
+#[test]
+fn ebpf_off_means_userspace_gauge_and_no_privilege() {
+    let docs = rendered(json!({"proxy": {"ebpf": {"enabled": false, "require": true}}}));
+    let pod = &find(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    let c = proxy_container(&docs);
+    assert_eq!(c["securityContext"]["privileged"], Value::Null);
+    assert!(
+        pod["volumes"].is_null() && pod["initContainers"].is_null() && c["volumeMounts"].is_null()
+    );
+    assert_eq!(
+        env_var(&docs, "FLEXINFER_PROXY_GAUGE").as_deref(),
+        Some("userspace")
+    );
+    assert_eq!(
+        env_var(&docs, "FLEXINFER_PROXY_REQUIRE_EBPF").as_deref(),
+        Some("false")
+    );
+    assert_eq!(env_var(&docs, "FLEXINFER_PROXY_CGROUP_PATH"), None);
+}
+
+#[test]
+fn rbac_is_get_list_watch_on_exactly_models_endpointslices_services() {
+    let docs = rendered(json!({}));
+    let role = find(&docs, "ClusterRole");
+    let mut grants: Vec<(String, String, String)> = Vec::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for g in rule["apiGroups"].as_array().unwrap() {
+            for r in rule["resources"].as_array().unwrap() {
+                for v in rule["verbs"].as_array().unwrap() {
+                    grants.push((
+                        g.as_str().unwrap().into(),
+                        r.as_str().unwrap().into(),
+                        v.as_str().unwrap().into(),
+                    ));
+                }
+            }
+        }
+        assert!(rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none());
+    }
+    grants.sort();
+    let mut want = Vec::new();
+    for (g, r) in [
+        ("inference.flexinfer.ai", "models"),
+        ("discovery.k8s.io", "endpointslices"),
+        ("", "services"),
+    ] {
+        for v in ["get", "list", "watch"] {
+            want.push((g.to_owned(), r.to_owned(), v.to_owned()));
+        }
+    }
+    want.sort();
+    assert_eq!(grants, want);
+    let binding = find(&docs, "ClusterRoleBinding");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    let sa = find(&docs, "ServiceAccount");
+    assert_eq!(binding["subjects"][0]["name"], sa["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["namespace"], "flexinfer-system");
+    let ds = find(&docs, "DaemonSet");
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["serviceAccountName"],
+        sa["metadata"]["name"]
+    );
+}
+
+#[test]
+fn service_keeps_traffic_on_the_node() {
+    let docs = rendered(json!({}));
+    let svc = find(&docs, "Service");
+    assert_eq!(svc["spec"]["internalTrafficPolicy"], "Local");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "http");
+    let ds = find(&docs, "DaemonSet");
+    assert_eq!(
+        svc["spec"]["selector"],
+        ds["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(
+        ds["spec"]["template"]["metadata"]["labels"],
+        ds["spec"]["selector"]["matchLabels"]
+    );
+}
+
+#[test]
+fn defaults_reach_their_env_vars() {
+    let docs = rendered(json!({}));
+    for (name, want) in [
+        ("PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH", "128"),
+        ("PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH", "512"),
+        ("PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH", "256"),
+        ("FLEXINFER_PROXY_LABEL_GROUP_ROUTING", "round-robin"),
+        ("PROXY_LEAST_LOADED_RESERVATION_TTL", "10s"),
+        ("FLEXINFER_PROXY_GAUGE", "auto"),
+        ("FLEXINFER_PROXY_REQUIRE_EBPF", "false"),
+        ("FLEXINFER_PROXY_DISCOVERY", "kubernetes"),
+        ("FLEXINFER_PROXY_NAMESPACE", ""),
+        ("FLEXINFER_PROXY_SERVICE_LABEL_KEY", "flexinfer.ai/service"),
+        ("FLEXINFER_PROXY_LISTEN", "0.0.0.0:8080"),
+        ("FLEXINFER_PROXY_ADMIN_LISTEN", "0.0.0.0:9090"),
+        ("FLEXINFER_PROXY_CGROUP_PATH", "/run/flexinfer/cgroup2"),
+        ("RUST_LOG", "info"),
+    ] {
+        assert_eq!(env_var(&docs, name).as_deref(), Some(want), "{name}");
+    }
+}
+
+#[test]
+fn every_knob_changes_its_env_var() {
+    for (overrides, name, want) in [
+        (
+            json!({"proxy": {"routing": {"explicitKeyMaxLength": 64}}}),
+            "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH",
+            "64",
+        ),
+        (
+            json!({"proxy": {"serviceLabelKey": "example.com/group"}}),
+            "FLEXINFER_PROXY_SERVICE_LABEL_KEY",
+            "example.com/group",
+        ),
+        (
+            json!({"proxy": {"routing": {"systemSegmentMaxLength": 1024}}}),
+            "PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH",
+            "1024",
+        ),
+        (
+            json!({"proxy": {"routing": {"documentSegmentMaxLength": 77}}}),
+            "PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH",
+            "77",
+        ),
+        (
+            json!({"proxy": {"routing": {"labelGroupMode": "least-loaded"}}}),
+            "FLEXINFER_PROXY_LABEL_GROUP_ROUTING",
+            "least-loaded",
+        ),
+        (
+            json!({"proxy": {"routing": {"leastLoadedReservationTTL": "0"}}}),
+            "PROXY_LEAST_LOADED_RESERVATION_TTL",
+            "0",
+        ),
+        (
+            json!({"proxy": {"routing": {"leastLoadedReservationTTL": "2500ms"}}}),
+            "PROXY_LEAST_LOADED_RESERVATION_TTL",
+            "2500ms",
+        ),
+        (
+            json!({"proxy": {"ebpf": {"gauge": "ebpf"}}}),
+            "FLEXINFER_PROXY_GAUGE",
+            "ebpf",
+        ),
+        (
+            json!({"proxy": {"ebpf": {"enabled": false}}}),
+            "FLEXINFER_PROXY_GAUGE",
+            "userspace",
+        ),
+        (
+            json!({"proxy": {"ebpf": {"require": true}}}),
+            "FLEXINFER_PROXY_REQUIRE_EBPF",
+            "true",
+        ),
+        (
+            json!({"proxy": {"ebpf": {"cgroupMountPath": "/cg"}}}),
+            "FLEXINFER_PROXY_CGROUP_PATH",
+            "/cg",
+        ),
+        (
+            json!({"proxy": {"discovery": "file"}}),
+            "FLEXINFER_PROXY_DISCOVERY",
+            "file",
+        ),
+        (
+            json!({"proxy": {"watchNamespace": "models"}}),
+            "FLEXINFER_PROXY_NAMESPACE",
+            "models",
+        ),
+        (
+            json!({"proxy": {"ports": {"http": 18080}}}),
+            "FLEXINFER_PROXY_LISTEN",
+            "0.0.0.0:18080",
+        ),
+        (
+            json!({"proxy": {"bindAddress": "[::]"}}),
+            "FLEXINFER_PROXY_LISTEN",
+            "[::]:8080",
+        ),
+        (
+            json!({"proxy": {"ports": {"admin": 19090}}}),
+            "FLEXINFER_PROXY_ADMIN_LISTEN",
+            "0.0.0.0:19090",
+        ),
+        (
+            json!({"proxy": {"logLevel": "info,flexinfer=debug"}}),
+            "RUST_LOG",
+            "info,flexinfer=debug",
+        ),
+    ] {
+        let docs = rendered(overrides.clone());
+        assert_eq!(
+            env_var(&docs, name).as_deref(),
+            Some(want),
+            "{overrides} -> {name}"
+        );
+    }
+    // Ports follow too.
+    let docs = rendered(json!({"proxy": {"ports": {"http": 18080, "admin": 19090}}}));
+    let ports = proxy_container(&docs)["ports"].clone();
+    assert_eq!(ports[0]["containerPort"], 18080);
+    assert_eq!(ports[1]["containerPort"], 19090);
+    // extraEnv is appended.
+    let docs = rendered(json!({"proxy": {"extraEnv": [{"name": "EXTRA", "value": "1"}]}}));
+    assert_eq!(env_var(&docs, "EXTRA").as_deref(), Some("1"));
+}
+
+#[test]
+fn host_network_is_a_knob() {
+    let docs = rendered(json!({"hostNetwork": true}));
+    let pod = &find(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+}

@@ -1,0 +1,317 @@
+//! Knobs reach the proxy through the spec's environment variables (invalid ones fall back to
+//! the defaults), the spec's debug log lines, and shared service-label groups over real sockets.
+
+use std::collections::HashMap;
+
+use flexinfer_tests::*;
+
+fn prefix_model(sims: &[&Sim]) -> String {
+    let eps: Vec<String> = sims.iter().map(|s| s.addr.to_string()).collect();
+    format!(
+        "models:\n  - name: chat\n    routing: prefix\n    endpoints: [{}]\n",
+        eps.join(", ")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn knob_environment_variables_reach_key_extraction() {
+    let dir = TempDir::new("knobs");
+    let mut sims = Vec::new();
+    for i in 0..4 {
+        sims.push(start_sim(&format!("pod-{i}"), &[], dir.path()).await);
+    }
+    let refs: Vec<&Sim> = sims.iter().collect();
+    let body = chat_body("chat", None, "hi", "");
+    // An 8-character limit: a 12-character key is malformed and ignored; with no system prompt
+    // the request falls through to the session chain (its implicit session).
+    let strict = start_proxy(
+        &prefix_model(&refs),
+        &[],
+        &[("PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH", "8")],
+        dir.path(),
+    )
+    .await;
+    post(
+        strict.addr,
+        "/v1/chat/completions",
+        &[("x-flexinfer-cache-key", "twelve-chars")],
+        &body,
+    )
+    .await
+    .unwrap();
+    post(
+        strict.addr,
+        "/v1/chat/completions",
+        &[("x-flexinfer-cache-key", "eight-ch")],
+        &body,
+    )
+    .await
+    .unwrap();
+    let m = strict.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_routing_decisions_total",
+            &[("key_source", "explicit-header")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_routing_decisions_total",
+            &[("key_source", "implicit-session")]
+        ),
+        Some(1.0)
+    );
+    let view = get(strict.admin, "/debug/routing").await.unwrap().json();
+    assert_eq!(view["knobs"]["explicit_key_max_length"], 8);
+
+    // Non-positive and garbage values fall back to the defaults (and say so in the log).
+    let lenient = start_proxy(
+        &prefix_model(&refs),
+        &[],
+        &[
+            ("PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH", "0"),
+            ("PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH", "-3"),
+            ("PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH", "lots"),
+            ("PROXY_LEAST_LOADED_RESERVATION_TTL", "0"),
+            ("FLEXINFER_PROXY_LABEL_GROUP_ROUTING", "least-loaded"),
+        ],
+        dir.path(),
+    )
+    .await;
+    let view = get(lenient.admin, "/debug/routing").await.unwrap().json();
+    assert_eq!(view["knobs"]["explicit_key_max_length"], 128);
+    assert_eq!(view["knobs"]["system_segment_max_length"], 512);
+    assert_eq!(view["knobs"]["document_segment_max_length"], 256);
+    assert_eq!(
+        view["knobs"]["least_loaded_reservation_ttl_ms"], 0,
+        "0 disables reservations"
+    );
+    assert_eq!(view["knobs"]["label_group_mode"], "least-loaded");
+    let key = "k".repeat(100);
+    post(
+        lenient.addr,
+        "/v1/chat/completions",
+        &[("x-flexinfer-cache-key", &key)],
+        &body,
+    )
+    .await
+    .unwrap();
+    let m = lenient.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_routing_decisions_total",
+            &[("key_source", "explicit-header")]
+        ),
+        Some(1.0)
+    );
+    let log = lenient.proc.log_text();
+    assert!(
+        log.contains("invalid routing knob")
+            && log.contains("PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_spec_debug_lines_are_logged() {
+    let dir = TempDir::new("logs");
+    let sim = start_sim("only", &[], dir.path()).await;
+    let svc = start_sim("svc", &[], dir.path()).await;
+    let cfg = format!("models:\n  - name: my-model\n    routing: prefix\n    service: http://{}\n    endpoints: [{}]\n", svc.addr, sim.addr);
+    let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
+    post(
+        proxy.addr,
+        "/v1/chat/completions",
+        &[("x-flexinfer-cache-key", "tenant-a/doc-42")],
+        &chat_body("my-model", None, "hi", ""),
+    )
+    .await
+    .unwrap();
+    post(
+        proxy.addr,
+        "/v1/chat/completions",
+        &[],
+        r#"{"model":"my-model"}"#,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let log = proxy.proc.log_text();
+    let pod_line = format!(
+        "routing to pod model=my-model strategy=prefix target={} key_source=explicit-header",
+        sim.addr
+    );
+    assert!(log.contains(&pod_line), "missing {pod_line:?} in\n{log}");
+    assert!(
+        log.contains("routing fallback to service model=my-model strategy=prefix key_source=none"),
+        "{log}"
+    );
+}
+
+fn group_yaml(members: &[(&str, i64, bool, &Sim)], extra: &str) -> String {
+    let mut s = String::from("models:\n");
+    for (name, prio, ready, sim) in members {
+        s.push_str(&format!(
+            "  - name: {name}\n    routing: least-loaded\n    serviceLabel: tts\n    routePriority: {prio}\n    ready: {ready}\n    service: http://{svc}\n    endpoints: [{svc}]\n",
+            svc = sim.addr
+        ));
+    }
+    s.push_str(extra);
+    s
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn label_groups_prefer_the_top_tier_degrade_and_cold_start() {
+    let dir = TempDir::new("groups");
+    let fast = start_sim("gfx1100", &[], dir.path()).await;
+    let slow = start_sim("gfx906", &[], dir.path()).await;
+    let body = chat_body("tts", None, "speak", "");
+    let proxy = start_proxy(
+        &group_yaml(
+            &[("tts-fast", 100, true, &fast), ("tts-slow", 0, true, &slow)],
+            "",
+        ),
+        &[],
+        &[],
+        dir.path(),
+    )
+    .await;
+    for _ in 0..10 {
+        let r = post(proxy.addr, "/v1/chat/completions", &[], &body)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.pod(),
+            "gfx1100",
+            "the primary takes all traffic while Ready"
+        );
+    }
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_label_group_route_decisions_total",
+            &[("label", "tts"), ("outcome", "priority_pick")]
+        ),
+        Some(10.0)
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_label_group_route_target_hits_total",
+            &[("label", "tts"), ("model", "tts-fast")]
+        ),
+        Some(10.0)
+    );
+
+    // The primary leaves Ready: the group degrades to the next tier at once.
+    proxy
+        .rewrite_config(&group_yaml(
+            &[
+                ("tts-fast", 100, false, &fast),
+                ("tts-slow", 0, true, &slow),
+            ],
+            "",
+        ))
+        .await;
+    for _ in 0..5 {
+        assert_eq!(
+            post(proxy.addr, "/v1/chat/completions", &[], &body)
+                .await
+                .unwrap()
+                .pod(),
+            "gfx906"
+        );
+    }
+    // Nobody Ready: the alphabetically first member of the top tier (cold start).
+    proxy
+        .rewrite_config(&group_yaml(
+            &[
+                ("tts-fast", 100, false, &fast),
+                ("tts-slow", 0, false, &slow),
+                ("tts-alt", 100, false, &slow),
+            ],
+            "",
+        ))
+        .await;
+    let r = post(proxy.addr, "/v1/chat/completions", &[], &body)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.pod(),
+        "gfx906",
+        "tts-alt (top tier, alphabetically first) serves through its Service"
+    );
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_label_group_route_decisions_total",
+            &[("label", "tts"), ("outcome", "cold_start")]
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn label_group_least_loaded_spreads_a_burst_over_members() {
+    let dir = TempDir::new("group-ll");
+    let mut sims = Vec::new();
+    for i in 0..3 {
+        sims.push(start_sim(&format!("m{i}"), &["--ttft-base-ms", "300"], dir.path()).await);
+    }
+    let members: Vec<(&str, i64, bool, &Sim)> = vec![
+        ("a", 0, true, &sims[0]),
+        ("b", 0, true, &sims[1]),
+        ("c", 0, true, &sims[2]),
+    ];
+    let proxy = start_proxy(
+        &group_yaml(&members, ""),
+        &[],
+        &[("FLEXINFER_PROXY_LABEL_GROUP_ROUTING", "least-loaded")],
+        dir.path(),
+    )
+    .await;
+    let tasks: Vec<_> = (0..30)
+        .map(|i| {
+            let addr = proxy.addr;
+            tokio::spawn(async move {
+                post(
+                    addr,
+                    "/v1/chat/completions",
+                    &[],
+                    &chat_body("tts", None, &format!("r{i}"), ""),
+                )
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    let mut hits: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        *hits.entry(r.pod()).or_default() += 1;
+    }
+    assert!(
+        hits.len() == 3 && hits.values().all(|&n| n <= 11),
+        "{hits:?}"
+    );
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_label_group_route_decisions_total",
+            &[
+                ("label", "tts"),
+                ("strategy", "least-loaded"),
+                ("outcome", "least_loaded")
+            ]
+        ),
+        Some(30.0)
+    );
+}
