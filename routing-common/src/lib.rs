@@ -1,5 +1,217 @@
 //! Types shared by the kernel (routing-ebpf) and user (routing-userspace) sides.
+//!
+//! Everything here is `#[repr(C)]`, `Copy` and free of hidden padding, so the bytes the
+//! kernel hashes are exactly the bytes userspace wrote. Addresses are kept the way the kernel
+//! hands them to a sock_ops program: each 32-bit word holds four address bytes in network
+//! order (so a word's *memory* is the wire bytes), ports in host order. With the `user`
+//! feature the types implement `aya::Pod` so aya maps can carry them.
 #![no_std]
 
 /// Number of pod slots in the load gauge array.
 pub const MAX_PODS: u32 = 4096;
+
+/// Connections the kernel can track at once (socket cookie -> slot). A connection that does
+/// not fit is not counted at all (never counted up without a matching count down).
+pub const MAX_TRACKED_CONNS: u32 = 65536;
+
+/// Sockets the same-node redirect can hold.
+pub const MAX_REDIRECT_SOCKS: u32 = 65536;
+
+/// `AF_INET`, as in the kernel's `bpf_sock_ops.family`.
+pub const FAMILY_V4: u32 = 2;
+/// `AF_INET6`.
+pub const FAMILY_V6: u32 = 10;
+
+/// Map names, as they appear in the object, under the pin directory and in `bpftool`.
+pub mod maps {
+    /// `HashMap<BackendKey, u32>`: pod address -> slot (written by userspace).
+    pub const BACKENDS: &str = "BACKENDS";
+    /// `Array<u64>` (BPF_F_MMAPABLE): established connections per slot (written by the kernel).
+    pub const LOAD: &str = "LOAD";
+    /// `HashMap<u64, u32>`: socket cookie -> slot of every connection currently counted.
+    pub const CONNS: &str = "CONNS";
+    /// `Array<Config>` with one entry: switches userspace sets for the kernel side.
+    pub const CONFIG: &str = "CONFIG";
+    /// `SockHash<SockKey>`: local sockets eligible for same-node redirect.
+    pub const SOCKS: &str = "SOCKS";
+    /// Every map the loader pins.
+    pub const ALL: [&str; 5] = [BACKENDS, LOAD, CONNS, CONFIG, SOCKS];
+}
+
+/// Program names (the entry point function names in routing-ebpf).
+pub mod programs {
+    /// The sock_ops connection gauge.
+    pub const SOCK_OPS: &str = "flexinfer_sockops";
+    /// The sk_msg same-node redirect.
+    pub const SK_MSG: &str = "flexinfer_skmsg";
+}
+
+/// `BPF_F_MMAPABLE`: the map's memory can be mmapped by userspace.
+pub const BPF_F_MMAPABLE: usize = 0x400;
+
+/// [`Config::flags`] bit: put local sockets to and from tracked pods in the SOCKS sockhash, so
+/// the sk_msg program short-circuits same-node traffic.
+pub const CONFIG_REDIRECT: u32 = 1;
+
+/// A pod address: key of the BACKENDS map (24 bytes, no padding).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct BackendKey {
+    /// [`FAMILY_V4`] or [`FAMILY_V6`]; IPv4-mapped IPv6 addresses are stored as IPv4.
+    pub family: u32,
+    /// Port in host order.
+    pub port: u32,
+    /// Address words in the kernel's layout (network-order bytes); IPv4 uses word 0 only.
+    pub addr: [u32; 4],
+}
+
+impl BackendKey {
+    /// An IPv4 key from the kernel's `remote_ip4` word and a host-order port.
+    pub const fn v4(ip4: u32, port: u16) -> Self {
+        Self {
+            family: FAMILY_V4,
+            port: port as u32,
+            addr: [ip4, 0, 0, 0],
+        }
+    }
+
+    /// An IPv6 key from the kernel's `remote_ip6` words; a v4-mapped address becomes IPv4.
+    pub const fn v6(ip6: [u32; 4], port: u16) -> Self {
+        if is_v4_mapped(ip6) {
+            Self::v4(ip6[3], port)
+        } else {
+            Self {
+                family: FAMILY_V6,
+                port: port as u32,
+                addr: ip6,
+            }
+        }
+    }
+
+    /// Build a key from address bytes in network order (4 or 16 of them) and a host port.
+    /// Pure byte shuffling, so both sides agree on the layout.
+    pub const fn from_octets_v4(octets: [u8; 4], port: u16) -> Self {
+        Self::v4(u32::from_ne_bytes(octets), port)
+    }
+
+    /// See [`BackendKey::from_octets_v4`].
+    pub const fn from_octets_v6(o: [u8; 16], port: u16) -> Self {
+        Self::v6(
+            [
+                u32::from_ne_bytes([o[0], o[1], o[2], o[3]]),
+                u32::from_ne_bytes([o[4], o[5], o[6], o[7]]),
+                u32::from_ne_bytes([o[8], o[9], o[10], o[11]]),
+                u32::from_ne_bytes([o[12], o[13], o[14], o[15]]),
+            ],
+            port,
+        )
+    }
+}
+
+/// Whether the kernel words hold `::ffff:a.b.c.d`.
+pub const fn is_v4_mapped(w: [u32; 4]) -> bool {
+    w[0] == 0 && w[1] == 0 && w[2] == u32::from_ne_bytes([0, 0, 0xff, 0xff])
+}
+
+/// Decode the sock_ops / sk_msg `remote_port` field to a host-order port. The kernel stores
+/// the network-order 16-bit port in the upper half of the word on little-endian machines
+/// (and in the lower half on older layouts); either way one shift and a swap recover it.
+pub const fn remote_port_to_host(raw: u32) -> u16 {
+    let be = if raw > 0xffff { raw >> 16 } else { raw };
+    u16::from_be(be as u16)
+}
+
+/// Key of the SOCKS sockhash: one direction of a local TCP connection (44 bytes, no padding).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockKey {
+    pub family: u32,
+    pub local_port: u32,
+    pub remote_port: u32,
+    pub local_addr: [u32; 4],
+    pub remote_addr: [u32; 4],
+}
+
+impl SockKey {
+    /// The key the other end of this connection is stored under.
+    pub const fn peer(&self) -> Self {
+        Self {
+            family: self.family,
+            local_port: self.remote_port,
+            remote_port: self.local_port,
+            local_addr: self.remote_addr,
+            remote_addr: self.local_addr,
+        }
+    }
+}
+
+/// The single CONFIG entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Config {
+    /// Bit set of `CONFIG_*`.
+    pub flags: u32,
+    /// Reserved, zero (keeps the value 8 bytes and room to grow).
+    pub reserved: u32,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<BackendKey>() == 24);
+    assert!(core::mem::size_of::<SockKey>() == 44);
+    assert!(core::mem::size_of::<Config>() == 8);
+};
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: the types are `#[repr(C)]`, `Copy`, made only of integers, and their sizes are
+    // asserted above to equal the sum of their fields (no padding bytes to leak or compare).
+    unsafe impl aya::Pod for super::BackendKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SockKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Config {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v4_mapped_v6_is_stored_as_v4() {
+        let v4 = BackendKey::from_octets_v4([127, 0, 0, 1], 8080);
+        let mut o = [0u8; 16];
+        o[10] = 0xff;
+        o[11] = 0xff;
+        o[12..].copy_from_slice(&[127, 0, 0, 1]);
+        assert_eq!(BackendKey::from_octets_v6(o, 8080), v4);
+    }
+
+    #[test]
+    fn v4_word_memory_is_network_order() {
+        let k = BackendKey::from_octets_v4([10, 1, 2, 3], 80);
+        assert_eq!(k.addr[0].to_ne_bytes(), [10, 1, 2, 3]);
+        assert_eq!(k.port, 80);
+        assert_eq!(k.family, FAMILY_V4);
+    }
+
+    #[test]
+    fn remote_port_layouts_decode() {
+        let port: u16 = 8080;
+        let be_as_loaded = u16::from_ne_bytes(port.to_be_bytes()) as u32;
+        assert_eq!(remote_port_to_host(be_as_loaded << 16), port);
+        assert_eq!(remote_port_to_host(be_as_loaded), port);
+    }
+
+    #[test]
+    fn peer_swaps_ends() {
+        let k = SockKey {
+            family: FAMILY_V4,
+            local_port: 1,
+            remote_port: 2,
+            local_addr: [3, 0, 0, 0],
+            remote_addr: [4, 0, 0, 0],
+        };
+        assert_eq!(k.peer().peer(), k);
+        assert_eq!(k.peer().local_port, 2);
+    }
+}

@@ -32,6 +32,9 @@ pub struct BodyFields<'a> {
     documents: Option<&'a RawValue>,
     #[serde(borrow, default)]
     prompt: Option<&'a RawValue>,
+    /// `messages`, parsed on first use (key extraction may ask several times).
+    #[serde(skip)]
+    parsed_messages: std::sync::OnceLock<Vec<Message<'a>>>,
 }
 
 /// One chat message, with its content kept raw (a string or an array of parts).
@@ -117,10 +120,12 @@ impl<'a> BodyFields<'a> {
         as_string(self.prefix)
     }
 
-    fn messages(&self) -> Vec<Message<'a>> {
-        self.messages
-            .and_then(|m| serde_json::from_str(m.get()).ok())
-            .unwrap_or_default()
+    fn messages(&self) -> &[Message<'a>] {
+        self.parsed_messages.get_or_init(|| {
+            self.messages
+                .and_then(|m| serde_json::from_str(m.get()).ok())
+                .unwrap_or_default()
+        })
     }
 
     /// Whether the body carries a `messages` array (a chat request).

@@ -240,6 +240,18 @@ pub struct EbpfArgs {
     pub sk_msg_redirect: bool,
 }
 
+impl EbpfArgs {
+    /// The loader's options.
+    pub fn options(&self) -> crate::ebpf::EbpfOptions {
+        crate::ebpf::EbpfOptions {
+            cgroup: self.cgroup_path.clone(),
+            pin_dir: self.bpf_pin_dir.clone(),
+            bpffs: self.bpffs.clone(),
+            redirect: self.sk_msg_redirect,
+        }
+    }
+}
+
 /// Validated routing knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoutingKnobs {

@@ -13,6 +13,7 @@ pub mod config;
 pub mod decide;
 pub mod demo;
 pub mod discovery;
+pub mod ebpf;
 pub mod keys;
 pub mod load;
 pub mod metrics;

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-use routing_userspace::config::ServeArgs;
+use routing_userspace::config::{EbpfArgs, ServeArgs};
 use routing_userspace::demo::DemoArgs;
 use routing_userspace::sim::SimArgs;
 
@@ -25,6 +25,21 @@ enum Command {
     Sim(SimArgs),
     /// Run the Chat-with-Doc demo: simulated replicas, a proxy, default vs prefix routing.
     Demo(DemoArgs),
+    /// Inspect or remove the pinned eBPF data plane.
+    Ebpf {
+        #[command(subcommand)]
+        action: EbpfAction,
+        #[command(flatten)]
+        args: EbpfArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum EbpfAction {
+    /// Per pod: its slot and live connection count, read from the pinned maps.
+    Status,
+    /// Detach the programs and remove everything pinned under --bpf-pin-dir.
+    Detach,
 }
 
 fn init_logging() {
@@ -60,5 +75,9 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Sim(args) => runtime(None)?.block_on(routing_userspace::sim::run(args)),
         Command::Demo(args) => runtime(None)?.block_on(routing_userspace::demo::run(args)),
+        Command::Ebpf { action, args } => match action {
+            EbpfAction::Status => routing_userspace::ebpf::cli::status(&args.options()),
+            EbpfAction::Detach => routing_userspace::ebpf::cli::detach(&args.options()),
+        },
     }
 }

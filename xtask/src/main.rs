@@ -1,2 +1,38 @@
-//! Project tasks: `cargo xtask <task>`.
-fn main() {}
+//! Project tasks: `cargo xtask <task>`. A thin dispatcher; each task lives in its own module.
+#![forbid(unsafe_code)]
+
+mod bench;
+mod ebpf;
+mod setup;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "flexinfer-proxy project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build the eBPF object and copy it to `<target>/bpf/routing-ebpf.o`.
+    BuildEbpf(ebpf::BuildEbpf),
+    /// Install what building and testing the eBPF data plane needs (idempotent).
+    Setup(setup::Setup),
+    /// Run a criterion benchmark group.
+    Bench(bench::Bench),
+    /// Install what the tests need, build the eBPF object, then fmt, clippy and every test.
+    Test(test::Test),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::BuildEbpf(args) => ebpf::build(&args),
+        Task::Setup(args) => setup::run(&args),
+        Task::Bench(args) => bench::run(&args),
+        Task::Test(args) => test::run(&args),
+    }
+}

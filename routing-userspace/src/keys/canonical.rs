@@ -13,14 +13,26 @@ use super::{KeyLimits, KeySource, RequestParts, RoutingKey};
 
 /// Collapse white-space runs to one space and trim.
 pub fn normalize(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
+    normalize_prefix(s, usize::MAX)
+}
+
+/// The first `max` characters of `normalize(s)`, without normalizing the rest: a long system
+/// prompt or document costs only its first segment.
+pub fn normalize_prefix(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max.saturating_mul(4)));
+    let mut chars = 0usize;
     for word in s.split_whitespace() {
+        if chars >= max {
+            break;
+        }
         if !out.is_empty() {
             out.push(' ');
+            chars += 1;
         }
         out.push_str(word);
+        chars += word.chars().count();
     }
-    out
+    cut(&out, max).to_owned()
 }
 
 /// The first `max` characters of `s`.
@@ -67,4 +79,29 @@ pub fn context_text(req: &RequestParts<'_, '_>, limits: &KeyLimits) -> Option<St
 
 pub fn key(req: &RequestParts<'_, '_>, limits: &KeyLimits) -> Option<RoutingKey> {
     context_text(req, limits).map(|t| RoutingKey::new(&t, KeySource::Canonical))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_prefix_equals_cutting_the_normalized_text() {
+        let samples = [
+            "  a  bb\tccc\n dddd ",
+            "",
+            "   ",
+            "one",
+            "héllo   wörld  ünïcode text",
+        ];
+        for s in samples {
+            for max in [0, 1, 2, 3, 5, 8, 13, 100] {
+                assert_eq!(
+                    normalize_prefix(s, max),
+                    cut(&normalize(s), max),
+                    "{s:?} {max}"
+                );
+            }
+        }
+    }
 }

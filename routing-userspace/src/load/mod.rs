@@ -6,6 +6,7 @@
 //! mmapped BPF array). Pods are addressed by a [`Slot`], assigned by [`slots::SlotAllocator`]
 //! when the routing table is rebuilt, so a pick never hashes an address.
 
+pub mod ebpf;
 pub mod reservations;
 pub mod slots;
 pub mod userspace;
@@ -30,7 +31,9 @@ pub trait LoadGauge: Send + Sync + 'static {
 
 /// Open the node-wide eBPF gauge, or say why it cannot be used.
 pub fn open_ebpf_gauge(
-    _opts: &crate::config::EbpfArgs,
+    args: &crate::config::EbpfArgs,
 ) -> Result<std::sync::Arc<dyn LoadGauge>, String> {
-    Err("this build has no eBPF gauge".into())
+    ebpf::EbpfGauge::open(&args.options())
+        .map(|g| std::sync::Arc::new(g) as std::sync::Arc<dyn LoadGauge>)
+        .map_err(|e| e.to_string())
 }

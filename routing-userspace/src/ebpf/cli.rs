@@ -1,0 +1,101 @@
+//! `flexinfer-proxy ebpf status|detach`: inspect or remove the node's pinned set from any
+//! process (the proxy need not be running).
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use routing_common::{BackendKey, FAMILY_V4};
+
+use super::pins::{self, PinnedSet};
+use super::EbpfOptions;
+
+/// The socket address a BACKENDS key stands for.
+pub fn key_addr(k: &BackendKey) -> SocketAddr {
+    let ip = if k.family == FAMILY_V4 {
+        IpAddr::V4(Ipv4Addr::from(k.addr[0].to_ne_bytes()))
+    } else {
+        let mut o = [0u8; 16];
+        for (i, w) in k.addr.iter().enumerate() {
+            o[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        IpAddr::V6(Ipv6Addr::from(o))
+    };
+    SocketAddr::new(ip, k.port as u16)
+}
+
+/// One pod as the kernel sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodLoad {
+    pub addr: SocketAddr,
+    pub slot: u32,
+    pub active: u64,
+}
+
+/// Every pod in BACKENDS with its kernel slot and live connection count, sorted by slot.
+pub fn pod_loads(set: &PinnedSet) -> anyhow::Result<Vec<PodLoad>> {
+    let mut out = Vec::new();
+    for (k, slot) in set.backend_entries()? {
+        out.push(PodLoad {
+            addr: key_addr(&k),
+            slot,
+            active: set.load_lookup(slot)?,
+        });
+    }
+    out.sort_by_key(|p| p.slot);
+    Ok(out)
+}
+
+/// Print the pinned set's pods, slots and live counts to `out`.
+pub fn status_to(opts: &EbpfOptions, out: &mut dyn Write) -> anyhow::Result<()> {
+    let set = PinnedSet::open_existing(&opts.pin_dir)?;
+    let pods = pod_loads(&set)?;
+    writeln!(out, "pinned set: {}", opts.pin_dir.display())?;
+    writeln!(
+        out,
+        "tracked connections: {}   pods: {}   redirect: {} ({} sockets)",
+        set.tracked_connections()?,
+        pods.len(),
+        if pins::redirect_enabled(&set)? {
+            "on"
+        } else {
+            "off"
+        },
+        pins::redirect_sockets(&opts.pin_dir)?
+    )?;
+    writeln!(out, "{:<5} {:>8}  pod", "slot", "active")?;
+    for p in &pods {
+        writeln!(out, "{:<5} {:>8}  {}", p.slot, p.active, p.addr)?;
+    }
+    Ok(())
+}
+
+/// `flexinfer-proxy ebpf status`: print per pod its slot and live connection count.
+pub fn status(opts: &EbpfOptions) -> anyhow::Result<()> {
+    status_to(opts, &mut std::io::stdout().lock())
+}
+
+/// `flexinfer-proxy ebpf detach`: unpin everything (which detaches sock_ops from its cgroup).
+pub fn detach(opts: &EbpfOptions) -> anyhow::Result<()> {
+    let removed = pins::remove_pins(&opts.pin_dir)?;
+    if removed.files.is_empty() {
+        println!("nothing pinned at {}", opts.pin_dir.display());
+    }
+    for f in &removed.files {
+        println!("removed {}", f.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::ebpf::backend_key;
+
+    #[test]
+    fn key_addr_round_trips() {
+        for s in ["127.0.0.1:8080", "[fd00::5]:1", "10.1.2.3:65535"] {
+            let a: SocketAddr = s.parse().unwrap();
+            assert_eq!(key_addr(&backend_key(&a)), a);
+        }
+    }
+}

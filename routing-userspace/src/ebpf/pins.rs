@@ -1,0 +1,421 @@
+//! The pinned set: maps and the cgroup link under one bpffs directory, shared by every proxy
+//! process on the node and surviving restarts.
+//!
+//! Layout of `<pin_dir>/`: one file per map (named as in `routing_common::maps`), the
+//! sock_ops cgroup link (`sockops_link`) and the sk_msg program (`skmsg_prog`, attached to
+//! SOCKS). The link pin is written last, so "the link pin exists" means "the set is
+//! complete and attached"; creation and removal hold an exclusive flock on the directory.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, HashMap, Map, MapData, SockHash};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::{CgroupAttachMode, SkMsg, SockOps};
+use aya::EbpfLoader;
+use routing_common::{maps, programs, BackendKey, Config, SockKey, CONFIG_REDIRECT, MAX_PODS};
+
+use super::sys::{self, DirLock};
+use super::{io_err, EbpfError, EbpfOptions};
+
+/// File name of the pinned sock_ops cgroup link.
+pub const LINK_PIN: &str = "sockops_link";
+/// File name of the pinned sk_msg program.
+pub const SKMSG_PIN: &str = "skmsg_prog";
+
+/// Open handles on a pinned set.
+pub struct PinnedSet {
+    pub pin_dir: PathBuf,
+    /// Whether this call created (and attached) the set, rather than reopening it.
+    pub created: bool,
+    pub backends: Map,
+    pub load: Map,
+    pub conns: Map,
+    pub config: Map,
+}
+
+fn box_err<E: std::error::Error + Send + Sync + 'static>(
+    e: E,
+) -> Box<dyn std::error::Error + Send + Sync> {
+    Box::new(e)
+}
+
+/// The `MapData` inside the map kinds the set uses.
+pub fn map_data(m: &Map) -> &MapData {
+    match m {
+        Map::HashMap(d) | Map::Array(d) | Map::SockHash(d) => d,
+        _ => unreachable!("the pinned set holds only hash, array and sockhash maps"),
+    }
+}
+
+/// Make sure `opts.bpffs` is a bpffs (mounting the default one if needed) and that the pin
+/// directory exists on it.
+pub fn prepare_dirs(opts: &EbpfOptions) -> Result<(), EbpfError> {
+    let bpffs = &opts.bpffs;
+    let mounted = sys::is_bpffs(bpffs).map_err(io_err("checking", bpffs))?;
+    if !mounted {
+        if bpffs != Path::new(super::DEFAULT_BPFFS) {
+            return Err(EbpfError::NoBpffs {
+                path: bpffs.clone(),
+            });
+        }
+        sys::mount_bpffs(bpffs).map_err(|source| {
+            EbpfError::classify("mounting bpffs", source, |source| EbpfError::MountBpffs {
+                path: bpffs.clone(),
+                source,
+            })
+        })?;
+    }
+    std::fs::create_dir_all(&opts.pin_dir).map_err(|e| {
+        EbpfError::classify(
+            "creating the pin directory",
+            e,
+            io_err("creating", &opts.pin_dir),
+        )
+    })?;
+    if !sys::is_bpffs(&opts.pin_dir).map_err(io_err("checking", &opts.pin_dir))? {
+        return Err(EbpfError::NoBpffs {
+            path: opts.pin_dir.clone(),
+        });
+    }
+    Ok(())
+}
+
+impl PinnedSet {
+    /// Open the node's pinned set, creating and attaching it if it is not there yet.
+    pub fn open_or_create(opts: &EbpfOptions) -> Result<Self, EbpfError> {
+        let object = super::embedded_object().ok_or(EbpfError::NotEmbedded)?;
+        prepare_dirs(opts)?;
+        let _lock = DirLock::exclusive(&opts.pin_dir).map_err(io_err("locking", &opts.pin_dir))?;
+        let set = if opts.pin_dir.join(LINK_PIN).exists() {
+            Self::open_pins(&opts.pin_dir)
+        } else {
+            Self::create(object, opts)
+        };
+        drop(_lock);
+        let mut set = match set {
+            Ok(set) => set,
+            Err(e) => {
+                // Do not leave an empty pin directory behind (only succeeds if it is empty).
+                let _ = std::fs::remove_dir(&opts.pin_dir);
+                return Err(e);
+            }
+        };
+        set.set_redirect(opts.redirect)?;
+        Ok(set)
+    }
+
+    /// Open an existing, complete pinned set (used by `status` and by other processes).
+    pub fn open_existing(pin_dir: &Path) -> Result<Self, EbpfError> {
+        if !pin_dir.join(LINK_PIN).exists() {
+            return Err(EbpfError::BadPins {
+                pin_dir: pin_dir.to_path_buf(),
+                what: format!("no {LINK_PIN}: nothing is attached"),
+            });
+        }
+        Self::open_pins(pin_dir)
+    }
+
+    fn open_pins(pin_dir: &Path) -> Result<Self, EbpfError> {
+        // Holding the link open proves it is still a live link, not a stale file.
+        PinnedLink::from_pin(pin_dir.join(LINK_PIN)).map_err(|e| {
+            EbpfError::classify("opening the pinned link", e, |e| EbpfError::BadPins {
+                pin_dir: pin_dir.to_path_buf(),
+                what: format!("{LINK_PIN}: {e}"),
+            })
+        })?;
+        let open = |name: &'static str| -> Result<Map, EbpfError> {
+            let data = MapData::from_pin(pin_dir.join(name)).map_err(|e| {
+                EbpfError::classify("opening a pinned map", e, |e| EbpfError::BadPins {
+                    pin_dir: pin_dir.to_path_buf(),
+                    what: format!("{name}: {e}"),
+                })
+            })?;
+            Map::from_map_data(data).map_err(|e| EbpfError::Map {
+                map: name,
+                source: box_err(e),
+            })
+        };
+        let set = Self {
+            pin_dir: pin_dir.to_path_buf(),
+            created: false,
+            backends: open(maps::BACKENDS)?,
+            load: open(maps::LOAD)?,
+            conns: open(maps::CONNS)?,
+            config: open(maps::CONFIG)?,
+        };
+        set.check_shapes()?;
+        Ok(set)
+    }
+
+    /// Pins from another build of the object could disagree on sizes; refuse them loudly.
+    fn check_shapes(&self) -> Result<(), EbpfError> {
+        let bad = |what: String| EbpfError::BadPins {
+            pin_dir: self.pin_dir.clone(),
+            what,
+        };
+        let load = map_data(&self.load)
+            .info()
+            .map_err(|e| bad(format!("LOAD info: {e}")))?;
+        if load.max_entries() != MAX_PODS || load.value_size() != 8 {
+            return Err(bad(format!(
+                "LOAD has {} entries of {} bytes, expected {MAX_PODS} of 8",
+                load.max_entries(),
+                load.value_size()
+            )));
+        }
+        if load.map_flags() & routing_common::BPF_F_MMAPABLE as u32 == 0 {
+            return Err(bad("LOAD is not mmapable".into()));
+        }
+        let b = map_data(&self.backends)
+            .info()
+            .map_err(|e| bad(format!("BACKENDS info: {e}")))?;
+        if b.key_size() as usize != std::mem::size_of::<BackendKey>() || b.value_size() != 4 {
+            return Err(bad(format!(
+                "BACKENDS key/value sizes {}/{} do not match this build",
+                b.key_size(),
+                b.value_size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn create(object: &[u8], opts: &EbpfOptions) -> Result<Self, EbpfError> {
+        let pin_dir = &opts.pin_dir;
+        let cgroup_path = match &opts.cgroup {
+            Some(p) => p.clone(),
+            None => super::cgroup::cgroup2_root()?,
+        };
+        let cgroup = File::open(&cgroup_path).map_err(io_err("opening cgroup", &cgroup_path))?;
+        // Without the link pin nothing is attached, so map pins left here (a crash between
+        // pinning maps and pinning the link) hold counts no program will ever count down.
+        // Start from fresh maps rather than reuse them.
+        remove_pin_files(pin_dir).map_err(io_err("removing stale pins in", pin_dir))?;
+        let result = (|| {
+            let pins: Vec<(&str, PathBuf)> =
+                maps::ALL.iter().map(|n| (*n, pin_dir.join(n))).collect();
+            let mut loader = EbpfLoader::new();
+            for (name, path) in &pins {
+                loader.map_pin_path(name, path.as_path());
+            }
+            let mut bpf = loader.load(object).map_err(|e| {
+                EbpfError::classify("loading the object", e, |e| EbpfError::Load(box_err(e)))
+            })?;
+
+            let skmsg: &mut SkMsg = bpf
+                .program_mut(programs::SK_MSG)
+                .ok_or_else(|| EbpfError::Load(format!("no program {}", programs::SK_MSG).into()))?
+                .try_into()
+                .map_err(|e| EbpfError::Load(box_err(e)))?;
+            skmsg.load().map_err(|e| {
+                EbpfError::classify("loading sk_msg", e, |e| EbpfError::Load(box_err(e)))
+            })?;
+            let socks = bpf
+                .map(maps::SOCKS)
+                .ok_or_else(|| EbpfError::Load(format!("no map {}", maps::SOCKS).into()))?;
+            let socks: SockHash<&MapData, SockKey> =
+                SockHash::try_from(socks).map_err(|e| EbpfError::Map {
+                    map: maps::SOCKS,
+                    source: box_err(e),
+                })?;
+            let socks_fd = socks.fd().try_clone().map_err(|e| EbpfError::Map {
+                map: maps::SOCKS,
+                source: box_err(e),
+            })?;
+            let skmsg: &mut SkMsg = bpf
+                .program_mut(programs::SK_MSG)
+                .expect("checked above")
+                .try_into()
+                .map_err(|e| EbpfError::Load(box_err(e)))?;
+            let id = skmsg.attach(&socks_fd).map_err(|e| {
+                EbpfError::classify("attaching sk_msg", e, |e| EbpfError::Load(box_err(e)))
+            })?;
+            // The attachment belongs to the SOCKS map (pinned): keep it when this handle goes.
+            let link = skmsg
+                .take_link(id)
+                .map_err(|e| EbpfError::Load(box_err(e)))?;
+            std::mem::forget(link);
+            skmsg
+                .pin(pin_dir.join(SKMSG_PIN))
+                .map_err(|e| EbpfError::Load(box_err(e)))?;
+
+            let sockops: &mut SockOps = bpf
+                .program_mut(programs::SOCK_OPS)
+                .ok_or_else(|| {
+                    EbpfError::Load(format!("no program {}", programs::SOCK_OPS).into())
+                })?
+                .try_into()
+                .map_err(|e| EbpfError::Load(box_err(e)))?;
+            sockops.load().map_err(|e| {
+                EbpfError::classify("loading sock_ops", e, |e| EbpfError::Load(box_err(e)))
+            })?;
+            let attach_err = |e: Box<dyn std::error::Error + Send + Sync>| EbpfError::Attach {
+                cgroup: cgroup_path.clone(),
+                source: e,
+            };
+            let id = sockops
+                .attach(&cgroup, CgroupAttachMode::Single)
+                .map_err(|e| {
+                    EbpfError::classify("attaching sock_ops", e, |e| attach_err(box_err(e)))
+                })?;
+            let link = sockops.take_link(id).map_err(|e| attach_err(box_err(e)))?;
+            let link = FdLink::try_from(link).map_err(|e| attach_err(box_err(e)))?;
+            link.pin(pin_dir.join(LINK_PIN))
+                .map_err(|e| attach_err(box_err(e)))?;
+
+            let mut take = |name: &'static str| {
+                bpf.take_map(name)
+                    .ok_or_else(|| EbpfError::Load(format!("no map {name}").into()))
+            };
+            Ok(Self {
+                pin_dir: pin_dir.clone(),
+                created: true,
+                backends: take(maps::BACKENDS)?,
+                load: take(maps::LOAD)?,
+                conns: take(maps::CONNS)?,
+                config: take(maps::CONFIG)?,
+            })
+        })();
+        if result.is_err() {
+            // Leave nothing half-made behind: the next open must start clean.
+            let _ = remove_pin_files(pin_dir);
+        }
+        result
+    }
+
+    /// Set the node-wide redirect switch.
+    pub fn set_redirect(&mut self, on: bool) -> Result<(), EbpfError> {
+        let mut config: Array<&mut MapData, Config> =
+            Array::try_from(&mut self.config).map_err(|e| EbpfError::Map {
+                map: maps::CONFIG,
+                source: box_err(e),
+            })?;
+        let value = Config {
+            flags: if on { CONFIG_REDIRECT } else { 0 },
+            reserved: 0,
+        };
+        config.set(0, value, 0).map_err(|e| EbpfError::Map {
+            map: maps::CONFIG,
+            source: box_err(e),
+        })
+    }
+
+    /// BACKENDS as a typed map.
+    pub fn backends(&mut self) -> Result<HashMap<&mut MapData, BackendKey, u32>, EbpfError> {
+        HashMap::try_from(&mut self.backends).map_err(|e| EbpfError::Map {
+            map: maps::BACKENDS,
+            source: box_err(e),
+        })
+    }
+
+    /// Entries of BACKENDS (one syscall per entry; for rebuilds and `status`, not the hot path).
+    pub fn backend_entries(&self) -> Result<Vec<(BackendKey, u32)>, EbpfError> {
+        let m: HashMap<&MapData, BackendKey, u32> =
+            HashMap::try_from(&self.backends).map_err(|e| EbpfError::Map {
+                map: maps::BACKENDS,
+                source: box_err(e),
+            })?;
+        m.iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| EbpfError::Map {
+                map: maps::BACKENDS,
+                source: box_err(e),
+            })
+    }
+
+    /// `LOAD[slot]` through a map-lookup syscall (what the mmap avoids; for `status`/benches).
+    pub fn load_lookup(&self, slot: u32) -> Result<u64, EbpfError> {
+        let m: Array<&MapData, u64> = Array::try_from(&self.load).map_err(|e| EbpfError::Map {
+            map: maps::LOAD,
+            source: box_err(e),
+        })?;
+        m.get(&slot, 0).map_err(|e| EbpfError::Map {
+            map: maps::LOAD,
+            source: box_err(e),
+        })
+    }
+
+    /// Number of connections the kernel is currently tracking (CONNS entries).
+    pub fn tracked_connections(&self) -> Result<usize, EbpfError> {
+        let m: HashMap<&MapData, u64, u32> =
+            HashMap::try_from(&self.conns).map_err(|e| EbpfError::Map {
+                map: maps::CONNS,
+                source: box_err(e),
+            })?;
+        Ok(m.keys().filter(|k| k.is_ok()).count())
+    }
+}
+
+/// Sockets currently in the SOCKS sockhash (the same-node redirect's members).
+pub fn redirect_sockets(pin_dir: &Path) -> Result<usize, EbpfError> {
+    let data = MapData::from_pin(pin_dir.join(maps::SOCKS)).map_err(|e| EbpfError::Map {
+        map: maps::SOCKS,
+        source: box_err(e),
+    })?;
+    let map = Map::from_map_data(data).map_err(|e| EbpfError::Map {
+        map: maps::SOCKS,
+        source: box_err(e),
+    })?;
+    let socks: SockHash<&MapData, SockKey> =
+        SockHash::try_from(&map).map_err(|e| EbpfError::Map {
+            map: maps::SOCKS,
+            source: box_err(e),
+        })?;
+    Ok(socks.keys().filter(|k| k.is_ok()).count())
+}
+
+/// Whether the node-wide redirect switch is on.
+pub fn redirect_enabled(set: &PinnedSet) -> Result<bool, EbpfError> {
+    let config: Array<&MapData, Config> =
+        Array::try_from(&set.config).map_err(|e| EbpfError::Map {
+            map: maps::CONFIG,
+            source: box_err(e),
+        })?;
+    let c = config.get(&0, 0).map_err(|e| EbpfError::Map {
+        map: maps::CONFIG,
+        source: box_err(e),
+    })?;
+    Ok(c.flags & CONFIG_REDIRECT != 0)
+}
+
+/// What [`remove_pins`] removed.
+#[derive(Debug, Default)]
+pub struct Removed {
+    pub files: Vec<PathBuf>,
+    pub dir_removed: bool,
+}
+
+/// Detach and unpin everything under `pin_dir` that the loader pins, then remove the
+/// directory if it is empty. Unpinning the link drops the last reference to the cgroup
+/// attachment (proxies do not keep the link open), which detaches sock_ops; the maps and the
+/// sk_msg program go when their last user (a running proxy's mmap/fds) closes.
+pub fn remove_pins(pin_dir: &Path) -> io::Result<Removed> {
+    let mut removed = Removed::default();
+    if !pin_dir.exists() {
+        return Ok(removed);
+    }
+    let lock = DirLock::exclusive(pin_dir)?;
+    removed.files = remove_pin_files(pin_dir)?;
+    drop(lock);
+    removed.dir_removed = std::fs::remove_dir(pin_dir).is_ok();
+    Ok(removed)
+}
+
+/// Remove the loader's pin files (link first, so the set stops counting before its maps go).
+/// The caller holds the directory lock.
+fn remove_pin_files(pin_dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let names = std::iter::once(LINK_PIN)
+        .chain(std::iter::once(SKMSG_PIN))
+        .chain(maps::ALL.iter().copied());
+    for name in names {
+        let p = pin_dir.join(name);
+        match std::fs::remove_file(&p) {
+            Ok(()) => files.push(p),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(files)
+}

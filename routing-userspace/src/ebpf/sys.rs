@@ -1,0 +1,193 @@
+//! The few raw Linux calls aya does not wrap: statfs (is this bpffs?), mount, flock, mmap of
+//! a BPF array and BPF_PROG_QUERY. All unsafe code of the loader lives here.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+
+/// `BPF_FS_MAGIC` from linux/magic.h.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// `BPF_CGROUP_SOCK_OPS` attach type.
+const BPF_CGROUP_SOCK_OPS: u32 = 3;
+/// `BPF_PROG_QUERY` command.
+const BPF_PROG_QUERY: libc::c_long = 16;
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// Whether `path` is on a bpf filesystem.
+pub fn is_bpffs(path: &Path) -> io::Result<bool> {
+    let c = cpath(path)?;
+    // SAFETY: statfs writes only into `buf`, a properly sized, owned struct; `c` is a valid
+    // NUL-terminated path.
+    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: see above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut buf) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(buf.f_type as i64 == BPF_FS_MAGIC)
+}
+
+/// `mount -t bpf bpf <path>`.
+pub fn mount_bpffs(path: &Path) -> io::Result<()> {
+    let target = cpath(path)?;
+    let src = c"bpf";
+    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call; no
+    // mount data is passed.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            src.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// An exclusive `flock` on a directory, released on drop. Serialises "are the pins there?
+/// then create them" between proxy processes starting at the same time.
+pub struct DirLock(File);
+
+impl DirLock {
+    pub fn exclusive(dir: &Path) -> io::Result<Self> {
+        let f = File::open(dir)?;
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self(f))
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // SAFETY: as above; closing the file would release the lock anyway.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// A read-only shared mapping of a `BPF_F_MMAPABLE` array of `u64`, viewed as atomics.
+pub struct MappedCounters {
+    ptr: NonNull<AtomicU64>,
+    len: usize,
+    bytes: usize,
+}
+
+// SAFETY: the mapping is plain shared memory read only through atomics; it is unmapped once,
+// in Drop, when no reference can remain.
+unsafe impl Send for MappedCounters {}
+// SAFETY: as above.
+unsafe impl Sync for MappedCounters {}
+
+impl MappedCounters {
+    /// Map `len` u64 values of the array map behind `fd`.
+    pub fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<Self> {
+        let bytes = (len * 8).next_multiple_of(page_size());
+        // SAFETY: a fresh shared read-only mapping of a BPF array fd; the kernel validates the
+        // size against the map (mmapable arrays are page-aligned) and fails cleanly if not.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<AtomicU64>())
+            .ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Self { ptr, len, bytes })
+    }
+
+    /// All counters. The kernel updates them concurrently; read each with an atomic load.
+    #[inline]
+    pub fn as_slice(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping holds at least `len` page-aligned (so 8-aligned) u64 values and
+        // lives as long as `self`; AtomicU64 has the layout of u64 and tolerates concurrent
+        // writers (the kernel's atomic adds).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for MappedCounters {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the region mapped in `map`; no borrow outlives `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.bytes) };
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory side effects.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// The kernel's `bpf_attr` for BPF_PROG_QUERY.
+#[repr(C)]
+#[derive(Default)]
+struct ProgQueryAttr {
+    target_fd: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    prog_cnt: u32,
+    _pad: u32,
+    prog_attach_flags: u64,
+    link_ids: u64,
+    link_attach_flags: u64,
+    revision: u64,
+}
+
+/// IDs of the sock_ops programs attached directly to the cgroup open at `cgroup`.
+pub fn sock_ops_attached(cgroup: &File) -> io::Result<Vec<u32>> {
+    let mut ids = [0u32; 64];
+    let mut attr = ProgQueryAttr {
+        target_fd: cgroup.as_fd().as_raw_fd() as u32,
+        attach_type: BPF_CGROUP_SOCK_OPS,
+        prog_ids: ids.as_mut_ptr() as u64,
+        prog_cnt: ids.len() as u32,
+        ..Default::default()
+    };
+    // SAFETY: `attr` is a valid BPF_PROG_QUERY attribute of the size passed; the kernel writes
+    // at most `prog_cnt` ids into `ids`, which outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_QUERY,
+            &mut attr as *mut ProgQueryAttr,
+            std::mem::size_of::<ProgQueryAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = (attr.prog_cnt as usize).min(ids.len());
+    Ok(ids[..n].to_vec())
+}
+
+/// The effective user id (for error messages).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}

@@ -1,0 +1,449 @@
+//! The eBPF gauge against real loopback sockets in a child cgroup.
+//!
+//! Each test creates its own cgroup and pin directory, attaches there, and makes connections
+//! from a helper process it moves into that cgroup. They fail (not skip) whenever BPF is
+//! usable but the data plane misbehaves; they skip only without root / bpf(), and even then
+//! fail when FLEXINFER_REQUIRE_EBPF is set.
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::Duration;
+
+use flexinfer_tests::ebpf::{bpf_or_skip, ebpf_required, wait_for, Holder, TestCgroup, TestPins};
+use routing_userspace::ebpf::{cli, pins, sys, EbpfError, EbpfGauge, EbpfOptions};
+use routing_userspace::load::LoadGauge;
+
+const HOLDER: &str = env!("CARGO_BIN_EXE_conn-holder");
+
+fn listener() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let a = l.local_addr().expect("local addr");
+    (l, a)
+}
+
+fn attached(cgroup: &Path) -> Vec<u32> {
+    sys::sock_ops_attached(&File::open(cgroup).expect("open cgroup")).expect("BPF_PROG_QUERY")
+}
+
+fn open(opts: &EbpfOptions) -> EbpfGauge {
+    match EbpfGauge::open(opts) {
+        Ok(g) => g,
+        Err(e) => panic!("EbpfGauge::open failed: {e}"),
+    }
+}
+
+const SETTLE: Duration = Duration::from_secs(3);
+
+#[test]
+fn counts_connections_to_tracked_pods_only() {
+    if !bpf_or_skip("counts_connections_to_tracked_pods_only") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    assert!(gauge.created(), "a fresh pin dir is created, not reopened");
+    assert_eq!(
+        attached(&cg.path).len(),
+        1,
+        "sock_ops attached once to the test cgroup"
+    );
+
+    let (_tracked, pod) = listener();
+    let (_other, untracked) = listener();
+    // Proxy slot 7 on purpose: the gauge maps proxy slots to node-wide kernel slots.
+    gauge.set_pods(&[(pod, 7)]);
+    assert_eq!(gauge.active(7), 0);
+
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    assert_eq!(
+        cg.procs(),
+        vec![h.pid()],
+        "only the helper is in the test cgroup"
+    );
+    h.open(pod, 5);
+    h.open(untracked, 3);
+    assert_eq!(
+        gauge.active(7),
+        5,
+        "five established connections to the tracked pod"
+    );
+    assert_eq!(
+        gauge.kernel_loads().iter().sum::<u64>(),
+        5,
+        "untracked connections are not counted"
+    );
+    assert_eq!(gauge.active(8), 0, "an unassigned slot reads zero");
+
+    h.close(2);
+    assert_eq!(gauge.active(7), 3, "closing two leaves three");
+
+    // status (another reader of the pins) sees the same numbers.
+    let mut out = Vec::new();
+    cli::status_to(&pins.opts, &mut out).expect("status");
+    let out = String::from_utf8(out).expect("utf8");
+    assert!(
+        out.contains(&format!("       3  {pod}")),
+        "status output:\n{out}"
+    );
+
+    h.close(6);
+    let loads = gauge.kernel_loads();
+    assert!(
+        loads.iter().all(|&v| v == 0),
+        "every slot reads 0 after all close: {:?}",
+        loads
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v != 0)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn reopening_pins_continues_counts_without_double_attach() {
+    if !bpf_or_skip("reopening_pins_continues_counts_without_double_attach") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let (_l, pod) = listener();
+
+    let first = open(&pins.opts);
+    assert!(first.created());
+    first.set_pods(&[(pod, 0)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod, 3);
+    assert_eq!(first.active(0), 3);
+    let ids = attached(&cg.path);
+    drop(first); // the "proxy" exits without detaching
+
+    let second = open(&pins.opts); // the restarted proxy
+    assert!(
+        !second.created(),
+        "the restarted proxy reopens the pinned set"
+    );
+    assert_eq!(attached(&cg.path), ids, "no second attachment");
+    // A different proxy slot for the same pod: the kernel slot is reused from BACKENDS.
+    second.set_pods(&[(pod, 42)]);
+    assert_eq!(second.active(42), 3, "counts continue across the restart");
+    h.open(pod, 2);
+    assert_eq!(second.active(42), 5, "each new connection counted once");
+    assert_eq!(second.kernel_loads().iter().sum::<u64>(), 5);
+    h.close(5);
+    assert_eq!(second.active(42), 0);
+}
+
+#[test]
+fn two_processes_share_one_pinned_set() {
+    if !bpf_or_skip("two_processes_share_one_pinned_set") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let (_l1, pod1) = listener();
+    let (_l2, pod2) = listener();
+
+    let a = open(&pins.opts);
+    let b = open(&pins.opts);
+    assert!(a.created() && !b.created());
+    // Each "proxy" numbers the pods its own way.
+    a.set_pods(&[(pod1, 0), (pod2, 1)]);
+    b.set_pods(&[(pod2, 5), (pod1, 9)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod1, 2);
+    h.open(pod2, 1);
+    assert_eq!((a.active(0), a.active(1)), (2, 1));
+    assert_eq!(
+        (b.active(9), b.active(5)),
+        (2, 1),
+        "the second proxy sees the same node-wide load"
+    );
+    assert_eq!(attached(&cg.path).len(), 1);
+
+    // b forgets pod2; a still routes to it (a will re-add it on its next rebuild).
+    b.set_pods(&[(pod1, 9)]);
+    assert_eq!(b.active(5), 0, "an unlisted slot reads zero");
+    a.set_pods(&[(pod1, 0), (pod2, 1)]);
+    assert_eq!(a.active(0), 2);
+}
+
+#[test]
+fn sigkilled_holder_leaves_no_phantom_load() {
+    if !bpf_or_skip("sigkilled_holder_leaves_no_phantom_load") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    let (_l, pod) = listener();
+    gauge.set_pods(&[(pod, 3)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod, 4);
+    assert_eq!(gauge.active(3), 4);
+    h.kill();
+    assert_eq!(
+        wait_for(0, SETTLE, || gauge.active(3)),
+        0,
+        "a killed process's connections stop counting"
+    );
+    assert!(gauge.kernel_loads().iter().all(|&v| v == 0));
+}
+
+#[test]
+fn open_without_bpffs_fails_with_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("flexinfer-not-bpffs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmpdir");
+    let opts = EbpfOptions {
+        bpffs: dir.clone(),
+        pin_dir: dir.join("flexinfer"),
+        ..EbpfOptions::default()
+    };
+    let result = EbpfGauge::open(&opts);
+    let _ = std::fs::remove_dir_all(&dir);
+    match result {
+        Err(e @ EbpfError::NoBpffs { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&dir.display().to_string()) && msg.contains("not a bpf filesystem"),
+                "{msg}"
+            );
+        }
+        Err(EbpfError::NotEmbedded) if !ebpf_required() => {
+            eprintln!("SKIP open_without_bpffs_fails_with_a_clear_error: eBPF object not embedded");
+        }
+        Err(e) => panic!("expected NoBpffs, got {e:?}"),
+        Ok(_) => panic!("open succeeded on a directory that is not bpffs"),
+    }
+}
+
+#[test]
+fn detach_removes_pins_and_the_attachment() {
+    if !bpf_or_skip("detach_removes_pins_and_the_attachment") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    assert_eq!(attached(&cg.path).len(), 1);
+    assert!(pins.opts.pin_dir.join(pins::LINK_PIN).exists());
+    drop(gauge);
+    cli::detach(&pins.opts).expect("detach");
+    assert!(!pins.opts.pin_dir.exists(), "pin dir removed");
+    assert_eq!(
+        wait_for(0, SETTLE, || attached(&cg.path).len()),
+        0,
+        "no sock_ops program left on the cgroup"
+    );
+    // And a detached set is not silently reopened by status.
+    assert!(cli::status_to(&pins.opts, &mut Vec::new()).is_err());
+}
+
+#[test]
+fn every_test_cleans_up_after_itself() {
+    if !bpf_or_skip("every_test_cleans_up_after_itself") {
+        return;
+    }
+    let path;
+    let pin_dir;
+    {
+        let cg = TestCgroup::new();
+        let pins = TestPins::new(&cg);
+        let g = open(&pins.opts);
+        let (_l, pod) = listener();
+        g.set_pods(&[(pod, 0)]);
+        path = cg.path.clone();
+        pin_dir = pins.opts.pin_dir.clone();
+        // guards drop here: pins first (declared later), then the cgroup
+    }
+    assert!(!pin_dir.exists(), "{} still pinned", pin_dir.display());
+    assert!(!path.exists(), "{} still exists", path.display());
+}
+
+#[test]
+fn ipv6_and_v4_mapped_pods_are_counted() {
+    if !bpf_or_skip("ipv6_and_v4_mapped_pods_are_counted") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    let l6 = TcpListener::bind("[::1]:0").expect("bind [::1]");
+    let pod6 = l6.local_addr().expect("addr");
+    let (_l4, pod4) = listener();
+    gauge.set_pods(&[(pod6, 1), (pod4, 2)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod6, 2);
+    // An AF_INET6 socket to ::ffff:127.0.0.1 is the IPv4 pod.
+    let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", pod4.port())
+        .parse()
+        .expect("mapped");
+    h.open(mapped, 3);
+    assert_eq!((gauge.active(1), gauge.active(2)), (2, 3));
+    h.close(5);
+    assert_eq!((gauge.active(1), gauge.active(2)), (0, 0));
+}
+
+#[test]
+fn redirect_puts_both_ends_in_the_sockhash_and_data_still_flows() {
+    if !bpf_or_skip("redirect_puts_both_ends_in_the_sockhash_and_data_still_flows") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let mut pins = TestPins::new(&cg);
+    pins.opts.redirect = true;
+    let gauge = open(&pins.opts);
+    // Pod and client both in the attached cgroup, as on a node with the cgroup2 root attached.
+    let mut server = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let pod = server.serve();
+    gauge.set_pods(&[(pod, 0)]);
+    let mut client = Holder::spawn(Path::new(HOLDER), &cg.path);
+    client.open(pod, 1);
+    assert_eq!(gauge.active(0), 1);
+    assert_eq!(
+        pins::redirect_sockets(&pins.opts.pin_dir).expect("SOCKS"),
+        2,
+        "client and pod ends are redirect members"
+    );
+    client.pingpong(4096, 50); // panics if the echo is wrong
+    client.close(1);
+    assert_eq!(
+        wait_for(0, SETTLE, || pins::redirect_sockets(&pins.opts.pin_dir)
+            .expect("SOCKS")),
+        0
+    );
+    assert_eq!(gauge.active(0), 0);
+}
+
+#[test]
+fn redirect_is_off_by_default() {
+    if !bpf_or_skip("redirect_is_off_by_default") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    let mut server = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let pod = server.serve();
+    gauge.set_pods(&[(pod, 0)]);
+    let mut client = Holder::spawn(Path::new(HOLDER), &cg.path);
+    client.open(pod, 1);
+    client.pingpong(64, 10);
+    assert_eq!(gauge.active(0), 1);
+    assert_eq!(
+        pins::redirect_sockets(&pins.opts.pin_dir).expect("SOCKS"),
+        0
+    );
+}
+
+#[test]
+fn a_failed_attach_leaves_nothing_pinned() {
+    if !bpf_or_skip("a_failed_attach_leaves_nothing_pinned") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let mut pins = TestPins::new(&cg);
+    // A directory that is not a cgroup: loading works, attaching must fail.
+    let not_cgroup = std::env::temp_dir();
+    pins.opts.cgroup = Some(not_cgroup.clone());
+    match EbpfGauge::open(&pins.opts) {
+        Err(e @ EbpfError::Attach { .. }) => {
+            assert!(
+                e.to_string().contains(&not_cgroup.display().to_string()),
+                "{e}"
+            );
+        }
+        Err(e) => panic!("expected an attach error, got {e:?}"),
+        Ok(_) => panic!("attaching to a non-cgroup directory succeeded"),
+    }
+    assert!(
+        !pins.opts.pin_dir.exists(),
+        "left behind after a failed open: {:?}",
+        std::fs::read_dir(&pins.opts.pin_dir)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+    // The next open (with a real cgroup) starts clean and works.
+    pins.opts.cgroup = Some(cg.path.clone());
+    let gauge = open(&pins.opts);
+    assert!(gauge.created());
+}
+
+const PROBE: &str = env!("CARGO_BIN_EXE_gauge-probe");
+
+fn probe(pins: &TestPins, cg: &TestCgroup, pods: &[SocketAddr]) -> String {
+    let out = std::process::Command::new(PROBE)
+        .arg(&pins.opts.pin_dir)
+        .arg(&cg.path)
+        .args(pods.iter().map(|p| p.to_string()))
+        .output()
+        .expect("run gauge-probe");
+    assert!(
+        out.status.success(),
+        "gauge-probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf8")
+}
+
+#[test]
+fn a_second_process_sees_the_same_load() {
+    if !bpf_or_skip("a_second_process_sees_the_same_load") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    let (_l1, pod1) = listener();
+    let (_l2, pod2) = listener();
+    gauge.set_pods(&[(pod1, 0), (pod2, 1)]);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    h.open(pod1, 3);
+    h.open(pod2, 1);
+    // Another process, numbering the pods the other way round.
+    let out = probe(&pins, &cg, &[pod2, pod1]);
+    assert_eq!(out, "created=false\nactive=1,3\n");
+    assert_eq!(attached(&cg.path).len(), 1);
+}
+
+#[test]
+fn processes_starting_together_attach_once() {
+    if !bpf_or_skip("processes_starting_together_attach_once") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let (_l, pod) = listener();
+    let mut children: Vec<std::process::Child> = (0..4)
+        .map(|_| {
+            std::process::Command::new(PROBE)
+                .arg(&pins.opts.pin_dir)
+                .arg(&cg.path)
+                .arg("--wait")
+                .arg(pod.to_string())
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn gauge-probe")
+        })
+        .collect();
+    // Release them all at once.
+    for c in &mut children {
+        use std::io::Write;
+        c.stdin
+            .take()
+            .expect("stdin")
+            .write_all(b"go\n")
+            .expect("release probe");
+    }
+    let mut created = 0;
+    for c in children {
+        let out = c.wait_with_output().expect("probe output");
+        assert!(out.status.success(), "probe failed");
+        if String::from_utf8_lossy(&out.stdout).contains("created=true") {
+            created += 1;
+        }
+    }
+    assert_eq!(created, 1, "exactly one process creates the pinned set");
+    assert_eq!(attached(&cg.path).len(), 1, "and it is attached once");
+}

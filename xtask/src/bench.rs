@@ -1,0 +1,41 @@
+//! `cargo xtask bench <group>`: named criterion runs with the exact flags docs/benchmarks.md uses.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+#[derive(clap::Args)]
+pub struct Bench {
+    #[command(subcommand)]
+    pub group: Group,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Group {
+    /// Gauge read per pod: mmapped BPF array vs map-lookup syscall vs userspace atomic.
+    /// Builds the eBPF object first; needs root for the BPF rows.
+    Gauge,
+    /// Loopback round trips with the sk_msg same-node redirect off vs on (needs root).
+    Redirect,
+    /// The per-request routing cost: body view, key extraction, decision.
+    Route,
+}
+
+pub fn run(args: &Bench) -> Result<()> {
+    let (package, bench) = match args.group {
+        Group::Gauge => ("routing-userspace", "gauge_read"),
+        Group::Redirect => ("flexinfer-tests", "redirect"),
+        Group::Route => ("routing-userspace", "route"),
+    };
+    // Both benches read the embedded object, so build it first.
+    crate::ebpf::build(&crate::ebpf::BuildEbpf { release: true })?;
+    let status = Command::new("cargo")
+        .current_dir(crate::ebpf::workspace_root())
+        .args(["bench", "-p", package, "--bench", bench])
+        .status()
+        .context("running cargo bench")?;
+    if !status.success() {
+        bail!("cargo bench failed ({status})");
+    }
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! `cargo xtask build-ebpf`: compile routing-ebpf for `bpfel-unknown-none` and put the object
+//! where routing-userspace's build script looks for it.
+//!
+//! The eBPF crate needs nightly (`-Z build-std=core`) and bpf-linker, so it is built here, on
+//! demand, rather than by a build script every `cargo build` would run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+#[derive(clap::Args)]
+pub struct BuildEbpf {
+    /// Build with the release profile (the only one the verifier reliably accepts).
+    #[arg(long)]
+    pub release: bool,
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent directory")
+        .to_path_buf()
+}
+
+/// The cargo target directory, honouring `CARGO_TARGET_DIR`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) => {
+            let d = PathBuf::from(d);
+            if d.is_absolute() {
+                d
+            } else {
+                workspace_root().join(d)
+            }
+        }
+        None => workspace_root().join("target"),
+    }
+}
+
+/// The stable path of the built object: `<target>/bpf/routing-ebpf.o`.
+pub fn object_path() -> PathBuf {
+    target_dir().join("bpf").join("routing-ebpf.o")
+}
+
+pub fn build(args: &BuildEbpf) -> Result<()> {
+    let root = workspace_root();
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(&root)
+        .args([
+            "+nightly",
+            "build",
+            "-p",
+            "routing-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        // Keep BTF (maps declared with #[btf_map] need it; bpftool dumps typed values).
+        .env(
+            "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
+            "-C debuginfo=2 -C link-arg=--btf",
+        )
+        // The host toolchain's rustup override would otherwise leak into the nightly build.
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WRAPPER");
+    if args.release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().context(
+        "running cargo +nightly (is the nightly toolchain installed? try `cargo xtask setup`)",
+    )?;
+    if !status.success() {
+        bail!("building routing-ebpf failed ({status}); `cargo xtask setup` installs bpf-linker and rust-src");
+    }
+    let profile = if args.release { "release" } else { "debug" };
+    let built = target_dir()
+        .join("bpfel-unknown-none")
+        .join(profile)
+        .join("routing-ebpf");
+    let dest = object_path();
+    std::fs::create_dir_all(dest.parent().expect("object path has a parent"))
+        .with_context(|| format!("creating {}", dest.display()))?;
+    // Copy through a temporary name so a concurrent reader never sees half an object.
+    let tmp = dest.with_extension("o.tmp");
+    std::fs::copy(&built, &tmp)
+        .with_context(|| format!("copying {} to {}", built.display(), tmp.display()))?;
+    std::fs::rename(&tmp, &dest).with_context(|| format!("renaming to {}", dest.display()))?;
+    println!("{}", dest.display());
+    Ok(())
+}
