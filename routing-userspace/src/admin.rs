@@ -1,5 +1,6 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (the process is serving),
-//! `/readyz` (discovery has synced at least once) and `/debug/routing` (the live table as JSON).
+//! `/readyz` (discovery has synced at least once) and `/debug/routing` (the live table, key
+//! tracking and each model's hottest keys as JSON; key hashes only, never key text).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,6 +13,7 @@ use serde_json::{json, Value};
 
 use crate::load::LoadGauge;
 use crate::state::Shared;
+use crate::table::ModelRoute;
 
 pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -87,6 +89,13 @@ pub fn routing_view(shared: &Shared) -> Value {
                 "service": m.service.as_deref(),
                 "ring_points": m.ring.points(),
                 "pods": pods,
+                "hot_keys": hot_keys(shared, m, now),
+                "key_cardinality": shared.metrics.keys.series_report(&m.name, now).iter().map(|r| json!({
+                    "strategy": r.strategy.as_str(),
+                    "key_source": r.source.as_str(),
+                    "estimate": r.estimate,
+                    "exact_keys": r.exact_keys,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -106,6 +115,8 @@ pub fn routing_view(shared: &Shared) -> Value {
         })
         .collect();
     let k = &shared.knobs;
+    let t = shared.metrics.keys.tracking();
+    let secs = |d: Option<std::time::Duration>| d.map_or(0.0, |d| d.as_secs_f64());
     json!({
         "ready": shared.is_ready(),
         "gauge": shared.pick_gauge.name(),
@@ -117,7 +128,33 @@ pub fn routing_view(shared: &Shared) -> Value {
             "least_loaded_reservation_ttl_ms": k.reservation_ttl.as_millis() as u64,
             "label_group_mode": k.label_group_mode.as_str(),
         },
+        "key_tracking": {
+            "cardinality_cap": t.cardinality_cap,
+            "cardinality_window_seconds": secs(t.cardinality_window),
+            "hot_keys": t.hot_keys,
+            "hot_keys_half_life_seconds": secs(t.hot_keys_half_life),
+            "memory_bound_bytes": shared.metrics.keys.memory_bound(),
+        },
         "models": models,
         "label_groups": groups,
     })
+}
+
+/// The model's hottest keys: hash (hex), share of its recent keyed decisions, and the pod the
+/// key maps to on the current ring (`null` when the model has no pods).
+fn hot_keys(shared: &Shared, m: &ModelRoute, now: Instant) -> Vec<Value> {
+    let (top, total) = shared.metrics.keys.hot_keys(&m.name, now);
+    top.iter()
+        .map(|h| {
+            let share = if total > 0.0 { h.count / total } else { 0.0 };
+            json!({
+                "key_hash": format!("{:016x}", h.hash),
+                "key_source": h.source.as_str(),
+                "share": (share * 10_000.0).round() / 10_000.0,
+                "count": (h.count * 100.0).round() / 100.0,
+                "max_overcount": (h.error * 100.0).round() / 100.0,
+                "pod": m.ring.pick(h.hash).map(|i| &*m.pods[i].label),
+            })
+        })
+        .collect()
 }

@@ -49,7 +49,7 @@ pub async fn serve(
     for w in &warnings {
         tracing::warn!(knob = w.knob, value = %w.value, using = %w.used, "invalid routing knob; using the default");
     }
-    let metrics = Arc::new(Metrics::new(args.key_cardinality_cap));
+    let metrics = Arc::new(Metrics::with_key_tracking(args.key_tracking()));
     let inflight = Arc::new(UserspaceGauge::default());
     let (pick_gauge, ebpf) = choose_gauge(&args, &inflight)?;
     metrics.ebpf_enabled.set(i64::from(ebpf));

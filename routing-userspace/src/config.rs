@@ -132,6 +132,31 @@ pub struct ServeArgs {
         default_value_t = 10_000
     )]
     pub key_cardinality_cap: usize,
+
+    /// Cardinality window: keys count for one to two windows (two rotating generations); 0
+    /// counts forever.
+    #[arg(long, env = "FLEXINFER_PROXY_KEY_CARDINALITY_WINDOW", default_value = "10m", value_parser = parse_duration)]
+    pub key_cardinality_window: Duration,
+
+    /// Hottest keys listed per model in /debug/routing (space-saving top-k); 0 disables.
+    #[arg(long, env = "FLEXINFER_PROXY_HOT_KEYS", default_value_t = 20)]
+    pub hot_keys: usize,
+
+    /// Half-life of the hot-key counts (shares describe recent traffic); 0 never decays.
+    #[arg(long, env = "FLEXINFER_PROXY_HOT_KEYS_HALF_LIFE", default_value = "60s", value_parser = parse_duration)]
+    pub hot_keys_half_life: Duration,
+}
+
+impl ServeArgs {
+    /// The key tracking settings of these flags.
+    pub fn key_tracking(&self) -> crate::metrics::KeyTracking {
+        crate::metrics::KeyTracking {
+            cardinality_cap: self.key_cardinality_cap,
+            cardinality_window: Some(self.key_cardinality_window),
+            hot_keys: self.hot_keys,
+            hot_keys_half_life: Some(self.hot_keys_half_life),
+        }
+    }
 }
 
 /// The spec's routing knobs, as raw text (validated by [`RoutingKnobs::from_raw`]).

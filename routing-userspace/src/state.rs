@@ -9,11 +9,14 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 
 use crate::config::RoutingKnobs;
-use crate::discovery::{ModelSet, Update};
+use crate::decide::{GroupOutcome, Outcome};
+use crate::discovery::{ModelSet, Strategy, Update};
+use crate::keys::KeySource;
 use crate::load::reservations::ReservationLedger;
 use crate::load::slots::SlotAllocator;
 use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
+use crate::metrics::keys::sources_for;
 use crate::metrics::Metrics;
 use crate::proxy::upstream::Upstream;
 use crate::table::RoutingTable;
@@ -86,13 +89,17 @@ impl Shared {
         }
     }
 
-    /// Per-model series exist from the start (so `rate()` works from zero), and the ready
-    /// endpoint count follows the table.
+    /// Per-model series exist from the start (so `rate()` and the spec's ratios work from zero),
+    /// but only for label values that can occur: the key sources the model's strategy reports,
+    /// both decision outcomes, its pods (and `service-dns` when it has a Service), the outcomes
+    /// of each label group's mode. The ready endpoint count follows the table.
     fn touch_metrics(&self, table: &RoutingTable) {
         let m = &self.metrics;
+        let now = Instant::now();
         m.ready_endpoints.reset();
         for model in table.models() {
             let name = &*model.name;
+            let strategy = model.spec.routing;
             m.ready_endpoints
                 .with_label_values(&[name])
                 .set(model.pods.len() as i64);
@@ -102,13 +109,58 @@ impl Shared {
                 .with_label_values(&[name]);
             m.request_duration_seconds.with_label_values(&[name]);
             m.time_to_first_byte_seconds.with_label_values(&[name]);
+            // A keyless request of a default or prefix model with a Service always goes to the
+            // Service; everything else can reach a pod, and anything falls back without pods.
+            let keyless_to_service =
+                model.service.is_some() && matches!(strategy, Strategy::Default | Strategy::Prefix);
+            for &source in sources_for(strategy) {
+                for outcome in [Outcome::Pod, Outcome::ServiceFallback] {
+                    if source == KeySource::None && outcome == Outcome::Pod && keyless_to_service {
+                        continue;
+                    }
+                    m.routing_decisions_total.with_label_values(&[
+                        name,
+                        strategy.as_str(),
+                        source.as_str(),
+                        outcome.as_str(),
+                    ]);
+                }
+            }
+            for pod in &model.pods {
+                m.routing_target_hits_total.with_label_values(&[
+                    name,
+                    strategy.as_str(),
+                    &pod.label,
+                ]);
+            }
+            if model.service.is_some() {
+                m.routing_target_hits_total.with_label_values(&[
+                    name,
+                    strategy.as_str(),
+                    "service-dns",
+                ]);
+            }
+            m.keys.touch(&model.name, strategy, now);
         }
+        m.keys
+            .retain(|name| table.models().any(|model| &*model.name == name));
+        let mode = self.knobs.label_group_mode;
         for g in table.groups() {
-            let mode = self.knobs.label_group_mode.as_str();
+            for outcome in [
+                GroupOutcome::Mode(mode),
+                GroupOutcome::PriorityPick,
+                GroupOutcome::ColdStart,
+            ] {
+                m.label_group_route_decisions_total.with_label_values(&[
+                    &g.label,
+                    mode.as_str(),
+                    outcome.as_str(),
+                ]);
+            }
             for member in &g.members {
                 m.label_group_route_target_hits_total.with_label_values(&[
                     &g.label,
-                    mode,
+                    mode.as_str(),
                     &member.name,
                 ]);
             }

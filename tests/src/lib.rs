@@ -6,6 +6,7 @@
 pub mod chart;
 /// eBPF test harness: child cgroups, pin dirs, connection-holding helper processes.
 pub mod ebpf;
+pub mod prom;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};

@@ -1,17 +1,25 @@
 //! The spec's metric families ("Monitoring"), registered once, plus the latency histograms
 //! its PromQL uses and a few operator gauges. Label values use the spec's words.
+//!
+//! Every registered family is listed in `/metrics` (its `# HELP` and `# TYPE` lines) even while it
+//! has no series yet; series themselves are only created for label values that can really occur
+//! (see `Shared::touch_metrics`), at zero, so `rate()` and ratios work from the first scrape.
+//!
+//! Routing keys feed two bounded structures per model (see [`keys`]): the cardinality trackers
+//! behind `flexinfer_proxy_routing_key_cardinality` and the hot-key list of `/debug/routing`.
 
 pub mod cardinality;
+pub mod hot_keys;
+pub mod keys;
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
+use prometheus::core::Collector;
+use prometheus::proto::MetricType;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 
-use cardinality::{CardinalityTracker, Observed};
+pub use keys::{KeyStats, KeyTracking};
 
 /// Latency buckets (seconds) sized for LLM requests: milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -20,6 +28,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 pub struct Metrics {
     registry: Registry,
+    /// Every registered family, for the header lines of the ones without series.
+    collectors: Vec<Box<dyn Collector>>,
     pub requests_total: IntCounterVec,
     pub active_connections: IntGaugeVec,
     pub label_group_route_decisions_total: IntCounterVec,
@@ -35,163 +45,224 @@ pub struct Metrics {
     pub upstream_connect_errors_total: IntCounterVec,
     pub ready_endpoints: IntGaugeVec,
     pub ebpf_enabled: IntGauge,
-    cardinality_cap: usize,
-    trackers: Mutex<HashMap<(String, String, String), CardinalityTracker>>,
+    /// Cardinality trackers and hot keys per model.
+    pub keys: KeyStats,
 }
 
-fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    r.register(Box::new(c.clone()))
-        .expect("metric registered once");
-    c
+/// Registers families and remembers them, so empty ones can still be listed.
+struct Families {
+    registry: Registry,
+    collectors: Vec<Box<dyn Collector>>,
 }
 
-fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    r.register(Box::new(g.clone()))
-        .expect("metric registered once");
-    g
+impl Families {
+    fn add<C: Collector + Clone + 'static>(&mut self, c: C) -> C {
+        self.registry
+            .register(Box::new(c.clone()))
+            .expect("metric registered once");
+        self.collectors.push(Box::new(c.clone()));
+        c
+    }
+
+    fn counter(&mut self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+        self.add(HistogramVec::new(opts, labels).expect("valid metric"))
+    }
 }
 
-fn histogram(r: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
-    let h = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
-        labels,
-    )
-    .expect("valid metric");
-    r.register(Box::new(h.clone()))
-        .expect("metric registered once");
-    h
+fn type_name(t: MetricType) -> &'static str {
+    match t {
+        MetricType::COUNTER => "counter",
+        MetricType::GAUGE => "gauge",
+        MetricType::HISTOGRAM => "histogram",
+        MetricType::SUMMARY => "summary",
+        MetricType::UNTYPED => "untyped",
+    }
+}
+
+/// HELP text escaping of the exposition format.
+fn escape_help(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
 impl Metrics {
+    /// Metrics with the default key tracking and the given cardinality cap.
     pub fn new(cardinality_cap: usize) -> Self {
-        let r = Registry::new();
-        let routing_key_cardinality = GaugeVec::new(
-            Opts::new(
-                "flexinfer_proxy_routing_key_cardinality",
-                "Approximate unique routing-key count per source (bounded in-memory tracker)",
-            ),
+        Self::with_key_tracking(KeyTracking {
+            cardinality_cap,
+            ..KeyTracking::default()
+        })
+    }
+
+    pub fn with_key_tracking(tracking: KeyTracking) -> Self {
+        let mut f = Families {
+            registry: Registry::new(),
+            collectors: Vec::new(),
+        };
+        let routing_key_cardinality = f.add(
+            GaugeVec::new(
+                Opts::new(
+                    "flexinfer_proxy_routing_key_cardinality",
+                    "Approximate unique routing-key count per source (bounded in-memory tracker)",
+                ),
+                &["model", "strategy", "key_source"],
+            )
+            .expect("valid metric"),
+        );
+        let ebpf_enabled = f.add(
+            IntGauge::new(
+                "flexinfer_proxy_ebpf_enabled",
+                "1 when the eBPF connection gauge drives least-loaded picks, 0 on the userspace gauge",
+            )
+            .expect("valid metric"),
+        );
+        let routing_key_cardinality_overflow_total = f.counter(
+            "flexinfer_proxy_routing_key_cardinality_overflow_total",
+            "Number of times cardinality tracking reached its cap",
             &["model", "strategy", "key_source"],
-        )
-        .expect("valid metric");
-        r.register(Box::new(routing_key_cardinality.clone()))
-            .expect("metric registered once");
-        let ebpf_enabled = IntGauge::new(
-            "flexinfer_proxy_ebpf_enabled",
-            "1 when the eBPF connection gauge drives least-loaded picks, 0 on the userspace gauge",
-        )
-        .expect("valid metric");
-        r.register(Box::new(ebpf_enabled.clone()))
-            .expect("metric registered once");
+        );
         Self {
-            requests_total: counter(&r, "flexinfer_proxy_requests_total", "Total requests per model (by status)", &["model", "status"]),
-            active_connections: gauge(&r, "flexinfer_proxy_active_connections", "Current connections per model", &["model"]),
-            label_group_route_decisions_total: counter(
-                &r,
+            requests_total: f.counter(
+                "flexinfer_proxy_requests_total",
+                "Total requests per model (by status)",
+                &["model", "status"],
+            ),
+            active_connections: f.gauge(
+                "flexinfer_proxy_active_connections",
+                "Current connections per model",
+                &["model"],
+            ),
+            label_group_route_decisions_total: f.counter(
                 "flexinfer_proxy_label_group_route_decisions_total",
                 "Shared-label decisions; least_loaded confirms active-load selection",
                 &["label", "strategy", "outcome"],
             ),
-            label_group_route_target_hits_total: counter(
-                &r,
+            label_group_route_target_hits_total: f.counter(
                 "flexinfer_proxy_label_group_route_target_hits_total",
                 "Shared-label traffic distribution by selected Model",
                 &["label", "strategy", "model"],
             ),
-            least_loaded_reservations_total: counter(
-                &r,
+            least_loaded_reservations_total: f.counter(
                 "flexinfer_proxy_least_loaded_reservations_total",
                 "Least-loaded pick reservations recorded per model (burst-spread placeholders ahead of the connection gauge)",
                 &["model"],
             ),
-            least_loaded_reservations_expired_total: counter(
-                &r,
+            least_loaded_reservations_expired_total: f.counter(
                 "flexinfer_proxy_least_loaded_reservations_expired_total",
                 "Reservations that expired before a real connection consumed them",
                 &["model"],
             ),
-            routing_decisions_total: counter(
-                &r,
+            routing_decisions_total: f.counter(
                 "flexinfer_proxy_routing_decisions_total",
                 "Routing decisions by strategy and key source (outcome: pod or service-fallback)",
                 &["model", "strategy", "key_source", "outcome"],
             ),
-            routing_target_hits_total: counter(
-                &r,
+            routing_target_hits_total: f.counter(
                 "flexinfer_proxy_routing_target_hits_total",
                 "Route-hit distribution by selected target (target is pod IP:port or service-dns)",
                 &["model", "strategy", "target"],
             ),
-            routing_key_cardinality,
-            routing_key_cardinality_overflow_total: counter(
-                &r,
-                "flexinfer_proxy_routing_key_cardinality_overflow_total",
-                "Number of times cardinality tracking reached its cap",
-                &["model", "strategy", "key_source"],
-            ),
-            request_duration_seconds: histogram(
-                &r,
+            routing_key_cardinality: routing_key_cardinality.clone(),
+            routing_key_cardinality_overflow_total: routing_key_cardinality_overflow_total.clone(),
+            request_duration_seconds: f.histogram(
                 "flexinfer_proxy_request_duration_seconds",
                 "Request duration from arrival to the end of the response body",
                 &["model"],
             ),
-            time_to_first_byte_seconds: histogram(
-                &r,
+            time_to_first_byte_seconds: f.histogram(
                 "flexinfer_proxy_time_to_first_byte_seconds",
                 "Time from arrival to the first response body byte (time to first token when streaming)",
                 &["model"],
             ),
-            upstream_connect_errors_total: counter(
-                &r,
+            upstream_connect_errors_total: f.counter(
                 "flexinfer_proxy_upstream_connect_errors_total",
                 "Upstream connection attempts that failed before any byte was sent",
                 &["model", "target"],
             ),
-            ready_endpoints: gauge(&r, "flexinfer_proxy_ready_endpoints", "Ready pod endpoints per model", &["model"]),
+            ready_endpoints: f.gauge(
+                "flexinfer_proxy_ready_endpoints",
+                "Ready pod endpoints per model",
+                &["model"],
+            ),
             ebpf_enabled,
-            registry: r,
-            cardinality_cap,
-            trackers: Mutex::new(HashMap::new()),
+            keys: KeyStats::new(
+                tracking,
+                routing_key_cardinality,
+                routing_key_cardinality_overflow_total,
+            ),
+            registry: f.registry,
+            collectors: f.collectors,
         }
     }
 
-    /// Count a routing key for the cardinality tracker.
-    pub fn observe_key(&self, model: &str, strategy: &str, key_source: &str, hash: u64) {
-        let mut trackers = self.trackers.lock().expect("tracker lock");
-        let id = (model.to_owned(), strategy.to_owned(), key_source.to_owned());
-        let t = trackers
-            .entry(id)
-            .or_insert_with(|| CardinalityTracker::new(self.cardinality_cap));
-        let observed = t.observe(hash);
-        let labels = [model, strategy, key_source];
-        if observed == Observed::Overflow {
-            self.routing_key_cardinality_overflow_total
-                .with_label_values(&labels)
-                .inc();
-        }
-        if observed != Observed::Known {
-            self.routing_key_cardinality
-                .with_label_values(&labels)
-                .set(t.estimate());
-        }
-    }
-
-    /// Upper bound of the memory the key trackers may hold, in bytes.
-    pub fn cardinality_memory_bound(&self) -> usize {
-        let trackers = self.trackers.lock().expect("tracker lock");
-        trackers
-            .values()
-            .map(CardinalityTracker::memory_bound)
-            .sum()
-    }
-
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition: every family, sorted by name; the cardinality gauges are
+    /// brought up to date first (estimates are computed per scrape, not per request).
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
-            .expect("text encoding cannot fail");
-        String::from_utf8(buf).expect("prometheus text is UTF-8")
+        self.keys.refresh_gauges(std::time::Instant::now());
+        let gathered = self.registry.gather();
+        let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+        let encoder = TextEncoder::new();
+        for (i, mf) in gathered.iter().enumerate() {
+            let mut buf = Vec::new();
+            encoder
+                .encode(&gathered[i..=i], &mut buf)
+                .expect("text encoding cannot fail");
+            out.push((mf.name().to_owned(), buf));
+        }
+        for c in &self.collectors {
+            for mf in c.collect() {
+                if mf.get_metric().is_empty() && !out.iter().any(|(n, _)| n == mf.name()) {
+                    let header = format!(
+                        "# HELP {name} {help}\n# TYPE {name} {ty}\n",
+                        name = mf.name(),
+                        help = escape_help(mf.help()),
+                        ty = type_name(mf.get_field_type()),
+                    );
+                    out.push((mf.name().to_owned(), header.into_bytes()));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        let bytes: Vec<u8> = out.into_iter().flat_map(|(_, b)| b).collect();
+        String::from_utf8(bytes).expect("prometheus text is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_is_listed_before_it_has_series() {
+        let m = Metrics::new(10);
+        let text = m.render();
+        for name in [
+            "flexinfer_proxy_requests_total counter",
+            "flexinfer_proxy_routing_key_cardinality gauge",
+            "flexinfer_proxy_request_duration_seconds histogram",
+            "flexinfer_proxy_ebpf_enabled gauge",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name}\n")),
+                "{name}:\n{text}"
+            );
+        }
+        assert_eq!(text.matches("# TYPE ").count(), 15, "{text}");
+        m.requests_total.with_label_values(&["m", "200"]).inc();
+        let text = m.render();
+        assert_eq!(
+            text.matches("# TYPE flexinfer_proxy_requests_total ")
+                .count(),
+            1
+        );
+        assert!(text.contains("flexinfer_proxy_requests_total{model=\"m\",status=\"200\"} 1\n"));
     }
 }

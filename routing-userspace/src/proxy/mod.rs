@@ -320,7 +320,13 @@ fn record_decision(shared: &Shared, d: &Decision) {
         .with_label_values(&[model, strategy, key_source, d.outcome.as_str()])
         .inc();
     if let Some(hash) = d.key_hash {
-        m.observe_key(model, strategy, key_source, hash);
+        m.keys.observe(
+            &d.model.name,
+            d.strategy,
+            d.key_source,
+            hash,
+            Instant::now(),
+        );
     }
     if d.strategy == Strategy::LeastLoaded
         && shared.pod_ledger.enabled()
