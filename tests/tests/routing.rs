@@ -352,6 +352,23 @@ async fn removing_a_pod_moves_only_that_pods_keys() {
         }
     }
     assert!(moved > 0, "pod-2 held no keys; the test proves nothing");
+    // A broken file is logged and the last good table stays.
+    let key0 = [("x-flexinfer-cache-key", "tenant/0")];
+    let pod0 = post(proxy.addr, "/v1/chat/completions", &key0, &body)
+        .await
+        .unwrap()
+        .pod();
+    proxy
+        .rewrite_config("models:\n  - name: chat\n    routing: fastest\n")
+        .await;
+    let r = post(proxy.addr, "/v1/chat/completions", &key0, &body)
+        .await
+        .unwrap();
+    assert_eq!((r.status.as_u16(), r.pod()), (200, pod0));
+    assert!(proxy
+        .proc
+        .log_text()
+        .contains("invalid models file; keeping the last good table"));
     // And back: re-adding the pod returns exactly its keys.
     proxy
         .rewrite_config(&yaml(&[("chat", "prefix", None, &refs)]))

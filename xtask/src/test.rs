@@ -4,7 +4,8 @@
 //! builds the eBPF object the proxy embeds, then checks formatting, clippy and every test of
 //! the workspace. Each step prints how long it took.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -51,6 +52,57 @@ fn cargo(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Totals over every `test result:` line cargo prints.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Totals {
+    /// Add one `test result: ok. 12 passed; 0 failed; 1 ignored; ...` line (others are ignored).
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// `cargo test`, echoing its output and adding up its result lines.
+fn cargo_test(args: &[&str], totals: &mut Totals) -> Result<()> {
+    let mut child = Command::new("cargo")
+        .current_dir(ebpf::workspace_root())
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running cargo {args:?}"))?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        totals.add_line(&line);
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("cargo {args:?} failed ({status})");
+    }
+    Ok(())
+}
+
 pub fn run(args: &Test) -> Result<()> {
     let t = Instant::now();
     if !args.no_setup {
@@ -73,11 +125,39 @@ pub fn run(args: &Test) -> Result<()> {
             ])
         })?;
     }
-    step("test", || {
-        let mut a = vec!["test", "--workspace"];
+    let mut totals = Totals::default();
+    let result = step("test", || {
+        let mut a = vec!["test", "--workspace", "--no-fail-fast"];
         a.extend(args.cargo_args.iter().map(String::as_str));
-        cargo(&a)
-    })?;
-    println!("xtask test: all green in {:.1}s", t.elapsed().as_secs_f64());
-    Ok(())
+        cargo_test(&a, &mut totals)
+    });
+    println!(
+        "xtask test: finished in {:.1}s ({} ignored)",
+        t.elapsed().as_secs_f64(),
+        totals.ignored
+    );
+    // The closing line CI reads: every test of the workspace, added up.
+    println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Totals;
+
+    #[test]
+    fn adds_up_cargo_result_lines() {
+        let mut t = Totals::default();
+        t.add_line("test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.3s");
+        t.add_line("test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s");
+        t.add_line("running 5 tests");
+        assert_eq!(
+            t,
+            Totals {
+                passed: 15,
+                failed: 2,
+                ignored: 1
+            }
+        );
+    }
 }
