@@ -200,27 +200,86 @@ async fn the_only_model_serves_requests_that_name_none_and_limits_hold() {
     );
 }
 
+/// A one-shot HTTP/1.1 backend that records the request head it receives and answers with
+/// its own hop-by-hop headers, so the test sees both directions of a hop.
+async fn recording_backend() -> (std::net::SocketAddr, tokio::task::JoinHandle<String>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "connection closed before the head");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let body = b"{\"ok\":true}";
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: keep-alive, x-backend-hop\r\nx-backend-hop: secret\r\nkeep-alive: timeout=5\r\nx-backend-header: kept\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body).await.unwrap();
+        String::from_utf8_lossy(&buf).to_lowercase()
+    });
+    (addr, task)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hop_by_hop_headers_stay_on_their_hop_and_others_pass() {
     let dir = TempDir::new("headers");
-    let (_sim, proxy) = one_model(&dir, "", &[]).await;
+    let (backend, seen) = recording_backend().await;
+    let cfg = format!("models:\n  - name: solo\n    routing: prefix\n    endpoints: [{backend}]\n");
+    let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
     let body = chat_body("solo", None, "hi", "");
-    let req = Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
-        .header("content-type", "application/json")
-        .header("authorization", "Bearer secret")
-        .header("connection", "x-hop")
-        .header("x-hop", "must not reach the backend")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
+    let req = Request::post(format!(
+        "http://{}/model/solo/v1/chat/completions?x=1",
+        proxy.addr
+    ))
+    .header("host", "proxy.example:8080")
+    .header("content-type", "application/json")
+    .header("authorization", "Bearer secret")
+    .header("x-session-id", "s-1")
+    .header("connection", "x-hop")
+    .header("x-hop", "must not reach the backend")
+    .header("te", "trailers")
+    .header("x-forwarded-for", "10.9.8.7")
+    .body(Full::new(Bytes::from(body.clone())))
+    .unwrap();
     let r = send(req).await.unwrap();
-    assert_eq!(r.status, 200);
-    assert!(
-        r.header("x-sim-pod").is_some(),
-        "backend response headers are preserved"
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Response: the backend's own hop-by-hop headers stayed on its hop; the rest passed.
+    assert_eq!(r.header("x-backend-header"), Some("kept"));
+    assert_eq!(r.header("x-backend-hop"), None);
+    assert_eq!(r.header("keep-alive"), None);
+    // Request: what the backend saw.
+    let head = seen.await.unwrap();
+    let lines: Vec<&str> = head.lines().collect();
+    assert_eq!(
+        lines[0], "post /v1/chat/completions?x=1 http/1.1",
+        "the /model/<name> prefix is stripped, the query kept"
     );
-    assert!(r
-        .header("connection")
-        .is_none_or(|v| v.eq_ignore_ascii_case("keep-alive")));
+    let has = |h: &str| lines.iter().any(|l| *l == h);
+    let named = |name: &str| lines.iter().any(|l| l.starts_with(&format!("{name}:")));
+    assert!(
+        has("authorization: bearer secret")
+            && has("x-session-id: s-1")
+            && has("content-type: application/json")
+    );
+    assert!(
+        !named("x-hop") && !named("te"),
+        "hop-by-hop headers leaked:\n{head}"
+    );
+    assert!(
+        has(&format!("host: {backend}")),
+        "host is the upstream's:\n{head}"
+    );
+    assert!(has("x-forwarded-host: proxy.example:8080"));
+    assert!(has("x-forwarded-for: 10.9.8.7, 127.0.0.1"));
+    assert!(has("via: 1.1 flexinfer-proxy"));
+    assert!(has(&format!("content-length: {}", body.len())));
 }
 
 /// The sim reports the xxh3-64 of the raw body it received.
@@ -239,3 +298,35 @@ async fn get_with(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str
 }
 
 use xxhash_rust::xxh3::xxh3_64 as xxh3;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_requests_in_flight_then_exits() {
+    let dir = TempDir::new("drain");
+    let (_sim, mut proxy) = one_model(&dir, "", &["--inter-token-ms", "100"]).await;
+    let addr = proxy.addr;
+    // About a second of generation.
+    let body = chat_body("solo", None, "long answer", r#"{"max_tokens":10}"#);
+    let in_flight =
+        tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &body).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = tokio::task::spawn_blocking(move || {
+        let s = proxy.proc.terminate(Duration::from_secs(10));
+        (s, proxy)
+    })
+    .await
+    .unwrap();
+    let reply = in_flight
+        .await
+        .unwrap()
+        .expect("the request in flight completes");
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["usage"]["completion_tokens"], 10);
+    let (exit, proxy) = status;
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "exit {exit:?}\n{}",
+        proxy.proc.log_text()
+    );
+    // Once draining, the listener is closed: new connections are refused.
+    assert!(post(addr, "/v1/models", &[], "").await.is_err());
+}
