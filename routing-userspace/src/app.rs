@@ -8,10 +8,11 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::config::{DiscoveryKind, GaugeKind, KeepAlive, RoutingKnobs, ServeArgs};
+use crate::load::reservations::ReservationLedger;
 use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
 use crate::metrics::Metrics;
-use crate::proxy::upstream::Upstream;
+use crate::proxy::upstream::{OnConnect, Upstream};
 use crate::state::Shared;
 use crate::{admin, proxy};
 
@@ -68,12 +69,22 @@ pub async fn serve(
         label_group_mode = %knobs.label_group_mode,
         "settings"
     );
+    // With one connection per request on the eBPF gauge, a pod's reservation is replaced when
+    // the kernel starts counting the connection: when connect() returns.
+    let pod_ledger = Arc::new(ReservationLedger::new(knobs.reservation_ttl));
+    let on_connect: Option<OnConnect> = (ebpf && !keepalive).then(|| {
+        let ledger = pod_ledger.clone();
+        Arc::new(move |peer: std::net::SocketAddr| {
+            ledger.consume(&peer, Instant::now());
+        }) as OnConnect
+    });
     let shared = Arc::new(Shared::new(
         knobs,
         metrics,
         pick_gauge,
         inflight,
-        Upstream::new(args.connect_timeout, keepalive),
+        pod_ledger,
+        Upstream::new(args.connect_timeout, keepalive, on_connect),
         args.max_body_bytes,
         args.max_pod_attempts,
     ));

@@ -29,7 +29,7 @@ pub struct Shared {
     pub pick_gauge: Arc<dyn LoadGauge>,
     /// This process's in-flight requests per pod (always kept).
     pub inflight: Arc<UserspaceGauge>,
-    pub pod_ledger: ReservationLedger<SocketAddr>,
+    pub pod_ledger: Arc<ReservationLedger<SocketAddr>>,
     pub group_ledger: ReservationLedger<Arc<str>>,
     pub upstream: Upstream,
     pub max_body_bytes: usize,
@@ -45,13 +45,14 @@ impl Shared {
         metrics: Arc<Metrics>,
         pick_gauge: Arc<dyn LoadGauge>,
         inflight: Arc<UserspaceGauge>,
+        pod_ledger: Arc<ReservationLedger<SocketAddr>>,
         upstream: Upstream,
         max_body_bytes: usize,
         max_pod_attempts: usize,
     ) -> Self {
         Self {
             table: ArcSwap::from_pointee(RoutingTable::default()),
-            pod_ledger: ReservationLedger::new(knobs.reservation_ttl),
+            pod_ledger,
             group_ledger: ReservationLedger::new(knobs.reservation_ttl),
             knobs,
             metrics,

@@ -284,3 +284,79 @@ async fn without_bpf_the_proxy_serves_on_the_userspace_gauge() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("eBPF gauge required but unavailable"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_at_connect() {
+    if !bpf_or_skip("on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_at_connect") {
+        return;
+    }
+    let dir = TempDir::new("ebpf-burst");
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let mut sims = Vec::new();
+    for i in 0..4 {
+        sims.push(
+            start_sim(
+                &format!("p{i}"),
+                &["--ttft-base-ms", "400", "--max-concurrency", "64"],
+                dir.path(),
+            )
+            .await,
+        );
+    }
+    let eps: Vec<String> = sims.iter().map(|s| s.addr.to_string()).collect();
+    let cfg = format!(
+        "models:\n  - name: chat\n    routing: least-loaded\n    endpoints: [{}]\n",
+        eps.join(", ")
+    );
+    let flags = ebpf_flags(&pins);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let proxy = start_proxy(&cfg, &flags, &[], dir.path()).await;
+    join(&cg, proxy.proc.pid());
+    let view = get(proxy.admin, "/debug/routing").await.unwrap().json();
+    assert_eq!(
+        (view["gauge"].as_str(), view["upstream_keepalive"].as_bool()),
+        (Some("ebpf"), Some(false))
+    );
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let addr = proxy.addr;
+            tokio::spawn(async move {
+                post(
+                    addr,
+                    "/v1/chat/completions",
+                    &[],
+                    &chat_body("chat", None, &format!("b{i}"), ""),
+                )
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    let mut hits: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        *hits.entry(r.pod()).or_default() += 1;
+    }
+    assert!(
+        hits.values().all(|&n| n <= 13),
+        "at most 13 per pod: {hits:?}"
+    );
+    // Every reservation was replaced by its connection (the connect hook), none left to expire.
+    let view = get(proxy.admin, "/debug/routing").await.unwrap().json();
+    let pending: u64 = view["models"][0]["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["reservations"].as_u64().unwrap())
+        .sum();
+    assert_eq!(pending, 0, "{view}");
+    for s in &sims {
+        assert_eq!(
+            wait_for(0, Duration::from_secs(5), || kernel_load(&pins, s.addr)),
+            0,
+            "connections close with their requests"
+        );
+    }
+}

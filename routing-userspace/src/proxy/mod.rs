@@ -231,7 +231,8 @@ async fn forward(
         // The real connection begins: it replaces this pick's reservation, and counts in flight.
         let inflight = match target {
             Target::Pod(p) => {
-                if d.strategy == Strategy::LeastLoaded {
+                // Unless the connect hook does it when the kernel starts counting.
+                if d.strategy == Strategy::LeastLoaded && !shared.upstream.hooked() {
                     shared.pod_ledger.consume(&p.addr, Instant::now());
                 }
                 p.slot.map(|s| shared.inflight.enter(s))
