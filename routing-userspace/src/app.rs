@@ -13,7 +13,7 @@ use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{OnConnect, Upstream};
-use crate::state::Shared;
+use crate::state::{RequestLimits, Shared};
 use crate::{admin, proxy};
 
 /// The gauge least-loaded picks read, and whether it is the eBPF one.
@@ -85,8 +85,10 @@ pub async fn serve(
         inflight,
         pod_ledger,
         Upstream::new(args.connect_timeout, keepalive, on_connect),
-        args.max_body_bytes,
-        args.max_pod_attempts,
+        RequestLimits {
+            max_body_bytes: args.max_body_bytes,
+            max_pod_attempts: args.max_pod_attempts,
+        },
     ));
 
     let (tx, mut rx) = mpsc::unbounded_channel();

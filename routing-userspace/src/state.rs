@@ -21,6 +21,15 @@ use crate::metrics::Metrics;
 use crate::proxy::upstream::Upstream;
 use crate::table::RoutingTable;
 
+/// Per-request bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    /// Largest request body buffered (413 past it).
+    pub max_body_bytes: usize,
+    /// Pods tried on connect failure before the Service.
+    pub max_pod_attempts: usize,
+}
+
 pub struct Shared {
     pub table: ArcSwap<RoutingTable>,
     pub knobs: RoutingKnobs,
@@ -32,8 +41,7 @@ pub struct Shared {
     pub pod_ledger: Arc<ReservationLedger<SocketAddr>>,
     pub group_ledger: ReservationLedger<Arc<str>>,
     pub upstream: Upstream,
-    pub max_body_bytes: usize,
-    pub max_pod_attempts: usize,
+    pub limits: RequestLimits,
     /// Set once discovery delivered its first complete view.
     pub ready: AtomicBool,
     discovered: Mutex<(ModelSet, SlotAllocator)>,
@@ -47,8 +55,7 @@ impl Shared {
         inflight: Arc<UserspaceGauge>,
         pod_ledger: Arc<ReservationLedger<SocketAddr>>,
         upstream: Upstream,
-        max_body_bytes: usize,
-        max_pod_attempts: usize,
+        limits: RequestLimits,
     ) -> Self {
         Self {
             table: ArcSwap::from_pointee(RoutingTable::default()),
@@ -59,8 +66,7 @@ impl Shared {
             pick_gauge,
             inflight,
             upstream,
-            max_body_bytes,
-            max_pod_attempts,
+            limits,
             ready: AtomicBool::new(false),
             discovered: Mutex::new((ModelSet::default(), SlotAllocator::default())),
         }

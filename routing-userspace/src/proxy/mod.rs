@@ -96,9 +96,9 @@ async fn route_request(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared_len.is_some_and(|n| n > shared.max_body_bytes as u64) {
+    if declared_len.is_some_and(|n| n > shared.limits.max_body_bytes as u64) {
         return Err(Failure::unknown(ApiError::body_too_large(
-            shared.max_body_bytes,
+            shared.limits.max_body_bytes,
         )));
     }
 
@@ -117,7 +117,7 @@ async fn route_request(
         None => forward_path,
     };
 
-    let bytes = read_body(body, shared.max_body_bytes)
+    let bytes = read_body(body, shared.limits.max_body_bytes)
         .await
         .map_err(Failure::unknown)?;
     let fields = BodyFields::parse(&bytes);
@@ -151,7 +151,7 @@ async fn route_request(
         pod_ledger: &shared.pod_ledger,
         group_ledger: &shared.group_ledger,
         group_mode: shared.knobs.label_group_mode,
-        max_pod_attempts: shared.max_pod_attempts,
+        max_pod_attempts: shared.limits.max_pod_attempts,
         now: Instant::now(),
         draw: rand::random(),
     };
