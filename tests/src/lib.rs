@@ -309,6 +309,39 @@ pub async fn post(
     send(b.body(Full::new(Bytes::from(body.to_owned())))?).await
 }
 
+/// `n` chat requests for `model` sent at once; every one must succeed. Returns how many each
+/// pod (`x-sim-pod`) served.
+pub async fn burst(addr: SocketAddr, model: &str, n: usize) -> HashMap<String, usize> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let body = chat_body(model, None, &format!("burst {i}"), "");
+            tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &body).await })
+        })
+        .collect();
+    let mut hits = HashMap::new();
+    for t in tasks {
+        let r = t.await.expect("request task").expect("request");
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        *hits.entry(r.pod()).or_insert(0) += 1;
+    }
+    hits
+}
+
+/// Unexpired least-loaded reservations over every pod of every model (`/debug/routing`).
+pub async fn pending_reservations(admin: SocketAddr) -> u64 {
+    let view = get(admin, "/debug/routing")
+        .await
+        .expect("debug view")
+        .json();
+    view["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m["pods"].as_array().cloned().unwrap_or_default())
+        .map(|p| p["reservations"].as_u64().unwrap_or(0))
+        .sum()
+}
+
 /// A chat body with a system prompt, a user message and optional extra top-level fields.
 pub fn chat_body(model: &str, system: Option<&str>, user: &str, extra: &str) -> String {
     let mut messages = Vec::new();

@@ -318,40 +318,13 @@ async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_at_conne
         (view["gauge"].as_str(), view["upstream_keepalive"].as_bool()),
         (Some("ebpf"), Some(false))
     );
-    let tasks: Vec<_> = (0..50)
-        .map(|i| {
-            let addr = proxy.addr;
-            tokio::spawn(async move {
-                post(
-                    addr,
-                    "/v1/chat/completions",
-                    &[],
-                    &chat_body("chat", None, &format!("b{i}"), ""),
-                )
-                .await
-                .unwrap()
-            })
-        })
-        .collect();
-    let mut hits: HashMap<String, usize> = HashMap::new();
-    for t in tasks {
-        let r = t.await.unwrap();
-        assert_eq!(r.status, 200);
-        *hits.entry(r.pod()).or_default() += 1;
-    }
+    let hits = burst(proxy.addr, "chat", 50).await;
     assert!(
         hits.values().all(|&n| n <= 13),
         "at most 13 per pod: {hits:?}"
     );
     // Every reservation was replaced by its connection (the connect hook), none left to expire.
-    let view = get(proxy.admin, "/debug/routing").await.unwrap().json();
-    let pending: u64 = view["models"][0]["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["reservations"].as_u64().unwrap())
-        .sum();
-    assert_eq!(pending, 0, "{view}");
+    assert_eq!(pending_reservations(proxy.admin).await, 0);
     for s in &sims {
         assert_eq!(
             wait_for(0, Duration::from_secs(5), || kernel_load(&pins, s.addr)),

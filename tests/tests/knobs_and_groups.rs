@@ -1,8 +1,6 @@
 //! Knobs reach the proxy through the spec's environment variables (invalid ones fall back to
 //! the defaults), the spec's debug log lines, and shared service-label groups over real sockets.
 
-use std::collections::HashMap;
-
 use flexinfer_tests::*;
 
 fn prefix_model(sims: &[&Sim]) -> String {
@@ -276,27 +274,7 @@ async fn label_group_least_loaded_spreads_a_burst_over_members() {
         dir.path(),
     )
     .await;
-    let tasks: Vec<_> = (0..30)
-        .map(|i| {
-            let addr = proxy.addr;
-            tokio::spawn(async move {
-                post(
-                    addr,
-                    "/v1/chat/completions",
-                    &[],
-                    &chat_body("tts", None, &format!("r{i}"), ""),
-                )
-                .await
-                .unwrap()
-            })
-        })
-        .collect();
-    let mut hits: HashMap<String, usize> = HashMap::new();
-    for t in tasks {
-        let r = t.await.unwrap();
-        assert_eq!(r.status, 200);
-        *hits.entry(r.pod()).or_default() += 1;
-    }
+    let hits = burst(proxy.addr, "tts", 30).await;
     assert!(
         hits.len() == 3 && hits.values().all(|&n| n <= 11),
         "{hits:?}"

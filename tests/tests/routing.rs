@@ -266,27 +266,7 @@ async fn least_loaded_spreads_a_burst_of_50_over_4_slow_pods() {
         dir.path(),
     )
     .await;
-    let tasks: Vec<_> = (0..50)
-        .map(|i| {
-            let addr = proxy.addr;
-            tokio::spawn(async move {
-                post(
-                    addr,
-                    "/v1/chat/completions",
-                    &[],
-                    &chat_body("chat", None, &format!("req {i}"), ""),
-                )
-                .await
-                .unwrap()
-            })
-        })
-        .collect();
-    let mut hits: HashMap<String, usize> = HashMap::new();
-    for t in tasks {
-        let r = t.await.unwrap();
-        assert_eq!(r.status, 200);
-        *hits.entry(r.pod()).or_default() += 1;
-    }
+    let hits = burst(proxy.addr, "chat", 50).await;
     assert_eq!(hits.values().sum::<usize>(), 50);
     assert!(
         hits.values().all(|&n| n <= 13),
@@ -300,6 +280,17 @@ async fn least_loaded_spreads_a_burst_of_50_over_4_slow_pods() {
             &[("model", "chat")]
         ),
         Some(50.0)
+    );
+    // Every reservation was consumed by its real connection: none is left pending (the TTL is
+    // 10 s, so an unconsumed one would still be listed) and none has expired.
+    assert_eq!(pending_reservations(proxy.admin).await, 0);
+    assert_eq!(
+        metric_value(
+            &m,
+            "flexinfer_proxy_least_loaded_reservations_expired_total",
+            &[("model", "chat")]
+        ),
+        Some(0.0)
     );
 }
 
