@@ -206,6 +206,10 @@ pub fn run(args: &ProxyBench) -> Result<()> {
         bail!("{} not found", bin.display());
     }
 
+    if root {
+        remove_stale(&bin);
+    }
+
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let out_dir = ebpf::target_dir()
         .join("bench-proxy")
@@ -858,13 +862,7 @@ struct Cgroup {
 
 impl Cgroup {
     fn new() -> Result<Self> {
-        let mounts = std::fs::read_to_string("/proc/self/mounts")?;
-        let root = mounts
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>())
-            .find(|f| f.len() > 2 && f[2] == "cgroup2")
-            .map(|f| PathBuf::from(f[1]))
-            .context("no cgroup2 mount in /proc/self/mounts")?;
+        let root = cgroup2_root().context("no cgroup2 mount in /proc/self/mounts")?;
         let path = root.join(format!("flexinfer-bench-{}", std::process::id()));
         std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(Self { path })
@@ -882,6 +880,53 @@ impl Drop for Cgroup {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// Remove the cgroups and pin dirs of earlier runs whose harness process is gone (a run
+/// killed by Ctrl-C never reaches its drop guards). Names carry the harness PID.
+fn remove_stale(bin: &Path) {
+    let dead = |name: &str| {
+        name.strip_prefix("flexinfer-bench-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| {
+                pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+            })
+    };
+    let entries = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| dead(&e.file_name().to_string_lossy()))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for dir in entries(Path::new("/sys/fs/bpf")) {
+        eprintln!("bench proxy: removing stale {}", dir.display());
+        drop(Pins {
+            bin: bin.to_path_buf(),
+            dir,
+        });
+    }
+    if let Some(root) = cgroup2_root() {
+        for cg in entries(&root) {
+            eprintln!("bench proxy: removing stale {}", cg.display());
+            if let Err(e) = std::fs::remove_dir(&cg) {
+                eprintln!("bench proxy: {}: {e}", cg.display());
+            }
+        }
+    }
+}
+
+fn cgroup2_root() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && f[2] == "cgroup2")
+        .map(|f| PathBuf::from(f[1]))
 }
 
 struct TempDir {
