@@ -1,4 +1,5 @@
-//! `cargo xtask bench <group>`: named criterion runs with the exact flags docs/benchmarks.md uses.
+//! `cargo xtask bench <group>`: named criterion runs with the exact flags docs/benchmarks.md uses,
+//! and the proxy-level loopback benchmark (`bench proxy`, in `bench_proxy`).
 
 use std::process::Command;
 
@@ -19,10 +20,15 @@ pub enum Group {
     Redirect,
     /// The per-request routing cost: body view, key extraction, decision.
     Route,
+    /// Proxy overhead on loopback: wrk against the sim directly, through nginx, haproxy and
+    /// flexinfer-proxy (userspace and eBPF gauge, sk_msg redirect off and on; eBPF rows need
+    /// root). Not criterion: see xtask/src/bench_proxy.rs.
+    Proxy(crate::bench_proxy::ProxyBench),
 }
 
 pub fn run(args: &Bench) -> Result<()> {
-    let (package, bench) = match args.group {
+    let (package, bench) = match &args.group {
+        Group::Proxy(p) => return crate::bench_proxy::run(p),
         Group::Gauge => ("routing-userspace", "gauge_read"),
         Group::Redirect => ("flexinfer-tests", "redirect"),
         Group::Route => ("routing-userspace", "route"),

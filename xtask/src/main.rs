@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bench_proxy;
 mod ebpf;
 mod setup;
 mod test;

@@ -46,24 +46,32 @@ pub fn cut(s: &str, max: usize) -> &str {
 /// The canonical context text (before hashing); `None` when there is no context.
 pub fn context_text(req: &RequestParts<'_, '_>, limits: &KeyLimits) -> Option<String> {
     let body = req.body?;
+    // Only the first `max` characters of each segment survive the cut below, so each text is
+    // normalized only that far: a long prompt costs its segment, not its length. (A joined
+    // system message can contribute at most `max` characters, so cutting each one first to
+    // `max` leaves the joined prefix unchanged.)
+    let (sys_max, doc_max) = (
+        limits.system_segment_max_length,
+        limits.document_segment_max_length,
+    );
     let system = if body.has_messages() {
         body.system_texts()
             .iter()
-            .map(|s| normalize(s))
+            .map(|s| normalize_prefix(s, sys_max))
             .filter(|s| !s.is_empty())
             .collect::<Vec<_>>()
             .join("\n")
     } else {
         body.prompt_text()
-            .map(|p| normalize(&p))
+            .map(|p| normalize_prefix(&p, sys_max))
             .unwrap_or_default()
     };
     let document = body
         .document_context()
-        .map(|d| normalize(&d))
+        .map(|d| normalize_prefix(&d, doc_max))
         .unwrap_or_default();
-    let system = cut(&system, limits.system_segment_max_length);
-    let document = cut(&document, limits.document_segment_max_length);
+    let system = cut(&system, sys_max);
+    let document = cut(&document, doc_max);
     if system.is_empty() && document.is_empty() {
         return None;
     }

@@ -400,6 +400,59 @@ fn canonical_normalization_and_segment_cuts() {
 }
 
 #[test]
+fn canonical_segments_equal_normalizing_everything_then_cutting() {
+    // context_text normalizes each text only as far as its cut; the result must be what
+    // normalizing whole texts, joining them and cutting gives.
+    let h = HeaderMap::new();
+    let systems = [
+        "  Héllo   wörld ",
+        "",
+        "   ",
+        "second\tsystem  message here",
+        "x",
+    ];
+    let doc = "  a  long\n\n document   with ünïcode  ";
+    let messages: Vec<String> = systems
+        .iter()
+        .map(|s| serde_json::json!({"role": "system", "content": s}).to_string())
+        .collect();
+    let body = format!(
+        r#"{{"model":"m","messages":[{},{{"role":"user","content":"u"}}],"document_context":{}}}"#,
+        messages.join(","),
+        serde_json::json!(doc)
+    );
+    let fields = BodyFields::parse(body.as_bytes());
+    for sys_max in [1, 2, 5, 11, 12, 13, 20, 40, 512] {
+        for doc_max in [1, 3, 9, 256] {
+            let limits = KeyLimits {
+                explicit_key_max_length: 128,
+                system_segment_max_length: sys_max,
+                document_segment_max_length: doc_max,
+            };
+            let joined: Vec<String> = systems
+                .iter()
+                .map(|s| canonical::normalize(s))
+                .filter(|s| !s.is_empty())
+                .collect();
+            let want = format!(
+                "model=m\x1fsystem={}\x1fdocument={}",
+                canonical::cut(&joined.join("\n"), sys_max),
+                canonical::cut(&canonical::normalize(doc), doc_max)
+            );
+            let got = canonical::context_text(
+                &RequestParts {
+                    headers: &h,
+                    body: fields.as_ref(),
+                    model: Some("m"),
+                },
+                &limits,
+            );
+            assert_eq!(got.as_deref(), Some(want.as_str()), "{sys_max} {doc_max}");
+        }
+    }
+}
+
+#[test]
 fn canonical_uses_the_routed_model_then_the_body_model() {
     let body = BodyFields::parse(
         br#"{"model":"body-model","messages":[{"role":"system","content":"S"}]}"#,
