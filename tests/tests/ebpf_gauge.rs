@@ -286,58 +286,6 @@ fn ipv6_and_v4_mapped_pods_are_counted() {
 }
 
 #[test]
-fn redirect_puts_both_ends_in_the_sockhash_and_data_still_flows() {
-    if !bpf_or_skip("redirect_puts_both_ends_in_the_sockhash_and_data_still_flows") {
-        return;
-    }
-    let cg = TestCgroup::new();
-    let mut pins = TestPins::new(&cg);
-    pins.opts.redirect = true;
-    let gauge = open(&pins.opts);
-    // Pod and client both in the attached cgroup, as on a node with the cgroup2 root attached.
-    let mut server = Holder::spawn(Path::new(HOLDER), &cg.path);
-    let pod = server.serve();
-    gauge.set_pods(&[(pod, 0)]);
-    let mut client = Holder::spawn(Path::new(HOLDER), &cg.path);
-    client.open(pod, 1);
-    assert_eq!(gauge.active(0), 1);
-    assert_eq!(
-        pins::redirect_sockets(&pins.opts.pin_dir).expect("SOCKS"),
-        2,
-        "client and pod ends are redirect members"
-    );
-    client.pingpong(4096, 50); // panics if the echo is wrong
-    client.close(1);
-    assert_eq!(
-        wait_for(0, SETTLE, || pins::redirect_sockets(&pins.opts.pin_dir)
-            .expect("SOCKS")),
-        0
-    );
-    assert_eq!(gauge.active(0), 0);
-}
-
-#[test]
-fn redirect_is_off_by_default() {
-    if !bpf_or_skip("redirect_is_off_by_default") {
-        return;
-    }
-    let cg = TestCgroup::new();
-    let pins = TestPins::new(&cg);
-    let gauge = open(&pins.opts);
-    let mut server = Holder::spawn(Path::new(HOLDER), &cg.path);
-    let pod = server.serve();
-    gauge.set_pods(&[(pod, 0)]);
-    let mut client = Holder::spawn(Path::new(HOLDER), &cg.path);
-    client.open(pod, 1);
-    client.pingpong(64, 10);
-    assert_eq!(gauge.active(0), 1);
-    assert_eq!(
-        pins::redirect_sockets(&pins.opts.pin_dir).expect("SOCKS"),
-        0
-    );
-}
-
-#[test]
 fn a_failed_attach_leaves_nothing_pinned() {
     if !bpf_or_skip("a_failed_attach_leaves_nothing_pinned") {
         return;
