@@ -241,6 +241,41 @@ fn detach_removes_pins_and_the_attachment() {
 }
 
 #[test]
+fn detach_also_removes_the_pins_of_a_build_with_the_redirect() {
+    if !bpf_or_skip("detach_also_removes_the_pins_of_a_build_with_the_redirect") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    drop(gauge);
+    // Stand-ins for the skmsg_prog, SOCKS and CONFIG pins an older build wrote (any BPF
+    // object pinned under those names; bpffs holds nothing else).
+    let dir = &pins.opts.pin_dir;
+    {
+        let set = pins::PinnedSet::open_existing(dir).expect("reopen");
+        for name in pins::LEGACY_PINS {
+            pins::map_data(&set.backends)
+                .pin(dir.join(name))
+                .expect("pin a legacy name");
+        }
+        // The extra files do not stop this build from reopening the set.
+        drop(set);
+        pins::PinnedSet::open_existing(dir).expect("reopen with legacy pins");
+    }
+    let removed = pins::remove_pins(dir).expect("detach");
+    for name in pins::LEGACY_PINS {
+        assert!(removed.files.contains(&dir.join(name)), "{name} removed");
+    }
+    assert!(removed.dir_removed, "pin dir removed");
+    assert_eq!(
+        wait_for(0, SETTLE, || attached(&cg.path).len()),
+        0,
+        "no sock_ops program left on the cgroup"
+    );
+}
+
+#[test]
 fn every_test_cleans_up_after_itself() {
     if !bpf_or_skip("every_test_cleans_up_after_itself") {
         return;
