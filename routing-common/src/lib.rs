@@ -14,9 +14,6 @@ pub const MAX_PODS: u32 = 4096;
 /// not fit is not counted at all (never counted up without a matching count down).
 pub const MAX_TRACKED_CONNS: u32 = 65536;
 
-/// Sockets the same-node redirect can hold.
-pub const MAX_REDIRECT_SOCKS: u32 = 65536;
-
 /// `AF_INET`, as in the kernel's `bpf_sock_ops.family`.
 pub const FAMILY_V4: u32 = 2;
 /// `AF_INET6`.
@@ -30,28 +27,18 @@ pub mod maps {
     pub const LOAD: &str = "LOAD";
     /// `HashMap<u64, u32>`: socket cookie -> slot of every connection currently counted.
     pub const CONNS: &str = "CONNS";
-    /// `Array<Config>` with one entry: switches userspace sets for the kernel side.
-    pub const CONFIG: &str = "CONFIG";
-    /// `SockHash<SockKey>`: local sockets eligible for same-node redirect.
-    pub const SOCKS: &str = "SOCKS";
     /// Every map the loader pins.
-    pub const ALL: [&str; 5] = [BACKENDS, LOAD, CONNS, CONFIG, SOCKS];
+    pub const ALL: [&str; 3] = [BACKENDS, LOAD, CONNS];
 }
 
 /// Program names (the entry point function names in routing-ebpf).
 pub mod programs {
     /// The sock_ops connection gauge.
     pub const SOCK_OPS: &str = "flexinfer_sockops";
-    /// The sk_msg same-node redirect.
-    pub const SK_MSG: &str = "flexinfer_skmsg";
 }
 
 /// `BPF_F_MMAPABLE`: the map's memory can be mmapped by userspace.
 pub const BPF_F_MMAPABLE: usize = 0x400;
-
-/// [`Config::flags`] bit: put local sockets to and from tracked pods in the SOCKS sockhash, so
-/// the sk_msg program short-circuits same-node traffic.
-pub const CONFIG_REDIRECT: u32 = 1;
 
 /// A pod address: key of the BACKENDS map (24 bytes, no padding).
 #[repr(C)]
@@ -113,7 +100,7 @@ pub const fn is_v4_mapped(w: [u32; 4]) -> bool {
     w[0] == 0 && w[1] == 0 && w[2] == u32::from_ne_bytes([0, 0, 0xff, 0xff])
 }
 
-/// Decode the sock_ops / sk_msg `remote_port` field to a host-order port. The kernel stores
+/// Decode the sock_ops `remote_port` field to a host-order port. The kernel stores
 /// the network-order 16-bit port in the upper half of the word on little-endian machines
 /// (and in the lower half on older layouts); either way one shift and a swap recover it.
 pub const fn remote_port_to_host(raw: u32) -> u16 {
@@ -121,44 +108,8 @@ pub const fn remote_port_to_host(raw: u32) -> u16 {
     u16::from_be(be as u16)
 }
 
-/// Key of the SOCKS sockhash: one direction of a local TCP connection (44 bytes, no padding).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct SockKey {
-    pub family: u32,
-    pub local_port: u32,
-    pub remote_port: u32,
-    pub local_addr: [u32; 4],
-    pub remote_addr: [u32; 4],
-}
-
-impl SockKey {
-    /// The key the other end of this connection is stored under.
-    pub const fn peer(&self) -> Self {
-        Self {
-            family: self.family,
-            local_port: self.remote_port,
-            remote_port: self.local_port,
-            local_addr: self.remote_addr,
-            remote_addr: self.local_addr,
-        }
-    }
-}
-
-/// The single CONFIG entry.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Config {
-    /// Bit set of `CONFIG_*`.
-    pub flags: u32,
-    /// Reserved, zero (keeps the value 8 bytes and room to grow).
-    pub reserved: u32,
-}
-
 const _: () = {
     assert!(core::mem::size_of::<BackendKey>() == 24);
-    assert!(core::mem::size_of::<SockKey>() == 44);
-    assert!(core::mem::size_of::<Config>() == 8);
 };
 
 #[cfg(feature = "user")]
@@ -166,10 +117,6 @@ mod user {
     // SAFETY: the types are `#[repr(C)]`, `Copy`, made only of integers, and their sizes are
     // asserted above to equal the sum of their fields (no padding bytes to leak or compare).
     unsafe impl aya::Pod for super::BackendKey {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for super::SockKey {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for super::Config {}
 }
 
 #[cfg(test)]
@@ -200,18 +147,5 @@ mod tests {
         let be_as_loaded = u16::from_ne_bytes(port.to_be_bytes()) as u32;
         assert_eq!(remote_port_to_host(be_as_loaded << 16), port);
         assert_eq!(remote_port_to_host(be_as_loaded), port);
-    }
-
-    #[test]
-    fn peer_swaps_ends() {
-        let k = SockKey {
-            family: FAMILY_V4,
-            local_port: 1,
-            remote_port: 2,
-            local_addr: [3, 0, 0, 0],
-            remote_addr: [4, 0, 0, 0],
-        };
-        assert_eq!(k.peer().peer(), k);
-        assert_eq!(k.peer().local_port, 2);
     }
 }

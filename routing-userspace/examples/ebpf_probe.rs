@@ -24,7 +24,6 @@ fn main() -> Result<()> {
         match a.as_str() {
             "--cgroup" => opts.cgroup = Some(PathBuf::from(args.next().context("--cgroup PATH")?)),
             "--pin-dir" => opts.pin_dir = PathBuf::from(args.next().context("--pin-dir DIR")?),
-            "--redirect" => opts.redirect = true,
             pod => pods.push(pod.parse().with_context(|| format!("pod address {pod}"))?),
         }
     }

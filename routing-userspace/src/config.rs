@@ -234,10 +234,6 @@ pub struct EbpfArgs {
     /// The bpffs mount point.
     #[arg(long, env = "FLEXINFER_PROXY_BPFFS", default_value = "/sys/fs/bpf")]
     pub bpffs: PathBuf,
-
-    /// Same-node socket redirect through sk_msg (off unless asked).
-    #[arg(long, env = "FLEXINFER_PROXY_SK_MSG_REDIRECT", default_value_t = false)]
-    pub sk_msg_redirect: bool,
 }
 
 impl EbpfArgs {
@@ -247,7 +243,6 @@ impl EbpfArgs {
             cgroup: self.cgroup_path.clone(),
             pin_dir: self.bpf_pin_dir.clone(),
             bpffs: self.bpffs.clone(),
-            redirect: self.sk_msg_redirect,
         }
     }
 }

@@ -207,20 +207,6 @@ impl Holder {
         }
     }
 
-    /// Start an echo server inside the holder (so inside its cgroup); returns its address.
-    pub fn serve(&mut self) -> SocketAddr {
-        self.command("serve").parse().expect("server address")
-    }
-
-    /// Echo `bytes` over the newest connection `rounds` times; returns the elapsed time.
-    pub fn pingpong(&mut self, bytes: usize, rounds: u64) -> Duration {
-        let ns: u64 = self
-            .command(&format!("pingpong {bytes} {rounds}"))
-            .parse()
-            .expect("elapsed ns");
-        Duration::from_nanos(ns)
-    }
-
     /// Open `n` connections to `addr` and hold them.
     pub fn open(&mut self, addr: SocketAddr, n: usize) {
         self.command(&format!("open {addr} {n}"));

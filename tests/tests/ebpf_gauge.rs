@@ -241,6 +241,41 @@ fn detach_removes_pins_and_the_attachment() {
 }
 
 #[test]
+fn detach_also_removes_the_pins_of_a_build_with_the_redirect() {
+    if !bpf_or_skip("detach_also_removes_the_pins_of_a_build_with_the_redirect") {
+        return;
+    }
+    let cg = TestCgroup::new();
+    let pins = TestPins::new(&cg);
+    let gauge = open(&pins.opts);
+    drop(gauge);
+    // Stand-ins for the skmsg_prog, SOCKS and CONFIG pins an older build wrote (any BPF
+    // object pinned under those names; bpffs holds nothing else).
+    let dir = &pins.opts.pin_dir;
+    {
+        let set = pins::PinnedSet::open_existing(dir).expect("reopen");
+        for name in pins::LEGACY_PINS {
+            pins::map_data(&set.backends)
+                .pin(dir.join(name))
+                .expect("pin a legacy name");
+        }
+        // The extra files do not stop this build from reopening the set.
+        drop(set);
+        pins::PinnedSet::open_existing(dir).expect("reopen with legacy pins");
+    }
+    let removed = pins::remove_pins(dir).expect("detach");
+    for name in pins::LEGACY_PINS {
+        assert!(removed.files.contains(&dir.join(name)), "{name} removed");
+    }
+    assert!(removed.dir_removed, "pin dir removed");
+    assert_eq!(
+        wait_for(0, SETTLE, || attached(&cg.path).len()),
+        0,
+        "no sock_ops program left on the cgroup"
+    );
+}
+
+#[test]
 fn every_test_cleans_up_after_itself() {
     if !bpf_or_skip("every_test_cleans_up_after_itself") {
         return;
@@ -283,58 +318,6 @@ fn ipv6_and_v4_mapped_pods_are_counted() {
     assert_eq!((gauge.active(1), gauge.active(2)), (2, 3));
     h.close(5);
     assert_eq!((gauge.active(1), gauge.active(2)), (0, 0));
-}
-
-#[test]
-fn redirect_puts_both_ends_in_the_sockhash_and_data_still_flows() {
-    if !bpf_or_skip("redirect_puts_both_ends_in_the_sockhash_and_data_still_flows") {
-        return;
-    }
-    let cg = TestCgroup::new();
-    let mut pins = TestPins::new(&cg);
-    pins.opts.redirect = true;
-    let gauge = open(&pins.opts);
-    // Pod and client both in the attached cgroup, as on a node with the cgroup2 root attached.
-    let mut server = Holder::spawn(Path::new(HOLDER), &cg.path);
-    let pod = server.serve();
-    gauge.set_pods(&[(pod, 0)]);
-    let mut client = Holder::spawn(Path::new(HOLDER), &cg.path);
-    client.open(pod, 1);
-    assert_eq!(gauge.active(0), 1);
-    assert_eq!(
-        pins::redirect_sockets(&pins.opts.pin_dir).expect("SOCKS"),
-        2,
-        "client and pod ends are redirect members"
-    );
-    client.pingpong(4096, 50); // panics if the echo is wrong
-    client.close(1);
-    assert_eq!(
-        wait_for(0, SETTLE, || pins::redirect_sockets(&pins.opts.pin_dir)
-            .expect("SOCKS")),
-        0
-    );
-    assert_eq!(gauge.active(0), 0);
-}
-
-#[test]
-fn redirect_is_off_by_default() {
-    if !bpf_or_skip("redirect_is_off_by_default") {
-        return;
-    }
-    let cg = TestCgroup::new();
-    let pins = TestPins::new(&cg);
-    let gauge = open(&pins.opts);
-    let mut server = Holder::spawn(Path::new(HOLDER), &cg.path);
-    let pod = server.serve();
-    gauge.set_pods(&[(pod, 0)]);
-    let mut client = Holder::spawn(Path::new(HOLDER), &cg.path);
-    client.open(pod, 1);
-    client.pingpong(64, 10);
-    assert_eq!(gauge.active(0), 1);
-    assert_eq!(
-        pins::redirect_sockets(&pins.opts.pin_dir).expect("SOCKS"),
-        0
-    );
 }
 
 #[test]

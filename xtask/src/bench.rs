@@ -16,13 +16,10 @@ pub enum Group {
     /// Gauge read per pod: mmapped BPF array vs map-lookup syscall vs userspace atomic.
     /// Builds the eBPF object first; needs root for the BPF rows.
     Gauge,
-    /// Loopback round trips with the sk_msg same-node redirect off vs on (needs root).
-    Redirect,
     /// The per-request routing cost: body view, key extraction, decision.
     Route,
     /// Proxy overhead on loopback: wrk against the sim directly, through nginx, haproxy and
-    /// flexinfer-proxy (userspace and eBPF gauge, sk_msg redirect off and on; eBPF rows need
-    /// root). Not criterion: see xtask/src/bench_proxy.rs.
+    /// flexinfer-proxy (userspace and eBPF gauge; eBPF rows need root). Not criterion: see xtask/src/bench_proxy.rs.
     Proxy(crate::bench_proxy::ProxyBench),
 }
 
@@ -30,7 +27,6 @@ pub fn run(args: &Bench) -> Result<()> {
     let (package, bench) = match &args.group {
         Group::Proxy(p) => return crate::bench_proxy::run(p),
         Group::Gauge => ("routing-userspace", "gauge_read"),
-        Group::Redirect => ("flexinfer-tests", "redirect"),
         Group::Route => ("routing-userspace", "route"),
     };
     // Both benches read the embedded object, so build it first.

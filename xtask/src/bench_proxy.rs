@@ -65,7 +65,6 @@ struct Flex {
     routing: &'static str,
     keepalive: bool,
     ebpf: bool,
-    redirect: bool,
 }
 
 struct Config {
@@ -75,12 +74,11 @@ struct Config {
 }
 
 fn configs() -> Vec<Config> {
-    let flex = |routing, keepalive, ebpf, redirect| {
+    let flex = |routing, keepalive, ebpf| {
         Kind::Flexinfer(Flex {
             routing,
             keepalive,
             ebpf,
-            redirect,
         })
     };
     vec![
@@ -107,28 +105,22 @@ fn configs() -> Vec<Config> {
         Config {
             name: "fx-prefix",
             what: "flexinfer 1 thread, prefix, userspace gauge, keep-alive",
-            kind: flex("prefix", true, false, false),
+            kind: flex("prefix", true, false),
         },
         Config {
             name: "fx-ll",
             what: "flexinfer 1 thread, least-loaded, userspace gauge, keep-alive",
-            kind: flex("least-loaded", true, false, false),
+            kind: flex("least-loaded", true, false),
         },
         Config {
             name: "fx-ll-close",
             what: "flexinfer 1 thread, least-loaded, userspace gauge, keep-alive off",
-            kind: flex("least-loaded", false, false, false),
+            kind: flex("least-loaded", false, false),
         },
         Config {
             name: "fx-ebpf",
-            what: "flexinfer 1 thread, least-loaded, eBPF gauge (keep-alive off), redirect off",
-            kind: flex("least-loaded", false, true, false),
-        },
-        Config {
-            name: "fx-ebpf-redirect",
-            what:
-                "flexinfer 1 thread, least-loaded, eBPF gauge (keep-alive off), sk_msg redirect on",
-            kind: flex("least-loaded", false, true, true),
+            what: "flexinfer 1 thread, least-loaded, eBPF gauge (keep-alive off)",
+            kind: flex("least-loaded", false, true),
         },
     ]
 }
@@ -271,7 +263,6 @@ pub fn run(args: &ProxyBench) -> Result<()> {
                     cgroup: cgroup.as_ref(),
                     args,
                     tag: &tag,
-                    verify_redirect: round == 1,
                 },
             )
             .with_context(|| format!("configuration {} (round {round})", cfg.name))?;
@@ -303,7 +294,6 @@ struct Env<'a> {
     cgroup: Option<&'a Cgroup>,
     args: &'a ProxyBench,
     tag: &'a str,
-    verify_redirect: bool,
 }
 
 /// Start the processes of one configuration, warm up, measure, stop everything.
@@ -312,7 +302,7 @@ fn run_one(cfg: &Config, env: &Env) -> Result<Sample> {
         Kind::Flexinfer(f) if f.ebpf => Some(f),
         _ => None,
     };
-    // The backend joins the eBPF cgroup too, so the redirect sees both ends of a connection.
+    // The backend joins the eBPF cgroup too, as on a node with the cgroup2 root attached.
     let sim_cgroup = ebpf_flex.and(env.cgroup);
     let sim_port = free_port()?;
     let _sim = Proc::spawn(
@@ -430,9 +420,6 @@ fn run_one(cfg: &Config, env: &Env) -> Result<Sample> {
                     "--bpf-pin-dir".into(),
                     p.dir.display().to_string(),
                 ]);
-                if f.redirect {
-                    a.push("--sk-msg-redirect".into());
-                }
                 pins = Some(p);
             } else {
                 a.extend(["--gauge".into(), "userspace".into()]);
@@ -472,8 +459,8 @@ fn run_one(cfg: &Config, env: &Env) -> Result<Sample> {
     )?;
     let sample = Sample::parse(&out)?;
 
-    if let (Some(p), Some(f)) = (&pins, ebpf_flex) {
-        // Evidence for the table: the pinned set's view, and (once) that sk_msg really ran.
+    if let Some(p) = &pins {
+        // Evidence for the table: the pinned set's view.
         let status = Command::new(env.bin)
             .args(["ebpf", "status", "--bpf-pin-dir"])
             .arg(&p.dir)
@@ -482,50 +469,9 @@ fn run_one(cfg: &Config, env: &Env) -> Result<Sample> {
             env.out.join(format!("{}-ebpf-status.txt", env.tag)),
             &status.stdout,
         )?;
-        if f.redirect && env.verify_redirect {
-            let note = count_skmsg_runs(&p.dir, port, env.body)?;
-            println!("  {:<18} {note}", cfg.name);
-            std::fs::write(env.out.join(format!("{}-skmsg.txt", env.tag)), &note)?;
-        }
     }
     Ok(sample)
     // Drop order: proxy (declared last) stops first, then pins are detached, then the sim.
-}
-
-/// With `kernel.bpf_stats_enabled` on for the moment, send 100 requests and read the sk_msg
-/// program's run count, so the table's redirect row is known to have redirected.
-fn count_skmsg_runs(pin_dir: &Path, port: u16, body: &str) -> Result<String> {
-    let sysctl = Path::new("/proc/sys/kernel/bpf_stats_enabled");
-    let before = std::fs::read_to_string(sysctl)?;
-    std::fs::write(sysctl, "1")?;
-    let result = (|| -> Result<String> {
-        let prog = pin_dir.join("skmsg_prog");
-        let cnt = || -> Result<u64> {
-            let out = Command::new("bpftool")
-                .args(["prog", "show", "pinned"])
-                .arg(&prog)
-                .output()
-                .context("running bpftool")?;
-            let text = String::from_utf8_lossy(&out.stdout).to_string();
-            Ok(text
-                .split_whitespace()
-                .skip_while(|w| *w != "run_cnt")
-                .nth(1)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0))
-        };
-        let c0 = cnt()?;
-        for _ in 0..100 {
-            http_post(port, body)?;
-        }
-        let c1 = cnt()?;
-        Ok(format!(
-            "sk_msg check: flexinfer_skmsg run_cnt +{} over 100 requests",
-            c1 - c0
-        ))
-    })();
-    std::fs::write(sysctl, before.trim())?;
-    result
 }
 
 fn wrk(env: &Env, url: &str, secs: u32, save: Option<&Path>) -> Result<String> {

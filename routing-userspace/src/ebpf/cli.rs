@@ -52,15 +52,9 @@ pub fn status_to(opts: &EbpfOptions, out: &mut dyn Write) -> anyhow::Result<()> 
     writeln!(out, "pinned set: {}", opts.pin_dir.display())?;
     writeln!(
         out,
-        "tracked connections: {}   pods: {}   redirect: {} ({} sockets)",
+        "tracked connections: {}   pods: {}",
         set.tracked_connections()?,
         pods.len(),
-        if pins::redirect_enabled(&set)? {
-            "on"
-        } else {
-            "off"
-        },
-        pins::redirect_sockets(&opts.pin_dir)?
     )?;
     writeln!(out, "{:<5} {:>8}  pod", "slot", "active")?;
     for p in &pods {

@@ -42,8 +42,6 @@ pub struct EbpfOptions {
     /// The bpffs mount. If it is [`DEFAULT_BPFFS`] and not mounted, `open` mounts it; any other
     /// path must already be a bpffs.
     pub bpffs: PathBuf,
-    /// Turn on the sk_msg same-node redirect (a node-wide switch: the last opener sets it).
-    pub redirect: bool,
 }
 
 impl Default for EbpfOptions {
@@ -52,7 +50,6 @@ impl Default for EbpfOptions {
             cgroup: None,
             pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
             bpffs: PathBuf::from(DEFAULT_BPFFS),
-            redirect: false,
         }
     }
 }

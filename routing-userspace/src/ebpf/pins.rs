@@ -1,28 +1,30 @@
 //! The pinned set: maps and the cgroup link under one bpffs directory, shared by every proxy
 //! process on the node and surviving restarts.
 //!
-//! Layout of `<pin_dir>/`: one file per map (named as in `routing_common::maps`), the
-//! sock_ops cgroup link (`sockops_link`) and the sk_msg program (`skmsg_prog`, attached to
-//! SOCKS). The link pin is written last, so "the link pin exists" means "the set is
-//! complete and attached"; creation and removal hold an exclusive flock on the directory.
+//! Layout of `<pin_dir>/`: one file per map (named as in `routing_common::maps`) and the
+//! sock_ops cgroup link (`sockops_link`). The link pin is written last, so "the link pin
+//! exists" means "the set is complete and attached"; creation and removal hold an exclusive
+//! flock on the directory.
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, HashMap, Map, MapData, SockHash};
+use aya::maps::{Array, HashMap, Map, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::{CgroupAttachMode, SkMsg, SockOps};
+use aya::programs::{CgroupAttachMode, SockOps};
 use aya::EbpfLoader;
-use routing_common::{maps, programs, BackendKey, Config, SockKey, CONFIG_REDIRECT, MAX_PODS};
+use routing_common::{maps, programs, BackendKey, MAX_PODS};
 
 use super::sys::{self, DirLock};
 use super::{io_err, EbpfError, EbpfOptions};
 
 /// File name of the pinned sock_ops cgroup link.
 pub const LINK_PIN: &str = "sockops_link";
-/// File name of the pinned sk_msg program.
-pub const SKMSG_PIN: &str = "skmsg_prog";
+/// Pins an older build (with the since-removed sk_msg same-node redirect) also wrote: its
+/// sk_msg program, its SOCKS sockhash and its CONFIG switch. Nothing opens them any more, but
+/// `detach` and a fresh create still remove them, so an upgraded node ends up clean.
+pub const LEGACY_PINS: [&str; 3] = ["skmsg_prog", "SOCKS", "CONFIG"];
 
 /// Open handles on a pinned set.
 pub struct PinnedSet {
@@ -32,7 +34,6 @@ pub struct PinnedSet {
     pub backends: Map,
     pub load: Map,
     pub conns: Map,
-    pub config: Map,
 }
 
 fn box_err<E: std::error::Error + Send + Sync + 'static>(
@@ -44,8 +45,8 @@ fn box_err<E: std::error::Error + Send + Sync + 'static>(
 /// The `MapData` inside the map kinds the set uses.
 pub fn map_data(m: &Map) -> &MapData {
     match m {
-        Map::HashMap(d) | Map::Array(d) | Map::SockHash(d) => d,
-        _ => unreachable!("the pinned set holds only hash, array and sockhash maps"),
+        Map::HashMap(d) | Map::Array(d) => d,
+        _ => unreachable!("the pinned set holds only hash and array maps"),
     }
 }
 
@@ -94,16 +95,10 @@ impl PinnedSet {
             Self::create(object, opts)
         };
         drop(_lock);
-        let mut set = match set {
-            Ok(set) => set,
-            Err(e) => {
-                // Do not leave an empty pin directory behind (only succeeds if it is empty).
-                let _ = std::fs::remove_dir(&opts.pin_dir);
-                return Err(e);
-            }
-        };
-        set.set_redirect(opts.redirect)?;
-        Ok(set)
+        set.inspect_err(|_| {
+            // Do not leave an empty pin directory behind (only succeeds if it is empty).
+            let _ = std::fs::remove_dir(&opts.pin_dir);
+        })
     }
 
     /// Open an existing, complete pinned set (used by `status` and by other processes).
@@ -143,7 +138,6 @@ impl PinnedSet {
             backends: open(maps::BACKENDS)?,
             load: open(maps::LOAD)?,
             conns: open(maps::CONNS)?,
-            config: open(maps::CONFIG)?,
         };
         set.check_shapes()?;
         Ok(set)
@@ -203,43 +197,6 @@ impl PinnedSet {
                 EbpfError::classify("loading the object", e, |e| EbpfError::Load(box_err(e)))
             })?;
 
-            let skmsg: &mut SkMsg = bpf
-                .program_mut(programs::SK_MSG)
-                .ok_or_else(|| EbpfError::Load(format!("no program {}", programs::SK_MSG).into()))?
-                .try_into()
-                .map_err(|e| EbpfError::Load(box_err(e)))?;
-            skmsg.load().map_err(|e| {
-                EbpfError::classify("loading sk_msg", e, |e| EbpfError::Load(box_err(e)))
-            })?;
-            let socks = bpf
-                .map(maps::SOCKS)
-                .ok_or_else(|| EbpfError::Load(format!("no map {}", maps::SOCKS).into()))?;
-            let socks: SockHash<&MapData, SockKey> =
-                SockHash::try_from(socks).map_err(|e| EbpfError::Map {
-                    map: maps::SOCKS,
-                    source: box_err(e),
-                })?;
-            let socks_fd = socks.fd().try_clone().map_err(|e| EbpfError::Map {
-                map: maps::SOCKS,
-                source: box_err(e),
-            })?;
-            let skmsg: &mut SkMsg = bpf
-                .program_mut(programs::SK_MSG)
-                .expect("checked above")
-                .try_into()
-                .map_err(|e| EbpfError::Load(box_err(e)))?;
-            let id = skmsg.attach(&socks_fd).map_err(|e| {
-                EbpfError::classify("attaching sk_msg", e, |e| EbpfError::Load(box_err(e)))
-            })?;
-            // The attachment belongs to the SOCKS map (pinned): keep it when this handle goes.
-            let link = skmsg
-                .take_link(id)
-                .map_err(|e| EbpfError::Load(box_err(e)))?;
-            std::mem::forget(link);
-            skmsg
-                .pin(pin_dir.join(SKMSG_PIN))
-                .map_err(|e| EbpfError::Load(box_err(e)))?;
-
             let sockops: &mut SockOps = bpf
                 .program_mut(programs::SOCK_OPS)
                 .ok_or_else(|| {
@@ -274,7 +231,6 @@ impl PinnedSet {
                 backends: take(maps::BACKENDS)?,
                 load: take(maps::LOAD)?,
                 conns: take(maps::CONNS)?,
-                config: take(maps::CONFIG)?,
             })
         })();
         if result.is_err() {
@@ -282,23 +238,6 @@ impl PinnedSet {
             let _ = remove_pin_files(pin_dir);
         }
         result
-    }
-
-    /// Set the node-wide redirect switch.
-    pub fn set_redirect(&mut self, on: bool) -> Result<(), EbpfError> {
-        let mut config: Array<&mut MapData, Config> =
-            Array::try_from(&mut self.config).map_err(|e| EbpfError::Map {
-                map: maps::CONFIG,
-                source: box_err(e),
-            })?;
-        let value = Config {
-            flags: if on { CONFIG_REDIRECT } else { 0 },
-            reserved: 0,
-        };
-        config.set(0, value, 0).map_err(|e| EbpfError::Map {
-            map: maps::CONFIG,
-            source: box_err(e),
-        })
     }
 
     /// BACKENDS as a typed map.
@@ -347,38 +286,6 @@ impl PinnedSet {
     }
 }
 
-/// Sockets currently in the SOCKS sockhash (the same-node redirect's members).
-pub fn redirect_sockets(pin_dir: &Path) -> Result<usize, EbpfError> {
-    let data = MapData::from_pin(pin_dir.join(maps::SOCKS)).map_err(|e| EbpfError::Map {
-        map: maps::SOCKS,
-        source: box_err(e),
-    })?;
-    let map = Map::from_map_data(data).map_err(|e| EbpfError::Map {
-        map: maps::SOCKS,
-        source: box_err(e),
-    })?;
-    let socks: SockHash<&MapData, SockKey> =
-        SockHash::try_from(&map).map_err(|e| EbpfError::Map {
-            map: maps::SOCKS,
-            source: box_err(e),
-        })?;
-    Ok(socks.keys().filter(|k| k.is_ok()).count())
-}
-
-/// Whether the node-wide redirect switch is on.
-pub fn redirect_enabled(set: &PinnedSet) -> Result<bool, EbpfError> {
-    let config: Array<&MapData, Config> =
-        Array::try_from(&set.config).map_err(|e| EbpfError::Map {
-            map: maps::CONFIG,
-            source: box_err(e),
-        })?;
-    let c = config.get(&0, 0).map_err(|e| EbpfError::Map {
-        map: maps::CONFIG,
-        source: box_err(e),
-    })?;
-    Ok(c.flags & CONFIG_REDIRECT != 0)
-}
-
 /// What [`remove_pins`] removed.
 #[derive(Debug, Default)]
 pub struct Removed {
@@ -388,8 +295,9 @@ pub struct Removed {
 
 /// Detach and unpin everything under `pin_dir` that the loader pins, then remove the
 /// directory if it is empty. Unpinning the link drops the last reference to the cgroup
-/// attachment (proxies do not keep the link open), which detaches sock_ops; the maps and the
-/// sk_msg program go when their last user (a running proxy's mmap/fds) closes.
+/// attachment (proxies do not keep the link open), which detaches sock_ops; the maps go when
+/// their last user (a running proxy's mmap/fds) closes. Pins of an older build
+/// ([`LEGACY_PINS`]) are removed too.
 pub fn remove_pins(pin_dir: &Path) -> io::Result<Removed> {
     let mut removed = Removed::default();
     if !pin_dir.exists() {
@@ -402,13 +310,13 @@ pub fn remove_pins(pin_dir: &Path) -> io::Result<Removed> {
     Ok(removed)
 }
 
-/// Remove the loader's pin files (link first, so the set stops counting before its maps go).
-/// The caller holds the directory lock.
+/// Remove the loader's pin files (link first, so the set stops counting before its maps go),
+/// and those an older build left ([`LEGACY_PINS`]). The caller holds the directory lock.
 fn remove_pin_files(pin_dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     let names = std::iter::once(LINK_PIN)
-        .chain(std::iter::once(SKMSG_PIN))
-        .chain(maps::ALL.iter().copied());
+        .chain(LEGACY_PINS)
+        .chain(maps::ALL);
     for name in names {
         let p = pin_dir.join(name);
         match std::fs::remove_file(&p) {
