@@ -298,7 +298,7 @@ async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_at_conne
         sims.push(
             start_sim(
                 &format!("p{i}"),
-                &["--ttft-base-ms", "400", "--max-concurrency", "64"],
+                &["--ttft-base-ms", "2000", "--max-concurrency", "64"],
                 dir.path(),
             )
             .await,

@@ -260,7 +260,14 @@ async fn label_group_least_loaded_spreads_a_burst_over_members() {
     let dir = TempDir::new("group-ll");
     let mut sims = Vec::new();
     for i in 0..3 {
-        sims.push(start_sim(&format!("m{i}"), &["--ttft-base-ms", "300"], dir.path()).await);
+        sims.push(
+            start_sim(
+                &format!("m{i}"),
+                &["--ttft-base-ms", "2000", "--max-concurrency", "64"],
+                dir.path(),
+            )
+            .await,
+        );
     }
     let members: Vec<(&str, i64, bool, &Sim)> = vec![
         ("a", 0, true, &sims[0]),

@@ -251,10 +251,11 @@ async fn a_malformed_key_routes_like_canonical_context_and_never_fails() {
 #[tokio::test(flavor = "multi_thread")]
 async fn least_loaded_spreads_a_burst_of_50_over_4_slow_pods() {
     let dir = TempDir::new("burst");
-    // Slow pods: each request holds its pod for about half a second.
+    // Slow pods: each request holds its pod for two seconds, far longer than the burst takes to
+    // arrive even on a loaded machine, so no pod frees up mid-burst.
     let pods = sims(
         4,
-        &["--ttft-base-ms", "400", "--max-concurrency", "64"],
+        &["--ttft-base-ms", "2000", "--max-concurrency", "64"],
         &dir,
     )
     .await;
