@@ -28,18 +28,25 @@ async fn sims(n: usize, extra: &[&str], dir: &TempDir) -> Vec<Sim> {
     v
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn prefix_routing_pins_a_system_prompt_and_spreads_distinct_ones() {
-    let dir = TempDir::new("prefix");
-    let pods = sims(4, &[], &dir).await;
+/// Four sims (`pod-0`..`pod-3`, with `sim_flags`) behind one proxy serving model `chat` with
+/// `routing`. The directory holds the logs; keep it alive as long as the processes.
+async fn fleet(tag: &str, routing: &str, sim_flags: &[&str]) -> (TempDir, Vec<Sim>, Proxy) {
+    let dir = TempDir::new(tag);
+    let pods = sims(4, sim_flags, &dir).await;
     let refs: Vec<&Sim> = pods.iter().collect();
     let proxy = start_proxy(
-        &yaml(&[("chat", "prefix", None, &refs)]),
+        &yaml(&[("chat", routing, None, &refs)]),
         &[],
         &[],
         dir.path(),
     )
     .await;
+    (dir, pods, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prefix_routing_pins_a_system_prompt_and_spreads_distinct_ones() {
+    let (_dir, _pods, proxy) = fleet("prefix", "prefix", &[]).await;
 
     // A fixed system prompt: 100 requests, one pod.
     let mut served = HashSet::new();
@@ -96,16 +103,7 @@ async fn prefix_routing_pins_a_system_prompt_and_spreads_distinct_ones() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn session_headers_and_headerless_multi_turn_conversations_stick() {
-    let dir = TempDir::new("session");
-    let pods = sims(4, &[], &dir).await;
-    let refs: Vec<&Sim> = pods.iter().collect();
-    let proxy = start_proxy(
-        &yaml(&[("chat", "session-affinity", None, &refs)]),
-        &[],
-        &[],
-        dir.path(),
-    )
-    .await;
+    let (_dir, _pods, proxy) = fleet("session", "session-affinity", &[]).await;
 
     for (header, users) in [("x-session-id", 12), ("x-conversation-id", 12)] {
         let mut first: HashMap<String, String> = HashMap::new();
@@ -173,16 +171,7 @@ async fn session_headers_and_headerless_multi_turn_conversations_stick() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_malformed_key_routes_like_canonical_context_and_never_fails() {
-    let dir = TempDir::new("malformed");
-    let pods = sims(4, &[], &dir).await;
-    let refs: Vec<&Sim> = pods.iter().collect();
-    let proxy = start_proxy(
-        &yaml(&[("chat", "prefix", None, &refs)]),
-        &[],
-        &[],
-        dir.path(),
-    )
-    .await;
+    let (_dir, _pods, proxy) = fleet("malformed", "prefix", &[]).await;
     for doc in ["doc A", "doc B", "doc C", "doc D", "doc E"] {
         let body = chat_body(
             "chat",
@@ -250,21 +239,12 @@ async fn a_malformed_key_routes_like_canonical_context_and_never_fails() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn least_loaded_spreads_a_burst_of_50_over_4_slow_pods() {
-    let dir = TempDir::new("burst");
     // Slow pods: each request holds its pod for two seconds, far longer than the burst takes to
     // arrive even on a loaded machine, so no pod frees up mid-burst.
-    let pods = sims(
-        4,
+    let (_dir, _pods, proxy) = fleet(
+        "burst",
+        "least-loaded",
         &["--ttft-base-ms", "2000", "--max-concurrency", "64"],
-        &dir,
-    )
-    .await;
-    let refs: Vec<&Sim> = pods.iter().collect();
-    let proxy = start_proxy(
-        &yaml(&[("chat", "least-loaded", None, &refs)]),
-        &[],
-        &[],
-        dir.path(),
     )
     .await;
     let hits = burst(proxy.addr, "chat", 50).await;
@@ -297,16 +277,7 @@ async fn least_loaded_spreads_a_burst_of_50_over_4_slow_pods() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn removing_a_pod_moves_only_that_pods_keys() {
-    let dir = TempDir::new("churn");
-    let pods = sims(4, &[], &dir).await;
-    let refs: Vec<&Sim> = pods.iter().collect();
-    let proxy = start_proxy(
-        &yaml(&[("chat", "prefix", None, &refs)]),
-        &[],
-        &[],
-        dir.path(),
-    )
-    .await;
+    let (_dir, pods, proxy) = fleet("churn", "prefix", &[]).await;
     let body = chat_body("chat", None, "hi", "");
     let mut before = HashMap::new();
     for k in 0..120 {
@@ -363,7 +334,12 @@ async fn removing_a_pod_moves_only_that_pods_keys() {
         .contains("invalid models file; keeping the last good table"));
     // And back: re-adding the pod returns exactly its keys.
     proxy
-        .rewrite_config(&yaml(&[("chat", "prefix", None, &refs)]))
+        .rewrite_config(&yaml(&[(
+            "chat",
+            "prefix",
+            None,
+            &pods.iter().collect::<Vec<_>>(),
+        )]))
         .await;
     for (key, old) in &before {
         let r = post(
