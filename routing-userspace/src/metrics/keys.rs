@@ -231,15 +231,18 @@ impl KeyStats {
         }
     }
 
-    /// The model's hottest keys, hottest first, and the decayed total they are shares of.
-    pub fn hot_keys(&self, model: &str, now: Instant) -> (Vec<HotKey>, f64) {
-        let m = self
-            .models
+    /// A model's stats if it has any (read paths never create them).
+    fn existing(&self, model: &str) -> Option<Arc<Mutex<ModelKeys>>> {
+        self.models
             .read()
             .expect("key stats lock")
             .get(model)
-            .cloned();
-        match m {
+            .cloned()
+    }
+
+    /// The model's hottest keys, hottest first, and the decayed total they are shares of.
+    pub fn hot_keys(&self, model: &str, now: Instant) -> (Vec<HotKey>, f64) {
+        match self.existing(model) {
             Some(m) => m.lock().expect("model keys lock").hot.top(now),
             None => (Vec::new(), 0.0),
         }
@@ -247,13 +250,9 @@ impl KeyStats {
 
     /// The model's cardinality series.
     pub fn series_report(&self, model: &str, now: Instant) -> Vec<SeriesReport> {
-        let m = self
-            .models
-            .read()
-            .expect("key stats lock")
-            .get(model)
-            .cloned();
-        let Some(m) = m else { return Vec::new() };
+        let Some(m) = self.existing(model) else {
+            return Vec::new();
+        };
         let mut keys = m.lock().expect("model keys lock");
         let mut v: Vec<SeriesReport> = keys
             .series
