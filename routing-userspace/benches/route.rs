@@ -1,22 +1,30 @@
-//! The per-request routing cost, without sockets: body view + key extraction + decision.
+//! The per-request routing cost, without sockets.
+//!
+//! - `keys/*`: body view + key extraction on chat bodies of 1 KB to 1 MB (target: 2 us at 4 KB);
+//! - `ring/*`: a key's pick and two alternates on rings of 8 to 1,000 pods (target: 100 ns);
+//! - `least_loaded/*`: a reserved least-loaded pick over 100 pods, its token consumed;
+//! - `decide/*`: the whole decision per strategy, as the request path runs it.
 //!
 //! `cargo xtask bench route` (or `cargo bench -p routing-userspace --bench route`).
 
+use std::hint::black_box;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use http::{HeaderMap, HeaderValue};
 
 use routing_userspace::body::BodyFields;
-use routing_userspace::decide::{decide, Context, LabelGroupMode};
-use routing_userspace::discovery::{ModelSet, ModelSpec, Strategy, Update};
-use routing_userspace::keys::{KeyLimits, RequestParts};
-use routing_userspace::load::reservations::ReservationLedger;
+use routing_userspace::config::RoutingKnobs;
+use routing_userspace::discovery::{ModelSet, ModelSpec, Update};
+use routing_userspace::keys::{extract, KeyLimits, RequestParts};
 use routing_userspace::load::slots::SlotAllocator;
 use routing_userspace::load::userspace::UserspaceGauge;
-use routing_userspace::table::RoutingTable;
+use routing_userspace::metrics::Metrics;
+use routing_userspace::router::Router;
+use routing_userspace::table::{Route, RoutingTable};
+use routing_userspace::vocab::{LabelGroupMode, Strategy};
 
 fn table(strategy: Strategy, pods: u16) -> RoutingTable {
     let mut m = ModelSpec::new("m");
@@ -29,104 +37,175 @@ fn table(strategy: Strategy, pods: u16) -> RoutingTable {
     set.apply(Update::Reset(vec![m]));
     let mut slots = SlotAllocator::default();
     slots.sync(&RoutingTable::pod_addrs(&set));
-    RoutingTable::build(&set, &slots)
+    RoutingTable::build(
+        &set,
+        &slots,
+        &Metrics::new(10_000),
+        LabelGroupMode::RoundRobin,
+    )
 }
 
-/// A chat body with a long system prompt and a document, as RAG clients send.
-fn rag_body(system_words: usize) -> String {
-    let system: String = (0..system_words).map(|i| format!("word{i} ")).collect();
+/// A chat body of about `bytes` bytes: half system prompt, half the user's question, plus a
+/// document context, as RAG clients send.
+fn chat_body(bytes: usize) -> String {
+    let words = |n: usize, tag: &str| -> String {
+        let mut s = String::with_capacity(n + 16);
+        let mut i = 0;
+        while s.len() < n {
+            s.push_str(&format!("{tag}{i} "));
+            i += 1;
+        }
+        s
+    };
     serde_json::json!({
         "model": "m",
         "messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": "Summarize the document."}
+            {"role": "system", "content": words(bytes / 2, "rule")},
+            {"role": "user", "content": words(bytes / 2, "ask")}
         ],
-        "document_context": "FlexInfer routing guide section A ".repeat(40),
+        "document_context": "FlexInfer routing guide section A",
         "max_tokens": 120,
         "stream": true
     })
     .to_string()
 }
 
-fn bench(c: &mut Criterion) {
-    let gauge = Arc::new(UserspaceGauge::default());
-    let pods = ReservationLedger::new(Duration::from_secs(10));
-    let groups = ReservationLedger::new(Duration::from_secs(10));
+fn keys(c: &mut Criterion) {
+    let mut g = c.benchmark_group("keys");
     let limits = KeyLimits::default();
+    let headers = HeaderMap::new();
+    for size in [1 << 10, 4 << 10, 64 << 10, 1 << 20] {
+        let body = chat_body(size);
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        for (name, strategy) in [
+            ("prefix canonical", Strategy::Prefix),
+            ("session implicit", Strategy::SessionAffinity),
+        ] {
+            g.bench_with_input(BenchmarkId::new(name, size), &body, |b, body| {
+                b.iter(|| {
+                    let fields = BodyFields::parse(black_box(body.as_bytes()));
+                    let parts = RequestParts {
+                        headers: &headers,
+                        body: fields.as_ref(),
+                        model: Some("m"),
+                    };
+                    black_box(extract(strategy, &parts, &limits).key)
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn model(t: &RoutingTable) -> Arc<routing_userspace::table::ModelRoute> {
+    match t.lookup("m") {
+        Some(Route::Model(m)) => m,
+        _ => unreachable!("one model"),
+    }
+}
+
+fn ring(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ring");
+    for pods in [8, 100, 1000] {
+        let t = table(Strategy::Prefix, pods);
+        let m = model(&t);
+        g.bench_function(BenchmarkId::new("pick and 2 alternates", pods), |b| {
+            let mut h = 0u64;
+            b.iter(|| {
+                h = h.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut walk = m.ring.walk(black_box(h));
+                black_box((walk.next(), walk.next(), walk.next()))
+            })
+        });
+    }
+    g.finish();
+}
+
+fn router(strategy: Strategy, pods: u16) -> (RoutingTable, Router) {
+    let knobs = RoutingKnobs {
+        reservation_ttl: Duration::from_secs(10),
+        ..RoutingKnobs::default()
+    };
+    (
+        table(strategy, pods),
+        Router::new(Arc::new(UserspaceGauge::default()), knobs),
+    )
+}
+
+fn least_loaded(c: &mut Criterion) {
+    let (t, r) = router(Strategy::LeastLoaded, 100);
+    let route = t.lookup("m").expect("route");
+    let headers = HeaderMap::new();
+    c.bench_function("least_loaded/reserved pick (100 pods)", |b| {
+        b.iter(|| {
+            let parts = RequestParts {
+                headers: &headers,
+                body: None,
+                model: Some("m"),
+            };
+            let mut d = r.decide(&route, &parts, 7, Instant::now());
+            if let Some(token) = d.pod_reservation.take() {
+                token.consume();
+            }
+            black_box(d.picked_pod().map(|p| p.addr))
+        })
+    });
+}
+
+fn decide(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decide");
+    let session_header = {
+        let mut h = HeaderMap::new();
+        h.insert("x-session-id", HeaderValue::from_static("user-42/conv-7"));
+        h
+    };
+    let small = chat_body(400);
     for (name, strategy, headers, body) in [
         (
-            "prefix/canonical 4k-word system prompt",
+            "session header",
+            Strategy::SessionAffinity,
+            session_header,
+            small.clone(),
+        ),
+        (
+            "prefix canonical 4 KB",
             Strategy::Prefix,
             HeaderMap::new(),
-            rag_body(4000),
+            chat_body(4 << 10),
         ),
         (
-            "prefix/explicit header",
-            Strategy::Prefix,
-            {
-                let mut h = HeaderMap::new();
-                h.insert(
-                    "x-flexinfer-cache-key",
-                    HeaderValue::from_static("tenant-a/doc-42"),
-                );
-                h
-            },
-            rag_body(200),
-        ),
-        (
-            "session/implicit",
+            "session implicit",
             Strategy::SessionAffinity,
             HeaderMap::new(),
-            rag_body(200),
+            small.clone(),
         ),
         (
             "least-loaded",
             Strategy::LeastLoaded,
             HeaderMap::new(),
-            rag_body(200),
+            small,
         ),
     ] {
-        let t = table(strategy, 16);
-        let route = t.lookup("m").unwrap();
-        c.bench_function(&format!("route {name} (16 pods)"), |b| {
+        let (t, r) = router(strategy, 16);
+        let route = t.lookup("m").expect("route");
+        g.bench_function(BenchmarkId::new(name, "16 pods"), |b| {
             b.iter(|| {
                 let fields = BodyFields::parse(body.as_bytes());
-                let cx = Context {
-                    parts: RequestParts {
-                        headers: &headers,
-                        body: fields.as_ref(),
-                        model: Some("m"),
-                    },
-                    limits: &limits,
-                    gauge: gauge.as_ref(),
-                    pod_ledger: &pods,
-                    group_ledger: &groups,
-                    group_mode: LabelGroupMode::RoundRobin,
-                    max_pod_attempts: 3,
-                    now: Instant::now(),
-                    draw: 7,
+                let parts = RequestParts {
+                    headers: &headers,
+                    body: fields.as_ref(),
+                    model: Some("m"),
                 };
-                let d = decide(&route, &cx);
-                if let Some(addr) = d.targets.first().and_then(|t| t.pod_addr()) {
-                    pods.consume(&addr, cx.now);
+                let mut d = r.decide(&route, &parts, 7, Instant::now());
+                if let Some(token) = d.pod_reservation.take() {
+                    token.consume();
                 }
-                black_box(d)
+                black_box(d.picked_pod().map(|p| p.addr))
             })
         });
     }
-    let t = table(Strategy::Prefix, 256);
-    let m = match t.lookup("m").unwrap() {
-        routing_userspace::table::Route::Model(m) => m,
-        _ => unreachable!(),
-    };
-    c.bench_function("ring candidates (256 pods, 160 vnodes)", |b| {
-        let mut h = 0u64;
-        b.iter(|| {
-            h = h.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            black_box(m.ring.candidates(h).len())
-        })
-    });
+    g.finish();
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, keys, ring, least_loaded, decide);
 criterion_main!(benches);

@@ -73,9 +73,9 @@ pub fn routing_view(shared: &Shared) -> Value {
                     json!({
                         "address": &*p.label,
                         "slot": p.slot,
-                        "active": p.slot.map(|s| shared.pick_gauge.active(s)),
+                        "active": p.slot.map(|_| shared.router.pod_load(p)),
                         "in_flight_here": p.slot.map(|s| shared.inflight.active(s)),
-                        "reservations": shared.pod_ledger.pending(&p.addr, now),
+                        "reservations": shared.router.pod_reservations(p, now),
                     })
                 })
                 .collect();
@@ -86,7 +86,7 @@ pub fn routing_view(shared: &Shared) -> Value {
                 "served_model_name": m.spec.served_model_name,
                 "service_label": m.spec.service_label,
                 "route_priority": m.spec.route_priority,
-                "service": m.service.as_deref(),
+                "service": m.service.as_ref().map(|s| &*s.url),
                 "ring_points": m.ring.points(),
                 "pods": pods,
                 "hot_keys": hot_keys(shared, m, now),
@@ -104,29 +104,32 @@ pub fn routing_view(shared: &Shared) -> Value {
         .map(|g| {
             json!({
                 "label": &*g.label,
-                "mode": shared.knobs.label_group_mode.as_str(),
+                "mode": shared.router.knobs().label_group_mode.as_str(),
                 "members": g.members.iter().map(|m| json!({
                     "model": &*m.name,
                     "ready": m.spec.ready,
                     "route_priority": m.spec.route_priority,
-                    "reservations": shared.group_ledger.pending(&m.name, now),
+                    "reservations": shared.router.member_reservations(m, now),
                 })).collect::<Vec<_>>(),
             })
         })
         .collect();
-    let k = &shared.knobs;
+    let k = shared.router.knobs();
     let t = shared.metrics.keys.tracking();
     let secs = |d: Option<std::time::Duration>| d.map_or(0.0, |d| d.as_secs_f64());
     json!({
         "ready": shared.is_ready(),
-        "gauge": shared.pick_gauge.name(),
+        "gauge": shared.router.gauge().name(),
         "upstream_keepalive": shared.upstream.keepalive(),
+        "upstream_idle_connections": shared.upstream.idle_connections(),
+        "reservations_pending": shared.router.pending_reservations(),
         "knobs": {
             "explicit_key_max_length": k.limits.explicit_key_max_length,
             "system_segment_max_length": k.limits.system_segment_max_length,
             "document_segment_max_length": k.limits.document_segment_max_length,
             "least_loaded_reservation_ttl_ms": k.reservation_ttl.as_millis() as u64,
             "label_group_mode": k.label_group_mode.as_str(),
+            "max_pod_attempts": k.max_pod_attempts,
         },
         "key_tracking": {
             "cardinality_cap": t.cardinality_cap,

@@ -1,58 +1,148 @@
-//! `flexinfer-proxy serve`: wire settings, gauge, discovery and the two listeners together.
+//! `flexinfer-proxy serve`: turn the command line into typed settings, open the load gauge,
+//! start discovery, and run the two listeners until shutdown.
+//!
+//! This is the only module that reads the CLI structs as a whole and decides what is fatal: a
+//! library module reports typed errors and never ends the process. A discovery source that
+//! fails for good ends `serve` with its error, so the binary exits non-zero.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::config::{DiscoveryKind, GaugeKind, KeepAlive, RoutingKnobs, ServeArgs};
-use crate::load::reservations::ReservationLedger;
+use crate::discovery::file::LoadError;
+use crate::discovery::kube::KubeOptions;
+use crate::discovery::Update;
+use crate::ebpf::EbpfError;
 use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
-use crate::metrics::Metrics;
-use crate::proxy::upstream::{OnConnect, Upstream};
+use crate::metrics::{KeyTracking, Metrics};
+use crate::router::Router;
 use crate::state::{RequestLimits, Shared};
+use crate::upstream::{Upstream, UpstreamOptions};
 use crate::{admin, proxy};
 
-/// The gauge least-loaded picks read, and whether it is the eBPF one.
-fn choose_gauge(
-    args: &ServeArgs,
+/// Why `serve` stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("--require-ebpf conflicts with --gauge userspace")]
+    RequireEbpfWithUserspace,
+    #[error("eBPF gauge required but unavailable: {0}")]
+    EbpfRequired(#[source] EbpfError),
+    #[error("--config (FLEXINFER_PROXY_CONFIG) is required with --discovery file")]
+    NoModelsFile,
+    #[error(transparent)]
+    ModelsFile(#[from] LoadError),
+    #[error("kubernetes discovery failed: {0:#}")]
+    Kubernetes(anyhow::Error),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Listen {
+        addr: SocketAddr,
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("serving failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Which gauge least-loaded picks read, and why.
+pub struct GaugeChoice {
+    pub gauge: Arc<dyn LoadGauge>,
+    pub ebpf: bool,
+}
+
+/// Open the gauge `args` asks for: the node-wide eBPF gauge when it loads (fatal if required),
+/// else this process's userspace gauge.
+pub fn open_gauge(
+    args: &crate::config::EbpfArgs,
     userspace: &Arc<UserspaceGauge>,
-) -> anyhow::Result<(Arc<dyn LoadGauge>, bool)> {
-    if args.ebpf.gauge == GaugeKind::Userspace {
-        if args.ebpf.require_ebpf {
-            bail!("--require-ebpf conflicts with --gauge userspace");
+) -> Result<GaugeChoice, ServeError> {
+    let fallback = || GaugeChoice {
+        gauge: userspace.clone(),
+        ebpf: false,
+    };
+    if args.gauge == GaugeKind::Userspace {
+        if args.require_ebpf {
+            return Err(ServeError::RequireEbpfWithUserspace);
         }
-        return Ok((userspace.clone(), false));
+        return Ok(fallback());
     }
-    match crate::load::open_ebpf_gauge(&args.ebpf) {
+    match crate::ebpf::EbpfGauge::open(&args.options()) {
         Ok(g) => {
             tracing::info!("eBPF connection gauge loaded; least-loaded picks read it");
-            Ok((g, true))
+            Ok(GaugeChoice {
+                gauge: Arc::new(g),
+                ebpf: true,
+            })
         }
-        Err(why) if args.ebpf.require_ebpf || args.ebpf.gauge == GaugeKind::Ebpf => {
-            bail!("eBPF gauge required but unavailable: {why}")
+        Err(why) if args.require_ebpf || args.gauge == GaugeKind::Ebpf => {
+            Err(ServeError::EbpfRequired(why))
         }
         Err(why) => {
             tracing::warn!(reason = %why, "eBPF gauge unavailable; using the userspace in-flight gauge");
-            Ok((userspace.clone(), false))
+            Ok(fallback())
         }
     }
+}
+
+/// The key tracking settings of the flags.
+pub fn key_tracking(args: &ServeArgs) -> KeyTracking {
+    KeyTracking {
+        cardinality_cap: args.key_cardinality_cap,
+        cardinality_window: Some(args.key_cardinality_window),
+        hot_keys: args.hot_keys,
+        hot_keys_half_life: Some(args.hot_keys_half_life),
+    }
+}
+
+/// Start the discovery source. The file is read once here (a broken file is fatal at start);
+/// the returned task ends only if the source fails for good.
+fn start_discovery(
+    args: &ServeArgs,
+    tx: mpsc::UnboundedSender<Update>,
+) -> Result<tokio::task::JoinHandle<Result<(), ServeError>>, ServeError> {
+    match args.discovery {
+        DiscoveryKind::File => {
+            let path = args.config.clone().ok_or(ServeError::NoModelsFile)?;
+            crate::discovery::file::start(path, args.config_poll, tx)?;
+            Ok(tokio::spawn(std::future::pending()))
+        }
+        DiscoveryKind::Kubernetes => {
+            let opts = KubeOptions {
+                namespace: Some(args.namespace.clone()).filter(|n| !n.is_empty()),
+                kubeconfig: args.kubeconfig.clone(),
+                service_label_key: args.service_label_key.clone(),
+            };
+            Ok(tokio::spawn(async move {
+                crate::discovery::kube::run(opts, tx)
+                    .await
+                    .map_err(ServeError::Kubernetes)
+            }))
+        }
+    }
+}
+
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Listen { addr, what, source })
 }
 
 pub async fn serve(
     args: ServeArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let (knobs, warnings) = RoutingKnobs::from_raw(&args.routing);
+) -> Result<(), ServeError> {
+    let (mut knobs, warnings) = RoutingKnobs::from_raw(&args.routing);
+    knobs.max_pod_attempts = usize::from(args.max_pod_attempts);
     for w in &warnings {
         tracing::warn!(knob = w.knob, value = %w.value, using = %w.used, "invalid routing knob; using the default");
     }
-    let metrics = Arc::new(Metrics::with_key_tracking(args.key_tracking()));
+    let metrics = Arc::new(Metrics::with_key_tracking(key_tracking(&args)));
     let inflight = Arc::new(UserspaceGauge::default());
-    let (pick_gauge, ebpf) = choose_gauge(&args, &inflight)?;
+    let GaugeChoice { gauge, ebpf } = open_gauge(&args.ebpf, &inflight)?;
     metrics.ebpf_enabled.set(i64::from(ebpf));
     let keepalive = match args.upstream_keepalive {
         KeepAlive::On => true,
@@ -60,49 +150,37 @@ pub async fn serve(
         KeepAlive::Auto => !ebpf,
     };
     tracing::info!(
-        gauge = pick_gauge.name(),
+        gauge = gauge.name(),
         upstream_keepalive = keepalive,
         explicit_key_max_length = knobs.limits.explicit_key_max_length,
         system_segment_max_length = knobs.limits.system_segment_max_length,
         document_segment_max_length = knobs.limits.document_segment_max_length,
         reservation_ttl = ?knobs.reservation_ttl,
         label_group_mode = %knobs.label_group_mode,
+        max_pod_attempts = knobs.max_pod_attempts,
         "settings"
     );
-    // With one connection per request on the eBPF gauge, a pod's reservation is replaced when
-    // the kernel starts counting the connection: when connect() returns.
-    let pod_ledger = Arc::new(ReservationLedger::new(knobs.reservation_ttl));
-    let on_connect: Option<OnConnect> = (ebpf && !keepalive).then(|| {
-        let ledger = pod_ledger.clone();
-        Arc::new(move |peer: std::net::SocketAddr| {
-            ledger.consume(&peer, Instant::now());
-        }) as OnConnect
-    });
+    let upstream = Upstream::new(
+        UpstreamOptions {
+            connect_timeout: args.connect_timeout,
+            keepalive,
+            idle_timeout: args.upstream_idle_timeout,
+            ..UpstreamOptions::default()
+        },
+        None,
+    );
     let shared = Arc::new(Shared::new(
-        knobs,
+        Router::new(gauge, knobs),
         metrics,
-        pick_gauge,
         inflight,
-        pod_ledger,
-        Upstream::new(args.connect_timeout, keepalive, on_connect),
+        upstream,
         RequestLimits {
             max_body_bytes: args.max_body_bytes,
-            max_pod_attempts: args.max_pod_attempts,
         },
     ));
 
     let (tx, mut rx) = mpsc::unbounded_channel();
-    match args.discovery {
-        DiscoveryKind::File => {
-            let path = args
-                .config
-                .clone()
-                .context("--config (FLEXINFER_PROXY_CONFIG) is required with --discovery file")?;
-            crate::discovery::file::start(path, args.config_poll, tx)
-                .map_err(anyhow::Error::msg)?;
-        }
-        DiscoveryKind::Kubernetes => crate::discovery::start_kubernetes(&args, tx)?,
-    }
+    let discovery = start_discovery(&args, tx)?;
     // Apply the first update before listening, so a file-configured proxy is ready at once.
     if let Ok(first) = rx.try_recv() {
         shared.apply(first);
@@ -113,22 +191,20 @@ pub async fn serve(
             reconciler.apply(update);
         }
     });
-    let sweeper = shared.clone();
+    let housekeeper = shared.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            sweeper.sweep_reservations(Instant::now());
+            housekeeper.router.sweep(Instant::now());
+            housekeeper.upstream.purge_idle();
         }
     });
 
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let admin_listener = TcpListener::bind(args.admin_listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (admin)", args.admin_listen))?;
-    tracing::info!(listen = %listener.local_addr()?, admin = %admin_listener.local_addr()?, "flexinfer-proxy serving");
+    let listener = bind(args.listen, "proxy").await?;
+    let admin_listener = bind(args.admin_listen, "admin").await?;
+    let local = |l: &TcpListener| l.local_addr().map_err(ServeError::Serve);
+    tracing::info!(listen = %local(&listener)?, admin = %local(&admin_listener)?, "flexinfer-proxy serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -146,13 +222,22 @@ pub async fn serve(
         Duration::from_secs(1),
     ));
     let proxy_shared = shared.clone();
-    proxy::server::serve(
+    let serving = proxy::server::serve(
         listener,
         move |req, peer| proxy::handle(proxy_shared.clone(), req, peer),
         stopped(stop_rx),
         args.drain_timeout,
-    )
-    .await?;
+    );
+    tokio::select! {
+        served = serving => served.map_err(ServeError::Serve)?,
+        failed = discovery => {
+            return match failed {
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(())) => Ok(()),
+                Err(join) => Err(ServeError::Kubernetes(anyhow::anyhow!("discovery task: {join}"))),
+            };
+        }
+    }
     let _ = admin_task.await;
     Ok(())
 }

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::decide::LabelGroupMode;
+use crate::balance::least_loaded::MAX_RANKED;
 use crate::keys::KeyLimits;
+use crate::vocab::LabelGroupMode;
 
 pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(10);
 
@@ -98,13 +99,19 @@ pub struct ServeArgs {
     #[arg(long, env = "FLEXINFER_PROXY_MAX_BODY_BYTES", default_value_t = 32 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
-    /// Pods tried (the pick, then alternates) when connecting fails, before the Service.
-    #[arg(long, env = "FLEXINFER_PROXY_MAX_POD_ATTEMPTS", default_value_t = 3)]
-    pub max_pod_attempts: usize,
+    /// Pods tried (the pick, then alternates) when connecting fails, before the Service (1-16).
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_POD_ATTEMPTS", default_value_t = 3,
+          value_parser = clap::value_parser!(u16).range(1..=MAX_RANKED as i64))]
+    pub max_pod_attempts: u16,
 
     /// Upstream TCP connect timeout.
     #[arg(long, env = "FLEXINFER_PROXY_CONNECT_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
+
+    /// Idle upstream connections older than this are closed, not reused (keep it below the
+    /// model servers' keep-alive timeout: uvicorn, behind vLLM, closes after 5 s).
+    #[arg(long, env = "FLEXINFER_PROXY_UPSTREAM_IDLE_TIMEOUT", default_value = "4s", value_parser = parse_duration)]
+    pub upstream_idle_timeout: Duration,
 
     /// Keep-alive pooling of upstream connections.
     #[arg(
@@ -145,18 +152,6 @@ pub struct ServeArgs {
     /// Half-life of the hot-key counts (shares describe recent traffic); 0 never decays.
     #[arg(long, env = "FLEXINFER_PROXY_HOT_KEYS_HALF_LIFE", default_value = "60s", value_parser = parse_duration)]
     pub hot_keys_half_life: Duration,
-}
-
-impl ServeArgs {
-    /// The key tracking settings of these flags.
-    pub fn key_tracking(&self) -> crate::metrics::KeyTracking {
-        crate::metrics::KeyTracking {
-            cardinality_cap: self.key_cardinality_cap,
-            cardinality_window: Some(self.key_cardinality_window),
-            hot_keys: self.hot_keys,
-            hot_keys_half_life: Some(self.hot_keys_half_life),
-        }
-    }
 }
 
 /// The spec's routing knobs, as raw text (validated by [`RoutingKnobs::from_raw`]).
@@ -253,6 +248,8 @@ pub struct RoutingKnobs {
     pub limits: KeyLimits,
     pub reservation_ttl: Duration,
     pub label_group_mode: LabelGroupMode,
+    /// Pods a request tries before the Service (the pick and its alternates).
+    pub max_pod_attempts: usize,
 }
 
 impl Default for RoutingKnobs {
@@ -261,9 +258,13 @@ impl Default for RoutingKnobs {
             limits: KeyLimits::default(),
             reservation_ttl: DEFAULT_RESERVATION_TTL,
             label_group_mode: LabelGroupMode::RoundRobin,
+            max_pod_attempts: DEFAULT_MAX_POD_ATTEMPTS,
         }
     }
 }
+
+/// Pods a request tries before the Service unless told otherwise.
+pub const DEFAULT_MAX_POD_ATTEMPTS: usize = 3;
 
 /// A knob value that was not usable, and the default used instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -335,14 +336,26 @@ impl RoutingKnobs {
                 limits,
                 reservation_ttl,
                 label_group_mode,
+                max_pod_attempts: d.max_pod_attempts,
             },
             warnings,
         )
     }
 }
 
+/// A duration that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("invalid duration {0:?} (use e.g. 10s, 250ms, 2m, 1h, or seconds)")]
+    Invalid(String),
+    #[error("invalid duration {0:?}: must be zero or positive")]
+    Negative(String),
+    #[error("invalid duration unit in {0:?} (use ms, s, m or h)")]
+    Unit(String),
+}
+
 /// "10s", "250ms", "2m", "1h", or a plain number of seconds (fractions allowed). Not negative.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
         Some(i) => (&s[..i], &s[i..]),
@@ -351,20 +364,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let n: f64 = num
         .trim()
         .parse()
-        .map_err(|_| format!("invalid duration {s:?}"))?;
+        .map_err(|_| DurationError::Invalid(s.to_owned()))?;
     if !n.is_finite() || n < 0.0 {
-        return Err(format!("invalid duration {s:?}: must be zero or positive"));
+        return Err(DurationError::Negative(s.to_owned()));
     }
     let secs = match unit {
         "ms" => n / 1000.0,
         "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {s:?} (use ms, s, m or h)"
-            ))
-        }
+        _ => return Err(DurationError::Unit(s.to_owned())),
     };
     Ok(Duration::from_secs_f64(secs))
 }

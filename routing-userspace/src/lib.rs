@@ -1,16 +1,17 @@
 //! flexinfer-proxy: an L7 request router for OpenAI-compatible model servers.
 //!
-//! The request path lives in [`proxy`]; the decision it asks for is [`decide`], built from
-//! [`keys`] (what pins a request) and [`balance`] (how candidates are ordered) over the
-//! immutable [`table`] that [`discovery`] updates rebuild. [`load`] holds the gauges and the
-//! reservation ledger, [`metrics`] the spec's metric families.
+//! The request path lives in [`proxy`], as named phases; the decision it asks for comes from
+//! the [`router`], built from [`keys`] (what pins a request) and [`balance`] (how candidates
+//! are ordered) over the immutable [`table`] that [`discovery`] updates rebuild, following the
+//! [`rules`]. [`upstream`] owns the pooled connections to pods, [`load`] the gauges,
+//! [`metrics`] the spec's metric families. [`vocab`] holds the words they all share; [`app`]
+//! wires everything for `serve`.
 
 pub mod admin;
 pub mod app;
 pub mod balance;
 pub mod body;
 pub mod config;
-pub mod decide;
 pub mod demo;
 pub mod discovery;
 pub mod ebpf;
@@ -18,6 +19,10 @@ pub mod keys;
 pub mod load;
 pub mod metrics;
 pub mod proxy;
+pub mod router;
+pub mod rules;
 pub mod sim;
 pub mod state;
 pub mod table;
+pub mod upstream;
+pub mod vocab;

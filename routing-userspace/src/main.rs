@@ -51,12 +51,19 @@ fn init_logging() {
         .init();
 }
 
+/// The tokio runtime: one worker thread per core, or as many as asked. With one, the
+/// current-thread scheduler runs everything on this thread (no cross-thread wake-ups).
 fn runtime(worker_threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
+    let mut b = match worker_threads.filter(|&n| n > 0) {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     b.enable_all();
-    if let Some(n) = worker_threads.filter(|&n| n > 0) {
-        b.worker_threads(n);
-    }
     Ok(b.build()?)
 }
 
@@ -66,10 +73,10 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             let rt = runtime(args.worker_threads)?;
-            rt.block_on(routing_userspace::app::serve(
+            Ok(rt.block_on(routing_userspace::app::serve(
                 *args,
                 routing_userspace::app::shutdown_signal(),
-            ))
+            ))?)
         }
         Command::Sim(args) => runtime(None)?.block_on(routing_userspace::sim::run(args)),
         Command::Demo(args) => runtime(None)?.block_on(routing_userspace::demo::run(args)),

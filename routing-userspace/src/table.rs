@@ -1,17 +1,25 @@
-//! The routing table: an immutable snapshot of every model, its pods and ring, and the label
-//! groups, rebuilt whenever discovery changes and published with `ArcSwap`. The request path
-//! does one atomic load and takes no lock.
+//! The routing table: an immutable snapshot of every model, its pods and ring, the label groups,
+//! and the metric handles of each, rebuilt whenever discovery changes and published with
+//! `ArcSwap`. The request path does one atomic load and takes no lock; everything it needs
+//! per model or pod (a ring, a `Host` header, a counter) was built here, once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
+
+use http::HeaderValue;
 
 use crate::balance::priority::Member;
 use crate::balance::ring::{Ring, DEFAULT_VNODES};
 use crate::discovery::{ModelSet, ModelSpec};
+use crate::keys::hash_key;
 use crate::load::slots::SlotAllocator;
 use crate::load::Slot;
+use crate::metrics::handles::{GroupMetrics, ModelMetrics};
+use crate::metrics::Metrics;
+use crate::vocab::LabelGroupMode;
 
 /// One ready pod of a model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,36 +29,117 @@ pub struct Pod {
     pub slot: Option<Slot>,
     /// `ip:port`, the `target` metric label.
     pub label: Arc<str>,
+    /// The `Host` header of requests to it.
+    pub host: HeaderValue,
+}
+
+impl Pod {
+    pub fn new(addr: SocketAddr, slot: Option<Slot>) -> Self {
+        let label = addr.to_string();
+        Self {
+            addr,
+            slot,
+            host: HeaderValue::from_str(&label).expect("a socket address is a valid header"),
+            label: Arc::from(label),
+        }
+    }
+}
+
+/// A model's Service fallback, parsed once: where to connect and what to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceTarget {
+    /// The URL as configured (logs, `/debug/routing`).
+    pub url: Arc<str>,
+    /// `host:port` to connect to (resolved at connect time).
+    pub authority: Arc<str>,
+    /// The `Host` header of requests to it.
+    pub host: HeaderValue,
+    /// A path the URL carries, put in front of every request path (`None` for `/`).
+    pub base_path: Option<Arc<str>>,
+}
+
+/// A Service URL that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("service URL {url:?} is not a usable http:// URL: {why}")]
+pub struct BadServiceUrl {
+    pub url: String,
+    pub why: String,
+}
+
+impl ServiceTarget {
+    pub fn parse(url: &str) -> Result<Self, BadServiceUrl> {
+        let bad = |why: &str| BadServiceUrl {
+            url: url.to_owned(),
+            why: why.to_owned(),
+        };
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| bad(&e.to_string()))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(bad("the scheme must be http"));
+        }
+        let auth = uri.authority().ok_or_else(|| bad("no host"))?;
+        let authority = match auth.port_u16() {
+            Some(_) => auth.as_str().to_owned(),
+            None => format!("{}:80", auth.host()),
+        };
+        let path = uri.path().trim_end_matches('/');
+        Ok(Self {
+            url: Arc::from(url),
+            host: HeaderValue::from_str(auth.as_str()).map_err(|e| bad(&e.to_string()))?,
+            authority: Arc::from(authority),
+            base_path: (!path.is_empty()).then(|| Arc::from(path)),
+        })
+    }
 }
 
 /// A model as the router sees it.
 #[derive(Debug)]
 pub struct ModelRoute {
     pub name: Arc<str>,
+    /// Stable identity of the model across table rebuilds (member reservations use it).
+    pub name_hash: u64,
     pub spec: ModelSpec,
     /// Ready pods, sorted by address; ring member `i` is `pods[i]`.
     pub pods: Vec<Pod>,
     pub ring: Ring,
-    pub service: Option<Arc<str>>,
+    pub service: Option<ServiceTarget>,
+    pub metrics: ModelMetrics,
     ticket: AtomicUsize,
 }
 
 impl ModelRoute {
-    fn new(spec: ModelSpec, slots: &SlotAllocator, vnodes: u32) -> Self {
+    fn new(spec: ModelSpec, slots: &SlotAllocator, metrics: &Metrics, now: Instant) -> Self {
         let pods: Vec<Pod> = spec
             .endpoints
             .iter()
-            .map(|&addr| Pod {
-                addr,
-                slot: slots.get(&addr),
-                label: Arc::from(addr.to_string()),
-            })
+            .map(|&addr| Pod::new(addr, slots.get(&addr)))
             .collect();
-        let ids: Vec<&str> = pods.iter().map(|p| &*p.label).collect();
+        let labels: Vec<Arc<str>> = pods.iter().map(|p| Arc::clone(&p.label)).collect();
+        let name: Arc<str> = Arc::from(spec.name.as_str());
+        let service = spec
+            .service
+            .as_deref()
+            .and_then(|url| match ServiceTarget::parse(url) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(model = %name, error = %e, "ignoring the model's Service fallback");
+                    None
+                }
+            });
         Self {
-            name: Arc::from(spec.name.as_str()),
-            ring: Ring::new(&ids, vnodes),
-            service: spec.service.as_deref().map(Arc::from),
+            metrics: ModelMetrics::resolve(
+                metrics,
+                &name,
+                spec.routing,
+                &labels,
+                service.is_some(),
+                now,
+            ),
+            name_hash: hash_key(&name),
+            ring: Ring::new(&labels, DEFAULT_VNODES),
+            name,
+            service,
             pods,
             spec,
             ticket: AtomicUsize::new(0),
@@ -82,6 +171,7 @@ pub struct LabelGroup {
     /// Members sorted by name; ring member `i` is `members[i]`.
     pub members: Vec<Arc<ModelRoute>>,
     pub ring: Ring,
+    pub metrics: GroupMetrics,
     ticket: AtomicUsize,
 }
 
@@ -105,18 +195,21 @@ pub struct RoutingTable {
 }
 
 impl RoutingTable {
-    /// Build from the current models; pods take the slots `slots` assigned them.
-    pub fn build(set: &ModelSet, slots: &SlotAllocator) -> Self {
-        Self::build_with_vnodes(set, slots, DEFAULT_VNODES)
-    }
-
-    pub fn build_with_vnodes(set: &ModelSet, slots: &SlotAllocator, vnodes: u32) -> Self {
+    /// Build from the current models; pods take the slots `slots` assigned them, and every
+    /// metric handle a request can touch is resolved in `metrics`.
+    pub fn build(
+        set: &ModelSet,
+        slots: &SlotAllocator,
+        metrics: &Metrics,
+        group_mode: LabelGroupMode,
+    ) -> Self {
+        let now = Instant::now();
         let models: BTreeMap<String, Arc<ModelRoute>> = set
             .models()
             .map(|m| {
                 (
                     m.name.clone(),
-                    Arc::new(ModelRoute::new(m.clone(), slots, vnodes)),
+                    Arc::new(ModelRoute::new(m.clone(), slots, metrics, now)),
                 )
             })
             .collect();
@@ -133,11 +226,11 @@ impl RoutingTable {
             .into_iter()
             .map(|(label, members)| {
                 let names: Vec<&str> = members.iter().map(|m| &*m.name).collect();
-                let ring = Ring::new(&names, vnodes);
                 let group = LabelGroup {
                     label: Arc::from(label.as_str()),
+                    ring: Ring::new(&names, DEFAULT_VNODES),
+                    metrics: GroupMetrics::resolve(metrics, &label, group_mode, &names),
                     members,
-                    ring,
                     ticket: AtomicUsize::new(0),
                 };
                 (label, Arc::new(group))

@@ -1,18 +1,9 @@
 //! Random pick: used when a session strategy finds no session key (spec: "Session ID not
-//! found -> Random pod selection"). The random draw is an input, so the order is testable.
+//! found -> Random pod selection"). The random draw is an input, so the order is testable:
+//! the pick is `draw % n`, the alternates follow it in turn.
 
-use super::round_robin::RoundRobin;
-use super::Selection;
+use super::round_robin::Rotation;
 
-pub struct RandomPick {
-    pub draw: u64,
-}
-
-impl Selection for RandomPick {
-    fn order(&self, n: usize) -> Vec<usize> {
-        RoundRobin {
-            ticket: self.draw as usize,
-        }
-        .order(n)
-    }
+pub fn random(draw: u64, n: usize) -> Rotation {
+    Rotation::new((draw % n.max(1) as u64) as usize, n)
 }

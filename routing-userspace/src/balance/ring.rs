@@ -5,7 +5,7 @@
 //! them, and only to (or from) that member. A key walks clockwise from its hash; the distinct
 //! members met in order are the candidates (the first is the pick, the rest are alternates).
 
-use super::Selection;
+use super::SeenSet;
 
 /// Virtual nodes per member. 160 keeps the busiest of 8 pods within about 1.3x of the mean
 /// share (see the property tests) while the ring of a 64-pod model stays ~10k points.
@@ -64,38 +64,67 @@ impl Ring {
         Some(self.points[i].1 as usize)
     }
 
-    /// Distinct members in clockwise order from `hash`.
-    pub fn candidates(&self, hash: u64) -> Vec<usize> {
-        let mut out = Vec::with_capacity(self.members);
-        if self.points.is_empty() {
-            return out;
+    /// Distinct members in clockwise order from `hash`, produced lazily.
+    pub fn walk(&self, hash: u64) -> RingWalk<'_> {
+        RingWalk {
+            ring: self,
+            state: WalkState::new(self, hash),
         }
-        let mut seen = vec![false; self.members];
-        let start = self.points.partition_point(|&(p, _)| p < hash);
-        for k in 0..self.points.len() {
-            let m = self.points[(start + k) % self.points.len()].1 as usize;
-            if !seen[m] {
-                seen[m] = true;
-                out.push(m);
-                if out.len() == self.members {
-                    break;
-                }
-            }
-        }
-        out
     }
 }
 
-/// A ring walk for one key, as a [`Selection`].
-pub struct HashPick<'r> {
-    pub ring: &'r Ring,
-    pub hash: u64,
+/// Where a walk around the ring stands, kept apart from the ring so that a decision can own it
+/// while the ring lives in the shared routing table.
+#[derive(Debug, Clone)]
+pub struct WalkState {
+    pos: usize,
+    steps: usize,
+    found: usize,
+    seen: SeenSet,
 }
 
-impl Selection for HashPick<'_> {
-    fn order(&self, n: usize) -> Vec<usize> {
-        debug_assert_eq!(n, self.ring.members());
-        self.ring.candidates(self.hash)
+impl WalkState {
+    pub fn new(ring: &Ring, hash: u64) -> Self {
+        let pos = if ring.points.is_empty() {
+            0
+        } else {
+            ring.points.partition_point(|&(p, _)| p < hash)
+        };
+        Self {
+            pos,
+            steps: 0,
+            found: 0,
+            seen: SeenSet::new(ring.members),
+        }
+    }
+
+    /// The next member not met before, or `None` once every member was met.
+    #[inline]
+    pub fn next(&mut self, ring: &Ring) -> Option<usize> {
+        let len = ring.points.len();
+        while self.found < ring.members && self.steps < len {
+            let m = ring.points[(self.pos + self.steps) % len].1 as usize;
+            self.steps += 1;
+            if self.seen.insert(m) {
+                self.found += 1;
+                return Some(m);
+            }
+        }
+        None
+    }
+}
+
+/// A walk for one key, as an iterator.
+pub struct RingWalk<'r> {
+    ring: &'r Ring,
+    state: WalkState,
+}
+
+impl Iterator for RingWalk<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        self.state.next(self.ring)
     }
 }
 
@@ -119,14 +148,14 @@ mod tests {
         let r = Ring::new::<String>(&[], DEFAULT_VNODES);
         assert!(r.is_empty());
         assert_eq!(r.pick(42), None);
-        assert!(r.candidates(42).is_empty());
+        assert_eq!(r.walk(42).count(), 0);
     }
 
     #[test]
     fn candidates_start_with_the_pick_and_list_every_member_once() {
         let r = Ring::new(&pods(5), DEFAULT_VNODES);
         for h in keys(200, 1) {
-            let c = r.candidates(h);
+            let c: Vec<usize> = r.walk(h).collect();
             assert_eq!(c[0], r.pick(h).unwrap());
             let mut s = c.clone();
             s.sort();

@@ -1,20 +1,40 @@
 //! Round-robin: each request starts one further along; the others follow in turn.
 
-use super::Selection;
-
-pub struct RoundRobin {
-    /// A ticket from a shared counter, one per request.
-    pub ticket: usize,
+/// All `n` candidates once, starting at `start % n` and wrapping.
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    start: usize,
+    n: usize,
+    i: usize,
 }
 
-impl Selection for RoundRobin {
-    fn order(&self, n: usize) -> Vec<usize> {
-        if n == 0 {
-            return Vec::new();
+impl Rotation {
+    pub fn new(start: usize, n: usize) -> Self {
+        Self {
+            start: if n == 0 { 0 } else { start % n },
+            n,
+            i: 0,
         }
-        let start = self.ticket % n;
-        (0..n).map(|i| (start + i) % n).collect()
     }
+}
+
+impl Iterator for Rotation {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        if self.i == self.n {
+            return None;
+        }
+        let v = (self.start + self.i) % self.n;
+        self.i += 1;
+        Some(v)
+    }
+}
+
+/// The round-robin order for a ticket from a shared counter (one ticket per request).
+pub fn round_robin(ticket: usize, n: usize) -> Rotation {
+    Rotation::new(ticket, n)
 }
 
 #[cfg(test)]
@@ -23,8 +43,8 @@ mod tests {
 
     #[test]
     fn rotates() {
-        assert_eq!(RoundRobin { ticket: 0 }.order(3), vec![0, 1, 2]);
-        assert_eq!(RoundRobin { ticket: 4 }.order(3), vec![1, 2, 0]);
-        assert!(RoundRobin { ticket: 4 }.order(0).is_empty());
+        assert_eq!(round_robin(0, 3).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(round_robin(4, 3).collect::<Vec<_>>(), vec![1, 2, 0]);
+        assert_eq!(round_robin(4, 0).count(), 0);
     }
 }

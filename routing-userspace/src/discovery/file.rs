@@ -41,39 +41,82 @@ fn yes() -> bool {
     true
 }
 
+/// What is wrong with a models file.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Not the documented YAML shape (a typo in a field, a wrong type); the YAML parser's
+    /// message names the line and column.
+    #[error("{0}")]
+    Yaml(#[from] serde_yaml_ng::Error),
+    #[error("a model has an empty name")]
+    EmptyName,
+    #[error("model {0:?} is listed twice")]
+    Duplicate(String),
+    #[error("model {model:?}: {source}")]
+    Routing {
+        model: String,
+        source: crate::vocab::UnknownStrategy,
+    },
+    #[error("model {model:?}: endpoint {endpoint:?} is not IP:port")]
+    Endpoint { model: String, endpoint: String },
+    #[error("model {model:?}: service {url:?} must be an http:// URL")]
+    Service { model: String, url: String },
+}
+
+impl FileError {
+    /// The model the error is about, when it is about one.
+    pub fn model(&self) -> Option<&str> {
+        match self {
+            FileError::Duplicate(m)
+            | FileError::Routing { model: m, .. }
+            | FileError::Endpoint { model: m, .. }
+            | FileError::Service { model: m, .. } => Some(m),
+            _ => None,
+        }
+    }
+}
+
 /// Parse the models file text.
-pub fn parse(text: &str) -> Result<Vec<ModelSpec>, String> {
-    let cfg: FileConfig = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+pub fn parse(text: &str) -> Result<Vec<ModelSpec>, FileError> {
+    let cfg: FileConfig = serde_yaml_ng::from_str(text)?;
     let mut seen = std::collections::HashSet::new();
     cfg.models
         .into_iter()
         .map(|m| {
             if m.name.trim().is_empty() {
-                return Err("a model has an empty name".to_string());
+                return Err(FileError::EmptyName);
             }
             if !seen.insert(m.name.clone()) {
-                return Err(format!("model {:?} is listed twice", m.name));
+                return Err(FileError::Duplicate(m.name));
             }
             let routing = match m.routing.as_deref() {
                 None => Strategy::Default,
-                Some(r) => r
-                    .parse::<Strategy>()
-                    .map_err(|e| format!("model {:?}: {e}", m.name))?,
+                Some(r) => r.parse::<Strategy>().map_err(|source| FileError::Routing {
+                    model: m.name.clone(),
+                    source,
+                })?,
             };
             let endpoints = m
                 .endpoints
                 .iter()
                 .map(|e| {
-                    e.parse::<SocketAddr>()
-                        .map_err(|_| format!("model {:?}: endpoint {e:?} is not IP:port", m.name))
+                    e.parse::<SocketAddr>().map_err(|_| FileError::Endpoint {
+                        model: m.name.clone(),
+                        endpoint: e.clone(),
+                    })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(s) = &m.service {
                 if !(s.starts_with("http://") && s.len() > 7) {
-                    return Err(format!(
-                        "model {:?}: service {s:?} must be an http:// URL",
-                        m.name
-                    ));
+                    return Err(FileError::Service {
+                        model: m.name.clone(),
+                        url: s.clone(),
+                    });
                 }
             }
             Ok(ModelSpec {
@@ -90,10 +133,26 @@ pub fn parse(text: &str) -> Result<Vec<ModelSpec>, String> {
         .collect()
 }
 
-fn load(path: &Path) -> Result<(String, Vec<ModelSpec>), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let models = parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+/// A models file that failed, with its path.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct LoadError {
+    pub path: PathBuf,
+    pub source: FileError,
+}
+
+fn load(path: &Path) -> Result<(String, Vec<ModelSpec>), LoadError> {
+    let err = |source| LoadError {
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| {
+        err(FileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+    })?;
+    let models = parse(&text).map_err(err)?;
     Ok((text, models))
 }
 
@@ -102,7 +161,7 @@ pub fn start(
     path: PathBuf,
     poll: Duration,
     updates: UnboundedSender<Update>,
-) -> Result<(), String> {
+) -> Result<(), LoadError> {
     let (mut last, models) = load(&path)?;
     let _ = updates.send(Update::Reset(models));
     tokio::spawn(async move {
@@ -169,17 +228,17 @@ models:
 
     #[test]
     fn errors_are_clear() {
-        assert!(parse("models:\n  - name: a\n    routing: fastest\n")
-            .unwrap_err()
-            .contains("unknown routing strategy"));
-        assert!(parse("models:\n  - name: a\n    endpoints: [localhost]\n")
-            .unwrap_err()
-            .contains("not IP:port"));
-        assert!(parse("models:\n  - name: a\n  - name: a\n")
-            .unwrap_err()
-            .contains("twice"));
-        assert!(parse("models:\n  - name: a\n    sevice: http://x\n")
-            .unwrap_err()
-            .contains("unknown field"));
+        let e = |text: &str| parse(text).unwrap_err().to_string();
+        assert!(
+            e("models:\n  - name: a\n    routing: fastest\n").contains("unknown routing strategy")
+        );
+        assert!(e("models:\n  - name: a\n    endpoints: [localhost]\n").contains("not IP:port"));
+        assert!(e("models:\n  - name: a\n  - name: a\n").contains("twice"));
+        let typo = e("models:\n  - name: a\n    sevice: http://x\n");
+        assert!(typo.contains("unknown field"), "{typo}");
+        assert!(
+            typo.contains("line 3"),
+            "the YAML error names the line: {typo}"
+        );
     }
 }

@@ -8,56 +8,9 @@ pub mod file;
 pub mod kube;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
-use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
-
-/// The routing strategy of one model (`flexinfer.ai/routing`, or `routing:` in the file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
-    /// Kubernetes Service load balancing: always the Service URL.
-    #[default]
-    Default,
-    SessionAffinity,
-    Prefix,
-    LeastLoaded,
-}
-
-impl Strategy {
-    /// The spelling used in annotations, the file and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Strategy::Default => "default",
-            Strategy::SessionAffinity => "session-affinity",
-            Strategy::Prefix => "prefix",
-            Strategy::LeastLoaded => "least-loaded",
-        }
-    }
-}
-
-impl fmt::Display for Strategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Strategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "" | "default" => Ok(Strategy::Default),
-            "session-affinity" | "session" => Ok(Strategy::SessionAffinity),
-            "prefix" => Ok(Strategy::Prefix),
-            "least-loaded" => Ok(Strategy::LeastLoaded),
-            other => Err(format!(
-                "unknown routing strategy {other:?} (expected default, session-affinity, prefix or least-loaded)"
-            )),
-        }
-    }
-}
+pub use crate::vocab::Strategy;
 
 /// Everything the router needs to know about one model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,27 +111,6 @@ fn normalize(m: &mut ModelSpec) {
     m.endpoints.dedup();
 }
 
-/// Start the Kubernetes source (Model CRD, EndpointSlices, Services) in the background. A
-/// source that cannot run at all (no cluster config) ends the process: a proxy that silently
-/// never becomes ready helps nobody.
-pub fn start_kubernetes(
-    args: &crate::config::ServeArgs,
-    updates: tokio::sync::mpsc::UnboundedSender<Update>,
-) -> anyhow::Result<()> {
-    let opts = kube::KubeOptions {
-        namespace: Some(args.namespace.clone()).filter(|n| !n.is_empty()),
-        kubeconfig: args.kubeconfig.clone(),
-        service_label_key: args.service_label_key.clone(),
-    };
-    tokio::spawn(async move {
-        if let Err(e) = kube::run(opts, updates).await {
-            tracing::error!(error = format!("{e:#}"), "kubernetes discovery failed");
-            std::process::exit(2);
-        }
-    });
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,18 +134,5 @@ mod tests {
         assert!(set.apply(Update::Upsert(m)));
         assert!(set.apply(Update::Remove("a".into())));
         assert!(!set.apply(Update::Remove("a".into())));
-    }
-
-    #[test]
-    fn strategy_spellings() {
-        for s in [
-            Strategy::Default,
-            Strategy::SessionAffinity,
-            Strategy::Prefix,
-            Strategy::LeastLoaded,
-        ] {
-            assert_eq!(s.as_str().parse::<Strategy>().unwrap(), s);
-        }
-        assert!("round-robin".parse::<Strategy>().is_err());
     }
 }

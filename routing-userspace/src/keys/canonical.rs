@@ -10,6 +10,7 @@
 //! segment (cut to the same length), so shared prompt prefixes route together there too.
 
 use super::{KeyLimits, KeySource, RequestParts, RoutingKey};
+use crate::body::Text;
 
 /// Collapse white-space runs to one space and trim.
 pub fn normalize(s: &str) -> String {
@@ -20,19 +21,46 @@ pub fn normalize(s: &str) -> String {
 /// prompt or document costs only its first segment.
 pub fn normalize_prefix(s: &str, max: usize) -> String {
     let mut out = String::with_capacity(s.len().min(max.saturating_mul(4)));
-    let mut chars = 0usize;
-    for word in s.split_whitespace() {
-        if chars >= max {
+    normalize_chars(s.chars(), max, |c| out.push(c));
+    out
+}
+
+/// Feed the characters of `normalize(chars)` to `emit`, stopping after `max` of them; the
+/// input is read only as far as needed. Returns how many were emitted.
+pub fn normalize_chars(
+    chars: impl Iterator<Item = char>,
+    max: usize,
+    mut emit: impl FnMut(char),
+) -> usize {
+    let mut emitted = 0usize;
+    let mut gap = false;
+    for c in chars {
+        if c.is_whitespace() {
+            gap = emitted > 0;
+            continue;
+        }
+        if gap {
+            if emitted >= max {
+                break;
+            }
+            emit(' ');
+            emitted += 1;
+            gap = false;
+        }
+        if emitted >= max {
             break;
         }
-        if !out.is_empty() {
-            out.push(' ');
-            chars += 1;
-        }
-        out.push_str(word);
-        chars += word.chars().count();
+        emit(c);
+        emitted += 1;
     }
-    cut(&out, max).to_owned()
+    emitted
+}
+
+/// [`normalize_prefix`] of a body text.
+fn normalize_text(t: &Text<'_>, max: usize) -> String {
+    let mut out = String::new();
+    normalize_chars(t.chars(), max, |c| out.push(c));
+    out
 }
 
 /// The first `max` characters of `s`.
@@ -55,31 +83,43 @@ pub fn context_text(req: &RequestParts<'_, '_>, limits: &KeyLimits) -> Option<St
         limits.document_segment_max_length,
     );
     let system = if body.has_messages() {
-        body.system_texts()
-            .iter()
-            .map(|s| normalize_prefix(s, sys_max))
-            .filter(|s| !s.is_empty())
-            .collect::<Vec<_>>()
-            .join("\n")
+        let mut joined = String::new();
+        let mut chars = 0usize;
+        for text in body.system_texts() {
+            // Whatever follows the first `sys_max` characters is cut away below.
+            if chars >= sys_max {
+                break;
+            }
+            let segment = normalize_text(&text, sys_max);
+            if segment.is_empty() {
+                continue;
+            }
+            if !joined.is_empty() {
+                joined.push('\n');
+                chars += 1;
+            }
+            chars += segment.chars().count();
+            joined.push_str(&segment);
+        }
+        joined
     } else {
         body.prompt_text()
-            .map(|p| normalize_prefix(&p, sys_max))
+            .map(|p| normalize_text(&Text::One(p), sys_max))
             .unwrap_or_default()
     };
     let document = body
         .document_context()
-        .map(|d| normalize_prefix(&d, doc_max))
+        .map(|d| normalize_text(&Text::One(d), doc_max))
         .unwrap_or_default();
     let system = cut(&system, sys_max);
     let document = cut(&document, doc_max);
     if system.is_empty() && document.is_empty() {
         return None;
     }
-    let model = req
-        .model
-        .map(str::to_owned)
-        .or_else(|| body.model())
-        .unwrap_or_default();
+    let model = match req.model {
+        Some(m) => std::borrow::Cow::Borrowed(m),
+        None => body.model().unwrap_or_default(),
+    };
     Some(format!(
         "model={model}\x1fsystem={system}\x1fdocument={document}"
     ))

@@ -3,6 +3,8 @@
 //! white space trimmed) and must be 1..=max characters of `A-Za-z0-9._:/=-`; anything else is
 //! ignored and the next source is tried.
 
+use std::borrow::Cow;
+
 use super::{header, Ignored, KeyLimits, KeySource, RequestParts, RoutingKey, HEADER_CACHE_KEY};
 
 /// Why an explicit key was ignored.
@@ -43,10 +45,10 @@ pub fn key(
     ignored: &mut Vec<Ignored>,
 ) -> Option<RoutingKey> {
     let body = req.body;
-    let candidates: [(KeySource, Option<String>); 4] = [
+    let candidates: [(KeySource, Option<Cow<'_, str>>); 4] = [
         (
             KeySource::ExplicitHeader,
-            header(req.headers, HEADER_CACHE_KEY).map(str::to_owned),
+            header(req.headers, HEADER_CACHE_KEY).map(Cow::Borrowed),
         ),
         (KeySource::ExplicitBody, body.and_then(|b| b.cache_key())),
         (

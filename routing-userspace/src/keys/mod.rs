@@ -10,73 +10,15 @@ pub mod canonical;
 pub mod explicit;
 pub mod session;
 
-use std::fmt;
-
 use http::HeaderMap;
 
 use crate::body::BodyFields;
-use crate::discovery::Strategy;
+pub use crate::vocab::KeySource;
+use crate::vocab::Strategy;
 
 pub const HEADER_CACHE_KEY: &str = "x-flexinfer-cache-key";
 pub const HEADER_SESSION_ID: &str = "x-session-id";
 pub const HEADER_CONVERSATION_ID: &str = "x-conversation-id";
-
-/// Where a routing key came from; the string form is the `key_source` metric label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KeySource {
-    /// `X-Flexinfer-Cache-Key` header.
-    ExplicitHeader,
-    /// Body `cache_key` / `cacheKey`.
-    ExplicitBody,
-    /// Body `prefix` (legacy explicit field).
-    PrefixField,
-    /// Hash of model identity + system messages + document context.
-    Canonical,
-    /// `X-Session-ID` header.
-    SessionHeader,
-    /// `X-Conversation-ID` header.
-    ConversationHeader,
-    /// Body `session_id`.
-    SessionBody,
-    /// Hash of the conversation's opening messages.
-    ImplicitSession,
-    /// No key.
-    None,
-}
-
-impl KeySource {
-    pub const ALL: [KeySource; 9] = [
-        KeySource::ExplicitHeader,
-        KeySource::ExplicitBody,
-        KeySource::PrefixField,
-        KeySource::Canonical,
-        KeySource::SessionHeader,
-        KeySource::ConversationHeader,
-        KeySource::SessionBody,
-        KeySource::ImplicitSession,
-        KeySource::None,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KeySource::ExplicitHeader => "explicit-header",
-            KeySource::ExplicitBody => "explicit-body",
-            KeySource::PrefixField => "prefix-field",
-            KeySource::Canonical => "canonical",
-            KeySource::SessionHeader => "session-header",
-            KeySource::ConversationHeader => "conversation-header",
-            KeySource::SessionBody => "session-body",
-            KeySource::ImplicitSession => "implicit-session",
-            KeySource::None => "none",
-        }
-    }
-}
-
-impl fmt::Display for KeySource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// A routing key: the hash a ring is walked with, and its source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +39,47 @@ impl RoutingKey {
 /// The one hash every key goes through (stable across versions and machines).
 pub fn hash_key(text: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+}
+
+/// [`hash_key`] of a text produced piece by piece: the same hash, without the text in memory.
+pub struct KeyHasher {
+    state: xxhash_rust::xxh3::Xxh3,
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl Default for KeyHasher {
+    fn default() -> Self {
+        Self {
+            state: xxhash_rust::xxh3::Xxh3::new(),
+            buf: [0; 256],
+            len: 0,
+        }
+    }
+}
+
+impl KeyHasher {
+    fn flush(&mut self) {
+        self.state.update(&self.buf[..self.len]);
+        self.len = 0;
+    }
+
+    #[inline]
+    pub fn push(&mut self, c: char) {
+        if self.len + 4 > self.buf.len() {
+            self.flush();
+        }
+        self.len += c.encode_utf8(&mut self.buf[self.len..]).len();
+    }
+
+    pub fn push_str(&mut self, s: &str) {
+        s.chars().for_each(|c| self.push(c));
+    }
+
+    pub fn finish(mut self) -> u64 {
+        self.flush();
+        self.state.digest()
+    }
 }
 
 /// Operator knobs bounding keys (spec: "Operator Keying Knobs").
@@ -150,6 +133,23 @@ pub fn extract(strategy: Strategy, req: &RequestParts<'_, '_>, limits: &KeyLimit
             .or_else(|| session::key(req)),
     };
     Extraction { key, ignored }
+}
+
+/// Whether key extraction for `strategy` would read the body, given these headers: false when
+/// the strategy uses no key or a header already supplies it (headers come first in every
+/// precedence list). The proxy then streams the body through without reading it.
+pub fn needs_body(strategy: Strategy, headers: &HeaderMap, limits: &KeyLimits) -> bool {
+    match strategy {
+        Strategy::Default | Strategy::LeastLoaded => false,
+        Strategy::SessionAffinity | Strategy::Prefix => {
+            let parts = RequestParts {
+                headers,
+                body: None,
+                model: None,
+            };
+            extract(strategy, &parts, limits).key.is_none()
+        }
+    }
 }
 
 /// A header's value as text, if present and valid UTF-8.

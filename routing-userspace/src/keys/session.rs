@@ -9,9 +9,10 @@
 //! Two conversations that open identically share a pod, which is what their shared prompt prefix
 //! wants anyway.
 
-use super::canonical::normalize;
+use super::canonical::normalize_chars;
 use super::{
-    header, KeySource, RequestParts, RoutingKey, HEADER_CONVERSATION_ID, HEADER_SESSION_ID,
+    header, KeyHasher, KeySource, RequestParts, RoutingKey, HEADER_CONVERSATION_ID,
+    HEADER_SESSION_ID,
 };
 
 /// A session id from a header or the body: trimmed, non-empty.
@@ -36,16 +37,22 @@ pub fn key(req: &RequestParts<'_, '_>) -> Option<RoutingKey> {
     implicit(req)
 }
 
-/// The implicit session key: system messages + first user message, normalized.
+/// The implicit session key: system messages + first user message, normalized. The texts are
+/// hashed as they are normalized, however long they are; the key is the hash of
+/// `implicit\x1f` + each system text + `\x1e` ... + `\x1f` + the first user text.
 pub fn implicit(req: &RequestParts<'_, '_>) -> Option<RoutingKey> {
     let body = req.body?;
     let first_user = body.first_user_text()?;
-    let mut text = String::from("implicit\x1f");
+    let mut h = KeyHasher::default();
+    h.push_str("implicit\x1f");
     for s in body.system_texts() {
-        text.push_str(&normalize(&s));
-        text.push('\x1e');
+        normalize_chars(s.chars(), usize::MAX, |c| h.push(c));
+        h.push('\x1e');
     }
-    text.push('\x1f');
-    text.push_str(&normalize(&first_user));
-    Some(RoutingKey::new(&text, KeySource::ImplicitSession))
+    h.push('\x1f');
+    normalize_chars(first_user.chars(), usize::MAX, |c| h.push(c));
+    Some(RoutingKey {
+        hash: h.finish(),
+        source: KeySource::ImplicitSession,
+    })
 }

@@ -7,7 +7,6 @@
 //! when the routing table is rebuilt, so a pick never hashes an address.
 
 pub mod ebpf;
-pub mod reservations;
 pub mod slots;
 pub mod userspace;
 
@@ -27,13 +26,4 @@ pub trait LoadGauge: Send + Sync + 'static {
     fn set_pods(&self, pods: &[(SocketAddr, Slot)]);
     /// Active connections to the pod in `slot`. Must not block or make a syscall.
     fn active(&self, slot: Slot) -> u64;
-}
-
-/// Open the node-wide eBPF gauge, or say why it cannot be used.
-pub fn open_ebpf_gauge(
-    args: &crate::config::EbpfArgs,
-) -> Result<std::sync::Arc<dyn LoadGauge>, String> {
-    ebpf::EbpfGauge::open(&args.options())
-        .map(|g| std::sync::Arc::new(g) as std::sync::Arc<dyn LoadGauge>)
-        .map_err(|e| e.to_string())
 }

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::keys::KeySource;
+use crate::vocab::KeySource;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HotKey {

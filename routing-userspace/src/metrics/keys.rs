@@ -2,9 +2,9 @@
 //! `flexinfer_proxy_routing_key_cardinality{model,strategy,key_source}` (and its overflow
 //! counter), and the hot-key list of `/debug/routing`.
 //!
-//! The request path pays one read lock on the model map (a write lock only the first time a model
-//! is seen), one uncontended-in-practice mutex per model, a hash-set probe and a scan of `k`
-//! hot-key counters; metric handles are resolved once per series, never per request. Estimates
+//! The routing table holds each model's [`ModelKeys`] handle (resolved when the table is built),
+//! so the request path pays one uncontended-in-practice mutex per model, a hash-set probe and a
+//! scan of `k` hot-key counters; metric handles are resolved once per series, never per request. Estimates
 //! are computed when `/metrics` is scraped, not per request. Everything is keyed by 64-bit key
 //! hashes; no key text reaches this module.
 
@@ -16,8 +16,8 @@ use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec};
 
 use super::cardinality::{CardinalityTracker, Observed};
 use super::hot_keys::{HotKey, SpaceSaving};
-use crate::discovery::Strategy;
-use crate::keys::KeySource;
+use crate::rules::sources_for;
+use crate::vocab::{KeySource, Strategy};
 
 /// Key tracking settings (flags of `serve`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,22 +43,6 @@ impl Default for KeyTracking {
     }
 }
 
-/// The key sources a strategy can report (the `key_source` label values it may produce).
-pub fn sources_for(strategy: Strategy) -> &'static [KeySource] {
-    use KeySource::*;
-    match strategy {
-        Strategy::Default | Strategy::LeastLoaded => &[None],
-        Strategy::SessionAffinity => &[
-            SessionHeader,
-            ConversationHeader,
-            SessionBody,
-            ImplicitSession,
-            None,
-        ],
-        Strategy::Prefix => &KeySource::ALL,
-    }
-}
-
 struct Series {
     strategy: Strategy,
     source: KeySource,
@@ -67,9 +51,35 @@ struct Series {
     overflow: IntCounter,
 }
 
-struct ModelKeys {
+/// One model's key statistics.
+pub struct ModelKeys {
     series: Vec<Series>,
     hot: SpaceSaving,
+}
+
+impl std::fmt::Debug for ModelKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelKeys")
+            .field("series", &self.series.len())
+            .finish()
+    }
+}
+
+impl ModelKeys {
+    /// Count one routed key (the request path). Its series exists: [`KeyStats::model`] made
+    /// every keyed source of the model's strategy.
+    pub fn observe(&mut self, strategy: Strategy, source: KeySource, hash: u64, now: Instant) {
+        self.hot.observe(hash, source, now);
+        if let Some(s) = self
+            .series
+            .iter_mut()
+            .find(|s| s.strategy == strategy && s.source == source)
+        {
+            if s.tracker.observe(hash, now) == Observed::Overflow {
+                s.overflow.inc();
+            }
+        }
+    }
 }
 
 /// One series' state, for `/debug/routing`.
@@ -102,7 +112,7 @@ impl KeyStats {
         self.tracking
     }
 
-    fn model(&self, model: &Arc<str>, now: Instant) -> Arc<Mutex<ModelKeys>> {
+    fn entry(&self, model: &Arc<str>, now: Instant) -> Arc<Mutex<ModelKeys>> {
         if let Some(m) = self.models.read().expect("key stats lock").get(model) {
             return Arc::clone(m);
         }
@@ -152,7 +162,7 @@ impl KeyStats {
         &mut keys.series[i]
     }
 
-    /// Count one routed key (the request path).
+    /// Count one routed key (tests; the request path goes through the model's handle).
     pub fn observe(
         &self,
         model: &Arc<str>,
@@ -161,19 +171,37 @@ impl KeyStats {
         hash: u64,
         now: Instant,
     ) {
-        let m = self.model(model, now);
+        let m = self.model(model, strategy, now);
         let mut keys = m.lock().expect("model keys lock");
-        keys.hot.observe(hash, source, now);
-        let s = self.series(&mut keys, model, strategy, source, now);
-        if s.tracker.observe(hash, now) == Observed::Overflow {
-            s.overflow.inc();
-        }
+        keys.observe(strategy, source, hash, now);
     }
 
-    /// Make the model's series exist (at zero) for every keyed source its strategy can report,
-    /// and forget series of another strategy (the model's routing changed).
+    /// The model's statistics handle, with its series existing (at zero) for every keyed
+    /// source its strategy can report; series of another strategy (the model's routing
+    /// changed) are forgotten.
+    pub fn model(
+        &self,
+        model: &Arc<str>,
+        strategy: Strategy,
+        now: Instant,
+    ) -> Arc<Mutex<ModelKeys>> {
+        let m = self.entry(model, now);
+        self.touch_entry(&m, model, strategy, now);
+        m
+    }
+
+    /// [`KeyStats::model`] without keeping the handle.
     pub fn touch(&self, model: &Arc<str>, strategy: Strategy, now: Instant) {
-        let m = self.model(model, now);
+        self.model(model, strategy, now);
+    }
+
+    fn touch_entry(
+        &self,
+        m: &Mutex<ModelKeys>,
+        model: &Arc<str>,
+        strategy: Strategy,
+        now: Instant,
+    ) {
         let mut keys = m.lock().expect("model keys lock");
         keys.series.retain(|s| {
             let keep = s.strategy == strategy;

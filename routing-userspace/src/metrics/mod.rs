@@ -3,12 +3,14 @@
 //!
 //! Every registered family is listed in `/metrics` (its `# HELP` and `# TYPE` lines) even while it
 //! has no series yet; series themselves are only created for label values that can really occur
-//! (see `Shared::touch_metrics`), at zero, so `rate()` and ratios work from the first scrape.
+//! (see [`handles`], resolved when a routing table is built), at zero, so `rate()` and ratios
+//! work from the first scrape.
 //!
 //! Routing keys feed two bounded structures per model (see [`keys`]): the cardinality trackers
 //! behind `flexinfer_proxy_routing_key_cardinality` and the hot-key list of `/debug/routing`.
 
 pub mod cardinality;
+pub mod handles;
 pub mod hot_keys;
 pub mod keys;
 
@@ -35,6 +37,7 @@ pub struct Metrics {
     pub label_group_route_decisions_total: IntCounterVec,
     pub label_group_route_target_hits_total: IntCounterVec,
     pub least_loaded_reservations_total: IntCounterVec,
+    pub least_loaded_reservations_consumed_total: IntCounterVec,
     pub least_loaded_reservations_expired_total: IntCounterVec,
     pub routing_decisions_total: IntCounterVec,
     pub routing_target_hits_total: IntCounterVec,
@@ -47,7 +50,13 @@ pub struct Metrics {
     pub ebpf_enabled: IntGauge,
     /// Cardinality trackers and hot keys per model.
     pub keys: KeyStats,
+    /// `requests_total` of requests that never resolved to a configured model (client-chosen
+    /// names stay out of metric labels).
+    pub unknown_model_requests: handles::StatusCounters,
 }
+
+/// The `model` label of requests for no configured model.
+pub const UNKNOWN_MODEL: &str = "unknown";
 
 /// Registers families and remembers them, so empty ones can still be listed.
 struct Families {
@@ -129,12 +138,14 @@ impl Metrics {
             "Number of times cardinality tracking reached its cap",
             &["model", "strategy", "key_source"],
         );
+        let requests_total = f.counter(
+            "flexinfer_proxy_requests_total",
+            "Total requests per model (by status)",
+            &["model", "status"],
+        );
         Self {
-            requests_total: f.counter(
-                "flexinfer_proxy_requests_total",
-                "Total requests per model (by status)",
-                &["model", "status"],
-            ),
+            unknown_model_requests: handles::StatusCounters::lazy(&requests_total, UNKNOWN_MODEL),
+            requests_total,
             active_connections: f.gauge(
                 "flexinfer_proxy_active_connections",
                 "Current connections per model",
@@ -153,6 +164,11 @@ impl Metrics {
             least_loaded_reservations_total: f.counter(
                 "flexinfer_proxy_least_loaded_reservations_total",
                 "Least-loaded pick reservations recorded per model (burst-spread placeholders ahead of the connection gauge)",
+                &["model"],
+            ),
+            least_loaded_reservations_consumed_total: f.counter(
+                "flexinfer_proxy_least_loaded_reservations_consumed_total",
+                "Reservations a real request replaced (reserved = consumed + expired + pending)",
                 &["model"],
             ),
             least_loaded_reservations_expired_total: f.counter(
@@ -201,6 +217,19 @@ impl Metrics {
             registry: f.registry,
             collectors: f.collectors,
         }
+    }
+
+    /// A new routing table was published: the ready endpoint counts follow it, and key
+    /// statistics of models it no longer has are dropped.
+    pub fn table_rebuilt(&self, table: &crate::table::RoutingTable) {
+        self.ready_endpoints.reset();
+        for model in table.models() {
+            self.ready_endpoints
+                .with_label_values(&[&model.name])
+                .set(model.pods.len() as i64);
+        }
+        self.keys
+            .retain(|name| table.models().any(|model| &*model.name == name));
     }
 
     /// The Prometheus text exposition: every family, sorted by name; the cardinality gauges are
@@ -255,7 +284,7 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 15, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 16, "{text}");
         m.requests_total.with_label_values(&["m", "200"]).inc();
         let text = m.render();
         assert_eq!(

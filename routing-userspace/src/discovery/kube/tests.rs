@@ -417,17 +417,26 @@ mod routing {
     use http::{HeaderMap, HeaderValue};
 
     use super::*;
-    use crate::decide::{decide, Context, GroupOutcome, LabelGroupMode, Target};
-    use crate::keys::{KeyLimits, RequestParts};
-    use crate::load::reservations::ReservationLedger;
+    use crate::config::RoutingKnobs;
+    use crate::keys::RequestParts;
     use crate::load::slots::SlotAllocator;
     use crate::load::userspace::UserspaceGauge;
+    use crate::metrics::Metrics;
+    use crate::router::{Router, Target};
     use crate::table::RoutingTable;
+    use crate::vocab::{GroupOutcome, LabelGroupMode};
 
     fn table(set: &ModelSet) -> RoutingTable {
         let mut slots = SlotAllocator::default();
         slots.sync(&RoutingTable::pod_addrs(set));
-        RoutingTable::build(set, &slots)
+        RoutingTable::build(set, &slots, &Metrics::new(100), LabelGroupMode::Prefix)
+    }
+
+    /// Where a request goes first.
+    #[derive(Debug, PartialEq, Eq)]
+    enum First {
+        Pod(SocketAddr),
+        Service(String),
     }
 
     /// Where a request for `name` with explicit key `key` goes first (None: 404).
@@ -435,39 +444,38 @@ mod routing {
         t: &RoutingTable,
         name: &str,
         key: &str,
-    ) -> Option<(Target, Option<GroupOutcome>, String)> {
+    ) -> Option<(First, Option<GroupOutcome>, String)> {
         let route = t.lookup(name)?;
         let mut h = HeaderMap::new();
         h.insert("x-flexinfer-cache-key", HeaderValue::from_str(key).unwrap());
-        let gauge = UserspaceGauge::default();
-        let pods = ReservationLedger::new(Duration::ZERO);
-        let groups = ReservationLedger::<Arc<str>>::new(Duration::ZERO);
-        let cx = Context {
-            parts: RequestParts {
-                headers: &h,
-                body: None,
-                model: Some(name),
-            },
-            limits: &KeyLimits::default(),
-            gauge: &gauge,
-            pod_ledger: &pods,
-            group_ledger: &groups,
-            group_mode: LabelGroupMode::Prefix,
-            max_pod_attempts: 3,
-            now: Instant::now(),
-            draw: 0,
+        let knobs = RoutingKnobs {
+            reservation_ttl: Duration::ZERO,
+            label_group_mode: LabelGroupMode::Prefix,
+            ..RoutingKnobs::default()
         };
-        let d = decide(&route, &cx);
+        let router = Router::new(Arc::new(UserspaceGauge::default()), knobs);
+        let parts = RequestParts {
+            headers: &h,
+            body: None,
+            model: Some(name),
+        };
+        let mut d = router.decide(&route, &parts, 0, Instant::now());
+        let first = d.next_attempt().map(|a| match d.target(a) {
+            Target::Pod(p) => First::Pod(p.addr),
+            Target::Service(url) => First::Service(url.to_string()),
+        })?;
         Some((
-            d.targets[0].clone(),
-            d.group.map(|g| g.outcome),
+            first,
+            d.group.as_ref().map(|g| g.outcome),
             d.model.name.to_string(),
         ))
     }
 
-    fn pod(t: &Target) -> SocketAddr {
-        t.pod_addr()
-            .unwrap_or_else(|| panic!("expected a pod, got {t}"))
+    fn pod(t: &First) -> SocketAddr {
+        match t {
+            First::Pod(a) => *a,
+            other => panic!("expected a pod, got {other:?}"),
+        }
     }
 
     #[tokio::test]
@@ -562,7 +570,7 @@ mod routing {
         let (target, _, _) = first_target(&t, "cold", "k").unwrap();
         assert_eq!(
             target,
-            Target::Service(Arc::from("http://cold.ns.svc.cluster.local:8080"))
+            First::Service("http://cold.ns.svc.cluster.local:8080".into())
         );
 
         // A deleted Model is unknown (the proxy answers 404).

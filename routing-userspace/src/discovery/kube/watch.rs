@@ -279,7 +279,7 @@ impl Discovery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::Strategy;
+    use crate::vocab::Strategy;
     use serde_json::json;
 
     fn model(name: &str, ready: bool) -> Model {

@@ -1,15 +1,12 @@
-//! A borrowed, top-level-only view of an OpenAI-style JSON request body.
-//!
-//! The proxy needs a handful of fields (model, session and cache keys, messages, documents) and
-//! must forward the body untouched, so it never builds a full JSON tree: every field is kept as
-//! raw JSON text and interpreted only when asked. A field of an unexpected type reads as absent,
-//! so a strange body can never fail key extraction.
+//! The reference reading of a request body: typed `serde_json` structs with raw values, as the
+//! proxy read bodies before the scanner. The differential tests hold [`super::BodyFields`] to
+//! exactly these answers.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 #[derive(Debug, Default, Deserialize)]
-pub struct BodyFields<'a> {
+pub struct RefFields<'a> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -80,7 +77,7 @@ fn content_text(raw: &RawValue) -> Option<String> {
     }
 }
 
-impl<'a> BodyFields<'a> {
+impl<'a> RefFields<'a> {
     /// `None` when the body is not a JSON object.
     pub fn parse(body: &'a [u8]) -> Option<Self> {
         // serde would also accept a JSON array for a struct; only an object is a request body.
@@ -183,73 +180,5 @@ impl<'a> BodyFields<'a> {
             let list: Vec<String> = serde_json::from_str(raw.get()).ok()?;
             list.into_iter().next()
         })
-    }
-}
-
-/// `body` with its top-level `model` value replaced by the JSON string `model`; `None` when the
-/// body has no `model` field.
-pub fn rewrite_model(body: &[u8], fields: &BodyFields<'_>, model: &str) -> Option<Vec<u8>> {
-    let span = fields.model_span(body)?;
-    let value = serde_json::to_string(model).expect("a string serializes");
-    let mut out = Vec::with_capacity(body.len() + value.len());
-    out.extend_from_slice(&body[..span.start]);
-    out.extend_from_slice(value.as_bytes());
-    out.extend_from_slice(&body[span.end..]);
-    Some(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rewrites_only_the_model_value() {
-        let body = br#"{ "messages": [{"role":"user","content":"model"}],  "model" :"alias" , "x":{"model":"inner"}}"#;
-        let f = BodyFields::parse(body).unwrap();
-        let out = rewrite_model(body, &f, "llama3:8b").unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            r#"{ "messages": [{"role":"user","content":"model"}],  "model" :"llama3:8b" , "x":{"model":"inner"}}"#
-        );
-        let none = br#"{"messages":[]}"#;
-        assert_eq!(
-            rewrite_model(none, &BodyFields::parse(none).unwrap(), "m"),
-            None
-        );
-    }
-
-    #[test]
-    fn reads_fields_and_ignores_wrong_types() {
-        let body = br#"{"model":"m","session_id":42,"cache_key":"k","messages":[
-            {"role":"system","content":"S1"},
-            {"role":"system","content":[{"type":"text","text":"S2a"},{"type":"image_url","image_url":{}},{"type":"text","text":"S2b"}]},
-            {"role":"user","content":"U1"},{"role":"assistant","content":"A"},{"role":"user","content":"U2"}],
-            "documents":[{"text":"D"}]}"#;
-        let b = BodyFields::parse(body).unwrap();
-        assert_eq!(b.model().as_deref(), Some("m"));
-        assert_eq!(b.session_id(), None, "a number is not a session id");
-        assert_eq!(b.cache_key().as_deref(), Some("k"));
-        assert_eq!(
-            b.system_texts(),
-            vec!["S1".to_string(), "S2a S2b".to_string()]
-        );
-        assert_eq!(b.first_user_text().as_deref(), Some("U1"));
-        assert_eq!(b.document_context().as_deref(), Some("D"));
-    }
-
-    #[test]
-    fn document_context_precedence() {
-        let b = BodyFields::parse(br#"{"context":"C","documentContext":"DC","documents":["X"]}"#)
-            .unwrap();
-        assert_eq!(b.document_context().as_deref(), Some("DC"));
-        let b = BodyFields::parse(br#"{"documents":["X","Y"]}"#).unwrap();
-        assert_eq!(b.document_context().as_deref(), Some("X"));
-    }
-
-    #[test]
-    fn not_an_object_is_none() {
-        assert!(BodyFields::parse(b"").is_none());
-        assert!(BodyFields::parse(b"[1]").is_none());
-        assert!(BodyFields::parse(b"{broken").is_none());
     }
 }

@@ -1,0 +1,325 @@
+//! A borrowed, top-level-only view of an OpenAI-style JSON request body.
+//!
+//! The proxy needs a handful of fields (model, session and cache keys, messages, documents) and
+//! forwards the body untouched, so it never builds a JSON tree: one strict scan
+//! ([`scan`]) validates the body and records where the interesting top-level values are; each
+//! accessor then interprets only its own value, and texts are decoded lazily ([`text`]). A field
+//! of an unexpected type reads as absent, so a strange body can never fail key extraction.
+//!
+//! The accessors keep the exact semantics of reading the body with `serde_json` into typed
+//! structs (one malformed message hides all messages, as a failed `Vec<Message>` would); the
+//! differential tests in `tests.rs` hold the two readings equal on generated bodies.
+
+pub mod scan;
+pub mod text;
+
+#[cfg(test)]
+mod reference;
+#[cfg(test)]
+mod tests;
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+pub use scan::DEFAULT_MAX_DEPTH;
+use scan::{elements, members, ScanError, Scanner};
+pub use text::{JsonStr, Text};
+
+/// Why a body gives no view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyError {
+    /// Not a JSON object (another JSON value, or not JSON at all).
+    NotObject,
+    /// Nested deeper than the limit.
+    TooDeep,
+}
+
+/// The top-level fields a request body is read for.
+const FIELDS: [&str; 11] = [
+    "model",
+    "session_id",
+    "cache_key",
+    "cacheKey",
+    "prefix",
+    "messages",
+    "document_context",
+    "documentContext",
+    "context",
+    "documents",
+    "prompt",
+];
+const MODEL: usize = 0;
+const SESSION_ID: usize = 1;
+const CACHE_KEY: usize = 2;
+const CACHE_KEY_CAMEL: usize = 3;
+const PREFIX: usize = 4;
+const MESSAGES: usize = 5;
+const DOCUMENT_CONTEXT: usize = 6;
+const DOCUMENT_CONTEXT_CAMEL: usize = 7;
+const CONTEXT: usize = 8;
+const DOCUMENTS: usize = 9;
+const PROMPT: usize = 10;
+
+#[derive(Debug)]
+pub struct BodyFields<'a> {
+    /// Raw value text of each of [`FIELDS`], when present.
+    raw: [Option<&'a [u8]>; FIELDS.len()],
+    /// Whether `messages` reads as a list of messages (computed on first use).
+    messages_ok: OnceLock<bool>,
+}
+
+/// A value that is `null` or absent reads as `None`; a string as its text; anything else is a
+/// type error (`Err`), which invalidates the struct it is part of.
+fn optional_string(raw: Option<&[u8]>) -> Result<Option<JsonStr<'_>>, ()> {
+    match raw {
+        None | Some(b"null") => Ok(None),
+        Some(r) => JsonStr::new(r).map(Some).ok_or(()),
+    }
+}
+
+/// A value that must be a string.
+fn as_str(raw: Option<&[u8]>) -> Option<JsonStr<'_>> {
+    JsonStr::new(raw?)
+}
+
+/// The named fields of a struct-shaped value: an object (keys decoded, unknown keys ignored,
+/// a repeated field invalid) or an array read positionally with at most `N` elements (serde's
+/// sequence form of a struct). `required` is the number of leading positions a sequence must
+/// fill. `None` when the value is neither, or invalid.
+fn struct_fields<'a, const N: usize>(
+    raw: &'a [u8],
+    names: [&str; N],
+    required: usize,
+) -> Option<[Option<&'a [u8]>; N]> {
+    let mut out = [None; N];
+    match raw.first() {
+        Some(b'{') => {
+            for (k, v) in members(raw) {
+                let key = JsonStr::new(k)?;
+                if let Some(i) = names.iter().position(|n| key.eq_str(n)) {
+                    if out[i].replace(v).is_some() {
+                        return None;
+                    }
+                }
+            }
+        }
+        Some(b'[') => {
+            let mut n = 0;
+            for v in elements(raw) {
+                if n == N {
+                    return None;
+                }
+                out[n] = Some(v);
+                n += 1;
+            }
+            if n < required {
+                return None;
+            }
+        }
+        _ => return None,
+    }
+    Some(out)
+}
+
+/// One chat message: its role and raw content (absent when `null`).
+struct Message<'a> {
+    role: Option<JsonStr<'a>>,
+    content: Option<&'a [u8]>,
+}
+
+fn message(raw: &[u8]) -> Option<Message<'_>> {
+    let [role, content] = struct_fields(raw, ["role", "content"], 0)?;
+    Some(Message {
+        role: optional_string(role).ok()?,
+        content: content.filter(|c| *c != b"null"),
+    })
+}
+
+/// Text of a message content: a plain string, or the text parts of an array (parts without a
+/// type, or of type `text` / `input_text`) joined by spaces. Any malformed part hides them all.
+fn content_text(raw: &[u8]) -> Option<Text<'_>> {
+    match raw.first() {
+        Some(b'"') => JsonStr::new(raw).map(Text::One),
+        Some(b'[') => {
+            let mut texts = Vec::new();
+            for part in elements(raw) {
+                let [kind, text] = struct_fields(part, ["type", "text"], 0)?;
+                let kind = optional_string(kind).ok()?;
+                let text = optional_string(text).ok()?;
+                let wanted = kind.is_none_or(|k| k.eq_str("text") || k.eq_str("input_text"));
+                if let (true, Some(t)) = (wanted, text) {
+                    texts.push(t);
+                }
+            }
+            match texts.len() {
+                0 => None,
+                1 => Some(Text::One(texts[0])),
+                _ => Some(Text::Parts(texts)),
+            }
+        }
+        _ => None,
+    }
+}
+
+fn is_role(role: Option<JsonStr<'_>>, names: &[&str]) -> bool {
+    role.is_some_and(|r| names.iter().any(|n| r.eq_str(n)))
+}
+
+impl<'a> BodyFields<'a> {
+    /// `None` when the body is not a JSON object.
+    pub fn parse(body: &'a [u8]) -> Option<Self> {
+        Self::parse_with_depth(body, DEFAULT_MAX_DEPTH).ok()
+    }
+
+    /// Read a body, rejecting nesting deeper than `max_depth`.
+    pub fn parse_with_depth(body: &'a [u8], max_depth: u32) -> Result<Self, BodyError> {
+        let invalid = |e: ScanError| match e {
+            ScanError::TooDeep => BodyError::TooDeep,
+            ScanError::Syntax => BodyError::NotObject,
+        };
+        if std::str::from_utf8(body).is_err() {
+            return Err(BodyError::NotObject);
+        }
+        let mut s = Scanner::new(body, max_depth);
+        if s.open() != Some(true) {
+            return Err(BodyError::NotObject);
+        }
+        let mut raw = [None; FIELDS.len()];
+        let mut seen = 0u32;
+        let mut first = true;
+        while let Some((key, value)) = s.next_member(first, 1).map_err(invalid)? {
+            first = false;
+            let key = JsonStr::new(key).ok_or(BodyError::NotObject)?;
+            if let Some(i) = FIELDS.iter().position(|f| key.eq_str(f)) {
+                if seen & (1 << i) != 0 {
+                    // A repeated field is an error for a typed reading of the body.
+                    return Err(BodyError::NotObject);
+                }
+                seen |= 1 << i;
+                // `null` reads as absent, as for an optional field.
+                raw[i] = (value != b"null").then_some(value);
+            }
+        }
+        if !s.at_end() {
+            return Err(BodyError::NotObject);
+        }
+        Ok(Self {
+            raw,
+            messages_ok: OnceLock::new(),
+        })
+    }
+
+    fn string(&self, field: usize) -> Option<Cow<'a, str>> {
+        as_str(self.raw[field]).map(|s| s.decode())
+    }
+
+    pub fn model(&self) -> Option<Cow<'a, str>> {
+        self.string(MODEL)
+    }
+
+    /// The byte range of the top-level `model` value inside `body` (the slice this view was
+    /// parsed from), so it can be replaced without touching any other byte.
+    pub fn model_span(&self, body: &[u8]) -> Option<std::ops::Range<usize>> {
+        let raw = self.raw[MODEL]?;
+        let start = (raw.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+        let end = start + raw.len();
+        (end <= body.len()).then_some(start..end)
+    }
+
+    pub fn session_id(&self) -> Option<Cow<'a, str>> {
+        self.string(SESSION_ID)
+    }
+
+    pub fn cache_key(&self) -> Option<Cow<'a, str>> {
+        self.string(CACHE_KEY)
+    }
+
+    pub fn cache_key_camel(&self) -> Option<Cow<'a, str>> {
+        self.string(CACHE_KEY_CAMEL)
+    }
+
+    pub fn prefix(&self) -> Option<Cow<'a, str>> {
+        self.string(PREFIX)
+    }
+
+    /// The messages, if `messages` is a list of well-formed messages (else none at all).
+    fn messages(&self) -> impl Iterator<Item = Message<'a>> {
+        let raw = self.raw[MESSAGES].filter(|_| self.messages_valid());
+        raw.into_iter().flat_map(elements).filter_map(message)
+    }
+
+    fn messages_valid(&self) -> bool {
+        *self.messages_ok.get_or_init(|| {
+            self.raw[MESSAGES].is_some_and(|r| {
+                r.first() == Some(&b'[') && elements(r).all(|m| message(m).is_some())
+            })
+        })
+    }
+
+    /// Whether the body carries a non-empty `messages` array (a chat request).
+    pub fn has_messages(&self) -> bool {
+        self.messages().next().is_some()
+    }
+
+    /// The text of every `role: "system"` message, in order (`developer` counts as system).
+    pub fn system_texts(&self) -> impl Iterator<Item = Text<'a>> {
+        self.messages()
+            .filter(|m| is_role(m.role, &["system", "developer"]))
+            .filter_map(|m| m.content.and_then(content_text))
+    }
+
+    /// The text of the first `role: "user"` message.
+    pub fn first_user_text(&self) -> Option<Text<'a>> {
+        self.messages()
+            .find(|m| is_role(m.role, &["user"]))
+            .and_then(|m| m.content.and_then(content_text))
+    }
+
+    /// Document context: `document_context`, `documentContext`, `context`, or the text of the
+    /// first entry of `documents[]` (a string, or an object's `text` / `content`), in that order.
+    pub fn document_context(&self) -> Option<JsonStr<'a>> {
+        let direct = [DOCUMENT_CONTEXT, DOCUMENT_CONTEXT_CAMEL, CONTEXT]
+            .into_iter()
+            .find_map(|f| as_str(self.raw[f]));
+        direct.or_else(|| {
+            let docs = self.raw[DOCUMENTS].filter(|d| d.first() == Some(&b'['))?;
+            let first = elements(docs).next()?;
+            if let Some(s) = JsonStr::new(first) {
+                return Some(s);
+            }
+            let [text, content] = struct_fields(first, ["text", "content"], 2)?;
+            let (text, content) = (optional_string(text).ok()?, optional_string(content).ok()?);
+            text.or(content)
+        })
+    }
+
+    /// A completions `prompt`: the string, or the first string of an array of strings.
+    pub fn prompt_text(&self) -> Option<JsonStr<'a>> {
+        let raw = self.raw[PROMPT]?;
+        if let Some(s) = JsonStr::new(raw) {
+            return Some(s);
+        }
+        if raw.first() != Some(&b'[') {
+            return None;
+        }
+        let mut list = elements(raw).map(JsonStr::new);
+        let first = list.next()?;
+        // Every element must be a string, as for a `Vec<String>`.
+        if list.any(|s| s.is_none()) {
+            return None;
+        }
+        first
+    }
+}
+
+/// `body` with its top-level `model` value replaced by the JSON string `model`; `None` when the
+/// body has no `model` field.
+pub fn rewrite_model(body: &[u8], fields: &BodyFields<'_>, model: &str) -> Option<Vec<u8>> {
+    let span = fields.model_span(body)?;
+    let value = serde_json::to_string(model).expect("a string serializes");
+    let mut out = Vec::with_capacity(body.len() + value.len());
+    out.extend_from_slice(&body[..span.start]);
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(&body[span.end..]);
+    Some(out)
+}

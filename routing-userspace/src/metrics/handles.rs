@@ -1,0 +1,204 @@
+//! Metric handles resolved once per model, pod and label group when a routing table is built,
+//! so the request path only increments counters it already holds: it never formats a label
+//! or looks a series up. Which series exist (at zero) follows [`crate::rules`], the same rules
+//! the router decides by.
+
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
+
+use super::keys::ModelKeys;
+use super::Metrics;
+use crate::router::reservation::ReservationCounters;
+use crate::rules::possible_decisions;
+use crate::vocab::{GroupOutcome, KeySource, LabelGroupMode, Outcome, Strategy};
+
+/// `requests_total{model,status}`: `200` resolved up front (a series at zero, so `rate()` works
+/// from the first scrape), every other status resolved the first time it is seen, then kept.
+#[derive(Debug)]
+pub struct StatusCounters {
+    vec: IntCounterVec,
+    model: Arc<str>,
+    ok: std::sync::OnceLock<IntCounter>,
+    others: RwLock<Vec<(u16, IntCounter)>>,
+}
+
+impl StatusCounters {
+    /// Counters of a configured model (its `200` series exists from the start).
+    pub fn new(vec: &IntCounterVec, model: &str) -> Self {
+        let s = Self::lazy(vec, model);
+        s.ok.get_or_init(|| vec.with_label_values(&[model, "200"]));
+        s
+    }
+
+    /// Counters whose series all appear on first use.
+    pub fn lazy(vec: &IntCounterVec, model: &str) -> Self {
+        Self {
+            vec: vec.clone(),
+            model: Arc::from(model),
+            ok: std::sync::OnceLock::new(),
+            others: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// The counter of `status`.
+    pub fn get(&self, status: u16) -> IntCounter {
+        if status == 200 {
+            return self
+                .ok
+                .get_or_init(|| self.vec.with_label_values(&[&*self.model, "200"]))
+                .clone();
+        }
+        if let Some((_, c)) = self
+            .others
+            .read()
+            .expect("status lock")
+            .iter()
+            .find(|(s, _)| *s == status)
+        {
+            return c.clone();
+        }
+        let c = self
+            .vec
+            .with_label_values(&[&*self.model, &status.to_string()]);
+        self.others
+            .write()
+            .expect("status lock")
+            .push((status, c.clone()));
+        c
+    }
+
+    /// Count one request that ended with `status`.
+    pub fn inc(&self, status: u16) {
+        match (status, self.ok.get()) {
+            (200, Some(ok)) => ok.inc(),
+            _ => self.get(status).inc(),
+        }
+    }
+}
+
+/// Everything the request path records for one model.
+#[derive(Debug)]
+pub struct ModelMetrics {
+    pub requests: StatusCounters,
+    pub active: IntGauge,
+    pub ttfb: Histogram,
+    pub duration: Histogram,
+    /// `routing_decisions_total` by `[key source][outcome]`; `None` where the rules say the
+    /// pair cannot occur.
+    decisions: [[Option<IntCounter>; 2]; 9],
+    /// `routing_target_hits_total` per pod (indexed like the model's pods), then the Service.
+    pub pod_hits: Vec<IntCounter>,
+    pub service_hits: Option<IntCounter>,
+    /// `upstream_connect_errors_total` per pod, then the Service.
+    pub pod_connect_errors: Vec<IntCounter>,
+    pub service_connect_errors: Option<IntCounter>,
+    pub reservations: Arc<ReservationCounters>,
+    /// The model's key statistics (cardinality trackers and hot keys).
+    pub keys: Arc<std::sync::Mutex<ModelKeys>>,
+}
+
+impl ModelMetrics {
+    /// Resolve the handles of a model whose pods have the `target` labels `pods`.
+    pub fn resolve(
+        m: &Metrics,
+        name: &Arc<str>,
+        strategy: Strategy,
+        pods: &[Arc<str>],
+        has_service: bool,
+        now: Instant,
+    ) -> Self {
+        let n = &**name;
+        let mut decisions: [[Option<IntCounter>; 2]; 9] = Default::default();
+        for (source, outcome) in possible_decisions(strategy, has_service) {
+            decisions[source.index()][outcome.index()] =
+                Some(m.routing_decisions_total.with_label_values(&[
+                    n,
+                    strategy.as_str(),
+                    source.as_str(),
+                    outcome.as_str(),
+                ]));
+        }
+        let hits = |target: &str| {
+            m.routing_target_hits_total
+                .with_label_values(&[n, strategy.as_str(), target])
+        };
+        let errors = |target: &str| {
+            m.upstream_connect_errors_total
+                .with_label_values(&[n, target])
+        };
+        Self {
+            requests: StatusCounters::new(&m.requests_total, n),
+            active: m.active_connections.with_label_values(&[n]),
+            ttfb: m.time_to_first_byte_seconds.with_label_values(&[n]),
+            duration: m.request_duration_seconds.with_label_values(&[n]),
+            decisions,
+            pod_hits: pods.iter().map(|p| hits(p)).collect(),
+            service_hits: has_service.then(|| hits(SERVICE_TARGET)),
+            pod_connect_errors: pods.iter().map(|p| errors(p)).collect(),
+            service_connect_errors: has_service.then(|| errors(SERVICE_TARGET)),
+            reservations: Arc::new(ReservationCounters {
+                made: m.least_loaded_reservations_total.with_label_values(&[n]),
+                consumed: m
+                    .least_loaded_reservations_consumed_total
+                    .with_label_values(&[n]),
+                expired: m
+                    .least_loaded_reservations_expired_total
+                    .with_label_values(&[n]),
+            }),
+            keys: m.keys.model(name, strategy, now),
+        }
+    }
+
+    /// The decision counter for `(source, outcome)`; `None` only if the rules missed a case.
+    pub fn decision(&self, source: KeySource, outcome: Outcome) -> Option<&IntCounter> {
+        self.decisions[source.index()][outcome.index()].as_ref()
+    }
+}
+
+/// The `target` label of the Service fallback.
+pub const SERVICE_TARGET: &str = "service-dns";
+
+/// Handles of one label group.
+#[derive(Debug)]
+pub struct GroupMetrics {
+    /// `label_group_route_decisions_total` by outcome, in [`GroupOutcome::possible`] order.
+    decisions: [IntCounter; 3],
+    /// `label_group_route_target_hits_total` per member (indexed like the members).
+    pub member_hits: Vec<IntCounter>,
+}
+
+impl GroupMetrics {
+    pub fn resolve(m: &Metrics, label: &str, mode: LabelGroupMode, members: &[&str]) -> Self {
+        let decisions = GroupOutcome::possible(mode).map(|o| {
+            m.label_group_route_decisions_total.with_label_values(&[
+                label,
+                mode.as_str(),
+                o.as_str(),
+            ])
+        });
+        Self {
+            decisions,
+            member_hits: members
+                .iter()
+                .map(|member| {
+                    m.label_group_route_target_hits_total.with_label_values(&[
+                        label,
+                        mode.as_str(),
+                        member,
+                    ])
+                })
+                .collect(),
+        }
+    }
+
+    pub fn decision(&self, outcome: GroupOutcome) -> &IntCounter {
+        let i = match outcome {
+            GroupOutcome::Mode(_) => 0,
+            GroupOutcome::PriorityPick => 1,
+            GroupOutcome::ColdStart => 2,
+        };
+        &self.decisions[i]
+    }
+}

@@ -1,0 +1,78 @@
+//! Phase 7, record: metrics and the spec's log lines, once per request, from its context.
+//!
+//! Every handle was resolved when the routing table was built, so this is a handful of
+//! counter increments: no label is formatted and no series is looked up.
+
+use std::time::Instant;
+
+use super::context::{RequestCtx, CLIENT_CLOSED};
+use crate::router::Attempt;
+
+pub fn record(ctx: &mut RequestCtx) {
+    if ctx.local {
+        return;
+    }
+    let status = ctx.status.unwrap_or(CLIENT_CLOSED);
+    let Some(d) = &ctx.decision else {
+        ctx.metrics.unknown_model_requests.inc(status);
+        return;
+    };
+    let m = &d.model.metrics;
+    let now = Instant::now();
+    m.requests.inc(status);
+    if ctx.active {
+        m.active.dec();
+    }
+    if ctx.served.is_some() {
+        m.duration
+            .observe(now.saturating_duration_since(ctx.start).as_secs_f64());
+        if let Some(t) = ctx.first_byte {
+            m.ttfb
+                .observe(t.saturating_duration_since(ctx.start).as_secs_f64());
+        }
+    }
+    let model = &*d.model.name;
+    let strategy = d.strategy.as_str();
+    let source = d.key_source();
+    match m.decision(source, d.outcome) {
+        Some(c) => c.inc(),
+        // The rules in `crate::rules` missed a case: count it anyway, and say so.
+        None => {
+            tracing::warn!(model = %model, strategy = %strategy, key_source = %source, outcome = d.outcome.as_str(), "decision outside the pre-resolved series");
+            ctx.metrics
+                .routing_decisions_total
+                .with_label_values(&[model, strategy, source.as_str(), d.outcome.as_str()])
+                .inc();
+        }
+    }
+    match ctx.served {
+        Some(Attempt::Pod(i)) => m.pod_hits[i].inc(),
+        Some(Attempt::Service) => {
+            if let Some(c) = &m.service_hits {
+                c.inc();
+            }
+        }
+        None => {}
+    }
+    if let Some(k) = d.key {
+        m.keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(d.strategy, k.source, k.hash, now);
+    }
+    if let Some(g) = &d.group {
+        g.group.metrics.decision(g.outcome).inc();
+        g.group.metrics.member_hits[g.member].inc();
+    }
+    for ignored in &d.ignored {
+        tracing::debug!(model = %model, source = %ignored.source, reason = ?ignored.reason, "ignoring malformed routing key");
+    }
+    match d.picked_pod() {
+        Some(p) => {
+            tracing::debug!(model = %model, strategy = %strategy, target = %p.label, key_source = %source, "routing to pod");
+        }
+        None => {
+            tracing::debug!(model = %model, strategy = %strategy, key_source = %source, "routing fallback to service");
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Phase 6, stream back: the pod's response head (hop-by-hop headers removed) and its body,
+//! frame by frame as they arrive (SSE is never buffered). The body carries the request's
+//! context and its upstream connection: at the end of the body the connection goes back to
+//! its pool and the context ends (the record phase); if the client goes away first, both are
+//! dropped (the connection closes, the context still records).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use super::context::RequestCtx;
+use super::forward::Forwarded;
+use super::headers;
+use crate::upstream::Conn;
+
+pub struct ObservedBody {
+    inner: Incoming,
+    conn: Option<Conn>,
+    ctx: Option<RequestCtx>,
+}
+
+/// The client's response for a forwarded request.
+pub fn respond(f: Forwarded, mut ctx: RequestCtx) -> Response<ObservedBody> {
+    let (mut parts, inner) = f.response.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers);
+    ctx.status = Some(parts.status.as_u16());
+    let mut body = ObservedBody {
+        inner,
+        conn: Some(f.conn),
+        ctx: Some(ctx),
+    };
+    if body.inner.is_end_stream() {
+        // No body at all (204, HEAD, `content-length: 0`): it is over already.
+        body.finish();
+    }
+    Response::from_parts(parts, body)
+}
+
+impl ObservedBody {
+    /// The body was read to its end: the connection can serve the next request, and the
+    /// request is over.
+    fn finish(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.release();
+        }
+        self.ctx.take();
+    }
+}
+
+impl Body for ObservedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(ctx) = self.ctx.as_mut() {
+                    if ctx.first_byte.is_none() && frame.is_data() {
+                        ctx.first_byte = Some(Instant::now());
+                    }
+                }
+                // A body of known length ends with its last frame; the server stops polling
+                // then, so this is where the end is seen.
+                if self.inner.is_end_stream() {
+                    self.finish();
+                }
+            }
+            Poll::Ready(None) => self.finish(),
+            Poll::Ready(Some(Err(_))) => {
+                self.conn.take();
+                self.ctx.take();
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,477 @@
+//! Decision tests: every strategy, graceful degradation, label groups and priority tiers, and
+//! the reservation tokens decisions carry.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+
+use super::*;
+use crate::body::BodyFields;
+use crate::discovery::{ModelSet, ModelSpec, Update};
+use crate::load::slots::SlotAllocator;
+use crate::load::userspace::UserspaceGauge;
+use crate::metrics::Metrics;
+use crate::table::RoutingTable;
+use crate::vocab::{GroupOutcome, KeySource, LabelGroupMode, Outcome, Strategy};
+
+struct World {
+    table: RoutingTable,
+    gauge: Arc<UserspaceGauge>,
+    router: Router,
+    slots: SlotAllocator,
+}
+
+fn addr(p: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], p))
+}
+
+fn model(name: &str, routing: Strategy, ports: &[u16]) -> ModelSpec {
+    let mut m = ModelSpec::new(name);
+    m.routing = routing;
+    m.service = Some(format!("http://{name}.svc:80"));
+    m.endpoints = ports.iter().map(|&p| addr(p)).collect();
+    m
+}
+
+fn world_with_mode(models: Vec<ModelSpec>, ttl: Duration, mode: LabelGroupMode) -> World {
+    let mut set = ModelSet::default();
+    set.apply(Update::Reset(models));
+    let mut slots = SlotAllocator::default();
+    slots.sync(&RoutingTable::pod_addrs(&set));
+    let gauge = Arc::new(UserspaceGauge::default());
+    let knobs = RoutingKnobs {
+        reservation_ttl: ttl,
+        label_group_mode: mode,
+        ..RoutingKnobs::default()
+    };
+    World {
+        table: RoutingTable::build(&set, &slots, &Metrics::new(100), mode),
+        router: Router::new(gauge.clone(), knobs),
+        gauge,
+        slots,
+    }
+}
+
+fn world(models: Vec<ModelSpec>, ttl: Duration) -> World {
+    world_with_mode(models, ttl, LabelGroupMode::RoundRobin)
+}
+
+/// Where a request may go, in order.
+#[derive(Debug, PartialEq, Eq)]
+enum T {
+    Pod(SocketAddr),
+    Service(String),
+}
+
+/// Every target of a decision, in order (consumes its candidates).
+fn targets(d: &mut Decision) -> Vec<T> {
+    let mut out = Vec::new();
+    while let Some(a) = d.next_attempt() {
+        out.push(match d.target(a) {
+            Target::Pod(p) => T::Pod(p.addr),
+            Target::Service(u) => T::Service(u.to_string()),
+        });
+    }
+    out
+}
+
+impl World {
+    fn decide(&self, name: &str, headers: &HeaderMap, body: &str, draw: u64) -> Decision {
+        let fields = BodyFields::parse(body.as_bytes());
+        let parts = RequestParts {
+            headers,
+            body: fields.as_ref(),
+            model: Some(name),
+        };
+        self.router.decide(
+            &self.table.lookup(name).expect("route"),
+            &parts,
+            draw,
+            Instant::now(),
+        )
+    }
+
+    fn simple(&self, name: &str, body: &str) -> Decision {
+        self.decide(name, &HeaderMap::new(), body, 0)
+    }
+}
+
+fn first_pod(d: &Decision) -> Option<SocketAddr> {
+    d.picked_pod().map(|p| p.addr)
+}
+
+const SYS_BODY: &str = r#"{"messages":[{"role":"system","content":"Shared system prompt"},{"role":"user","content":"q"}]}"#;
+
+#[test]
+fn default_routes_to_the_service() {
+    let w = world(vec![model("m", Strategy::Default, &[1, 2])], Duration::ZERO);
+    let mut d = w.simple("m", SYS_BODY);
+    assert_eq!(d.outcome, Outcome::ServiceFallback);
+    assert_eq!(d.key_source(), KeySource::None);
+    assert_eq!(targets(&mut d), vec![T::Service("http://m.svc:80".into())]);
+}
+
+#[test]
+fn prefix_same_context_same_pod_with_alternates_then_service() {
+    let w = world(
+        vec![model("m", Strategy::Prefix, &[1, 2, 3, 4])],
+        Duration::ZERO,
+    );
+    let mut a = w.simple("m", SYS_BODY);
+    assert_eq!(a.outcome, Outcome::Pod);
+    assert_eq!(a.key_source(), KeySource::Canonical);
+    let first = first_pod(&a);
+    let all = targets(&mut a);
+    assert_eq!(all.len(), 4, "3 pod attempts + service");
+    assert_eq!(all[0], T::Pod(first.unwrap()));
+    assert!(matches!(all[3], T::Service(_)));
+    for _ in 0..20 {
+        assert_eq!(first_pod(&w.simple("m", SYS_BODY)), first);
+    }
+}
+
+#[test]
+fn graceful_degradation() {
+    // No ready endpoints -> Service DNS, for every strategy.
+    for s in [
+        Strategy::Prefix,
+        Strategy::SessionAffinity,
+        Strategy::LeastLoaded,
+    ] {
+        let w = world(vec![model("m", s, &[])], Duration::from_secs(10));
+        let mut d = w.simple("m", SYS_BODY);
+        assert_eq!(d.outcome, Outcome::ServiceFallback, "{s}");
+        assert_eq!(targets(&mut d), vec![T::Service("http://m.svc:80".into())]);
+    }
+    // Prefix with no key at all -> Service.
+    let w = world(vec![model("m", Strategy::Prefix, &[1, 2])], Duration::ZERO);
+    let d = w.simple("m", r#"{"model":"m"}"#);
+    assert_eq!(
+        (d.outcome, d.key_source()),
+        (Outcome::ServiceFallback, KeySource::None)
+    );
+    // Session with no key -> a random pod (the draw decides).
+    let w = world(
+        vec![model("m", Strategy::SessionAffinity, &[1, 2, 3])],
+        Duration::ZERO,
+    );
+    let picks: Vec<_> = (0..3)
+        .map(|draw| first_pod(&w.decide("m", &HeaderMap::new(), "{}", draw)))
+        .collect();
+    assert_eq!(picks, vec![Some(addr(1)), Some(addr(2)), Some(addr(3))]);
+    // Nothing at all: no targets (the proxy answers 503), never a panic.
+    let mut m = model("m", Strategy::Prefix, &[]);
+    m.service = None;
+    let w = world(vec![m], Duration::ZERO);
+    let mut d = w.simple("m", SYS_BODY);
+    assert!(!d.has_targets());
+    assert!(targets(&mut d).is_empty());
+}
+
+#[test]
+fn session_headers_stick() {
+    let w = world(
+        vec![model("m", Strategy::SessionAffinity, &[1, 2, 3, 4, 5])],
+        Duration::ZERO,
+    );
+    let mut seen = HashMap::new();
+    for i in 0..50 {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-session-id",
+            HeaderValue::from_str(&format!("user-{}", i % 10)).unwrap(),
+        );
+        let d = w.decide("m", &h, "{}", i);
+        assert_eq!(d.key_source(), KeySource::SessionHeader);
+        let pod = first_pod(&d).unwrap();
+        assert_eq!(*seen.entry(i % 10).or_insert(pod), pod);
+    }
+}
+
+#[test]
+fn least_loaded_prefers_idle_pods_and_reservations_spread_a_burst() {
+    let w = world(
+        vec![model("m", Strategy::LeastLoaded, &[1, 2, 3, 4])],
+        Duration::from_secs(10),
+    );
+    // Pods 1-3 busy; the burst must start on pod 4.
+    let busy: Vec<_> = [1, 2, 3]
+        .iter()
+        .map(|&p| w.gauge.enter(w.slots.get(&addr(p)).unwrap()))
+        .collect();
+    let mut held = vec![w.simple("m", "{}")];
+    assert_eq!(first_pod(&held[0]), Some(addr(4)));
+    drop(busy);
+    let mut hits: HashMap<SocketAddr, usize> = HashMap::new();
+    for _ in 0..49 {
+        // Each decision holds its reservation, as a request in flight does.
+        let d = w.simple("m", "{}");
+        *hits.entry(first_pod(&d).unwrap()).or_default() += 1;
+        held.push(d);
+    }
+    // 50 picks in all (1 above + 49) over 4 pods: at most 13 each.
+    assert!(hits.values().all(|&n| n <= 13), "{hits:?}");
+}
+
+#[test]
+fn least_loaded_alternates_are_the_next_least_loaded() {
+    let w = world(
+        vec![model("m", Strategy::LeastLoaded, &[1, 2, 3, 4])],
+        Duration::ZERO,
+    );
+    let slot = |p| w.slots.get(&addr(p)).unwrap();
+    let _load = [
+        w.gauge.enter(slot(1)),
+        w.gauge.enter(slot(1)),
+        w.gauge.enter(slot(2)),
+        w.gauge.enter(slot(4)),
+        w.gauge.enter(slot(4)),
+        w.gauge.enter(slot(4)),
+    ];
+    let mut d = w.simple("m", "{}");
+    assert_eq!(
+        targets(&mut d),
+        vec![
+            T::Pod(addr(3)),
+            T::Pod(addr(2)),
+            T::Pod(addr(1)),
+            T::Service("http://m.svc:80".into())
+        ]
+    );
+}
+
+#[test]
+fn least_loaded_without_reservations_is_raw_load_plus_round_robin() {
+    let w = world(
+        vec![model("m", Strategy::LeastLoaded, &[1, 2])],
+        Duration::ZERO,
+    );
+    let picks: Vec<_> = (0..4)
+        .map(|_| first_pod(&w.simple("m", "{}")).unwrap())
+        .collect();
+    assert_eq!(picks, vec![addr(1), addr(2), addr(1), addr(2)]);
+}
+
+fn member(name: &str, label: &str, prio: i64, ready: bool, ports: &[u16]) -> ModelSpec {
+    let mut m = model(name, Strategy::LeastLoaded, ports);
+    m.service_label = Some(label.into());
+    m.route_priority = prio;
+    m.ready = ready;
+    m
+}
+
+#[test]
+fn label_group_round_robin_spreads_over_members() {
+    let w = world(
+        vec![
+            member("a", "chat", 0, true, &[1]),
+            member("b", "chat", 0, true, &[2]),
+        ],
+        Duration::ZERO,
+    );
+    let d: Vec<_> = (0..4).map(|_| w.simple("chat", "{}")).collect();
+    let names: Vec<&str> = d.iter().map(|d| &*d.model.name).collect();
+    assert_eq!(names, vec!["a", "b", "a", "b"]);
+    let g = d[0].group.as_ref().unwrap();
+    assert_eq!(
+        (g.mode, g.outcome.as_str(), &*g.group.label),
+        (LabelGroupMode::RoundRobin, "round_robin", "chat")
+    );
+}
+
+#[test]
+fn label_group_priority_pick_then_degrade_then_cold_start() {
+    let w = world(
+        vec![
+            member("fast", "tts", 100, true, &[1]),
+            member("slow", "tts", 0, true, &[2]),
+        ],
+        Duration::ZERO,
+    );
+    for _ in 0..5 {
+        let d = w.simple("tts", "{}");
+        assert_eq!(&*d.model.name, "fast");
+        assert_eq!(d.group.unwrap().outcome, GroupOutcome::PriorityPick);
+    }
+    let w = world(
+        vec![
+            member("fast", "tts", 100, false, &[1]),
+            member("slow", "tts", 0, true, &[2]),
+        ],
+        Duration::ZERO,
+    );
+    let d = w.simple("tts", "{}");
+    assert_eq!(&*d.model.name, "slow", "primary left Ready: next tier");
+    assert_eq!(
+        d.group.unwrap().outcome,
+        GroupOutcome::Mode(LabelGroupMode::RoundRobin)
+    );
+    let w = world(
+        vec![
+            member("zeta", "tts", 100, false, &[]),
+            member("beta", "tts", 100, false, &[]),
+            member("alpha", "tts", 0, false, &[]),
+        ],
+        Duration::ZERO,
+    );
+    let mut d = w.simple("tts", "{}");
+    assert_eq!(&*d.model.name, "beta");
+    assert_eq!(d.group.as_ref().unwrap().outcome, GroupOutcome::ColdStart);
+    assert_eq!(
+        targets(&mut d),
+        vec![T::Service("http://beta.svc:80".into())]
+    );
+}
+
+#[test]
+fn label_group_least_loaded_reserves_members() {
+    let w = world_with_mode(
+        vec![
+            member("a", "g", 0, true, &[1]),
+            member("b", "g", 0, true, &[2]),
+            member("c", "g", 0, true, &[3]),
+        ],
+        Duration::from_secs(10),
+        LabelGroupMode::LeastLoaded,
+    );
+    let _busy = w.gauge.enter(w.slots.get(&addr(1)).unwrap());
+    let held: Vec<Decision> = (0..5).map(|_| w.simple("g", "{}")).collect();
+    let names: Vec<String> = held.iter().map(|d| d.model.name.to_string()).collect();
+    // a is busy: b and c first; then reservations make every member equal at 1, so the next
+    // three picks take each member once.
+    let mut first_two = names[..2].to_vec();
+    first_two.sort();
+    assert_eq!(first_two, ["b", "c"]);
+    let mut next = names[2..].to_vec();
+    next.sort();
+    assert_eq!(next, ["a", "b", "c"]);
+    let d = w.simple("g", "{}");
+    assert_eq!(d.group.unwrap().outcome.as_str(), "least_loaded");
+}
+
+#[test]
+fn label_group_prefix_mode_pins_a_context_to_one_member() {
+    let w = world_with_mode(
+        (0..4)
+            .map(|i| member(&format!("m{i}"), "g", 0, true, &[10 + i]))
+            .collect(),
+        Duration::ZERO,
+        LabelGroupMode::Prefix,
+    );
+    let first = w
+        .decide("g", &HeaderMap::new(), SYS_BODY, 0)
+        .model
+        .name
+        .clone();
+    for draw in 0..10 {
+        assert_eq!(
+            w.decide("g", &HeaderMap::new(), SYS_BODY, draw).model.name,
+            first
+        );
+    }
+}
+
+/// Made, consumed and expired reservations of model `m` in the world's table.
+fn ledger(w: &World, m: &str) -> (u64, u64, u64) {
+    let Some(Route::Model(r)) = w.table.lookup(m) else {
+        panic!("no model {m}")
+    };
+    let c = &r.metrics.reservations;
+    (c.made.get(), c.consumed.get(), c.expired.get())
+}
+
+#[test]
+fn a_decision_carries_its_reservation_and_it_ends_exactly_once() {
+    let w = world(
+        vec![model("m", Strategy::LeastLoaded, &[1, 2])],
+        Duration::from_secs(10),
+    );
+    // Consumed: the request started on the reserved pod.
+    let mut d = w.simple("m", "{}");
+    let token = d
+        .pod_reservation
+        .take()
+        .expect("least-loaded reserves its pick");
+    assert_eq!(
+        Some(token.key()),
+        d.picked_pod().and_then(|p| p.slot).map(u64::from)
+    );
+    assert!(token.consume());
+    assert_eq!(ledger(&w, "m"), (1, 1, 0));
+    // Expired at once: the decision ended without starting on its pick (dropped).
+    drop(w.simple("m", "{}"));
+    assert_eq!(ledger(&w, "m"), (2, 1, 1));
+    // Expired by the sweep while its decision is still alive; consuming later changes nothing.
+    let mut d = w.simple("m", "{}");
+    assert_eq!(w.router.sweep(Instant::now() + Duration::from_secs(11)), 1);
+    assert!(!d.pod_reservation.take().unwrap().consume());
+    assert_eq!(ledger(&w, "m"), (3, 1, 2));
+    assert_eq!(w.router.pending_reservations(), 0);
+}
+
+#[test]
+fn strategies_that_do_not_read_load_reserve_nothing() {
+    let w = world(
+        vec![
+            model("p", Strategy::Prefix, &[1, 2]),
+            model("s", Strategy::SessionAffinity, &[3, 4]),
+            model("d", Strategy::Default, &[5]),
+        ],
+        Duration::from_secs(10),
+    );
+    for m in ["p", "s", "d"] {
+        let d = w.simple(m, SYS_BODY);
+        assert!(d.pod_reservation.is_none() && d.member_reservation.is_none());
+        assert_eq!(ledger(&w, m), (0, 0, 0));
+    }
+}
+
+#[test]
+fn the_rules_cover_every_decision_a_model_makes() {
+    // Every (key source, outcome) a decision reports has a pre-resolved counter.
+    let bodies = [
+        "{}",
+        SYS_BODY,
+        r#"{"cache_key":"k"}"#,
+        r#"{"prefix":"p"}"#,
+        r#"{"session_id":"s"}"#,
+        r#"{"messages":[{"role":"user","content":"u"}]}"#,
+    ];
+    let header_sets: [&[(&str, &str)]; 4] = [
+        &[],
+        &[("x-session-id", "s")],
+        &[("x-conversation-id", "c")],
+        &[("x-flexinfer-cache-key", "k")],
+    ];
+    for s in Strategy::ALL {
+        for service in [true, false] {
+            for ports in [&[][..], &[1, 2][..]] {
+                let mut spec = model("m", s, ports);
+                if !service {
+                    spec.service = None;
+                }
+                let w = world(vec![spec], Duration::ZERO);
+                for body in bodies {
+                    for hs in header_sets {
+                        let mut h = HeaderMap::new();
+                        for (k, v) in hs {
+                            h.insert(*k, HeaderValue::from_static(v));
+                        }
+                        let d = w.decide("m", &h, body, 0);
+                        assert!(
+                            d.model
+                                .metrics
+                                .decision(d.key_source(), d.outcome)
+                                .is_some(),
+                            "{s} service={service} pods={ports:?} {body} {hs:?}: {:?} {:?}",
+                            d.key_source(),
+                            d.outcome
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The words every layer shares: strategies, label-group modes, key sources and decision
+//! outcomes. Their string forms are the spellings of the annotations, the models file and the
+//! metric labels, so they live here once, at the bottom: this module imports nothing of the
+//! crate, and everything else may import it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The routing strategy of one model (`flexinfer.ai/routing`, or `routing:` in the file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// Kubernetes Service load balancing: always the Service URL.
+    #[default]
+    Default,
+    SessionAffinity,
+    Prefix,
+    LeastLoaded,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 4] = [
+        Strategy::Default,
+        Strategy::SessionAffinity,
+        Strategy::Prefix,
+        Strategy::LeastLoaded,
+    ];
+
+    /// The spelling used in annotations, the file and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Default => "default",
+            Strategy::SessionAffinity => "session-affinity",
+            Strategy::Prefix => "prefix",
+            Strategy::LeastLoaded => "least-loaded",
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A strategy name that is not one of ours.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown routing strategy {0:?} (expected default, session-affinity, prefix or least-loaded)"
+)]
+pub struct UnknownStrategy(pub String);
+
+impl FromStr for Strategy {
+    type Err = UnknownStrategy;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "" | "default" => Ok(Strategy::Default),
+            "session-affinity" | "session" => Ok(Strategy::SessionAffinity),
+            "prefix" => Ok(Strategy::Prefix),
+            "least-loaded" => Ok(Strategy::LeastLoaded),
+            other => Err(UnknownStrategy(other.to_owned())),
+        }
+    }
+}
+
+/// How a label group picks a member (`FLEXINFER_PROXY_LABEL_GROUP_ROUTING`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LabelGroupMode {
+    #[default]
+    RoundRobin,
+    LeastLoaded,
+    Prefix,
+    Session,
+}
+
+impl LabelGroupMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LabelGroupMode::RoundRobin => "round-robin",
+            LabelGroupMode::LeastLoaded => "least-loaded",
+            LabelGroupMode::Prefix => "prefix",
+            LabelGroupMode::Session => "session",
+        }
+    }
+}
+
+impl fmt::Display for LabelGroupMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A label-group mode name that is not one of ours.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown label group mode {0:?} (expected round-robin, least-loaded, prefix or session)")]
+pub struct UnknownMode(pub String);
+
+impl FromStr for LabelGroupMode {
+    type Err = UnknownMode;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+            "" | "round-robin" | "roundrobin" => Ok(Self::RoundRobin),
+            "least-loaded" | "leastloaded" => Ok(Self::LeastLoaded),
+            "prefix" => Ok(Self::Prefix),
+            "session" | "session-affinity" => Ok(Self::Session),
+            other => Err(UnknownMode(other.to_owned())),
+        }
+    }
+}
+
+/// Where a routing key came from; the string form is the `key_source` metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KeySource {
+    /// `X-Flexinfer-Cache-Key` header.
+    ExplicitHeader,
+    /// Body `cache_key` / `cacheKey`.
+    ExplicitBody,
+    /// Body `prefix` (legacy explicit field).
+    PrefixField,
+    /// Hash of model identity + system messages + document context.
+    Canonical,
+    /// `X-Session-ID` header.
+    SessionHeader,
+    /// `X-Conversation-ID` header.
+    ConversationHeader,
+    /// Body `session_id`.
+    SessionBody,
+    /// Hash of the conversation's opening messages.
+    ImplicitSession,
+    /// No key.
+    None,
+}
+
+impl KeySource {
+    pub const ALL: [KeySource; 9] = [
+        KeySource::ExplicitHeader,
+        KeySource::ExplicitBody,
+        KeySource::PrefixField,
+        KeySource::Canonical,
+        KeySource::SessionHeader,
+        KeySource::ConversationHeader,
+        KeySource::SessionBody,
+        KeySource::ImplicitSession,
+        KeySource::None,
+    ];
+
+    /// Position in [`KeySource::ALL`] (for tables indexed by source).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeySource::ExplicitHeader => "explicit-header",
+            KeySource::ExplicitBody => "explicit-body",
+            KeySource::PrefixField => "prefix-field",
+            KeySource::Canonical => "canonical",
+            KeySource::SessionHeader => "session-header",
+            KeySource::ConversationHeader => "conversation-header",
+            KeySource::SessionBody => "session-body",
+            KeySource::ImplicitSession => "implicit-session",
+            KeySource::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Per-model decision outcome (`outcome` label of `routing_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Pod,
+    ServiceFallback,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 2] = [Outcome::Pod, Outcome::ServiceFallback];
+
+    /// Position in [`Outcome::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Pod => "pod",
+            Outcome::ServiceFallback => "service-fallback",
+        }
+    }
+}
+
+/// Label-group decision outcome (`outcome` label of `label_group_route_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GroupOutcome {
+    /// The mode chose among the ready top tier (named after the mode).
+    Mode(LabelGroupMode),
+    /// A higher-priority tier took the pick from other ready members.
+    PriorityPick,
+    /// No member was ready: the alphabetically first member of the top tier.
+    ColdStart,
+}
+
+impl GroupOutcome {
+    /// The outcomes a group in `mode` can report.
+    pub fn possible(mode: LabelGroupMode) -> [GroupOutcome; 3] {
+        [
+            GroupOutcome::Mode(mode),
+            GroupOutcome::PriorityPick,
+            GroupOutcome::ColdStart,
+        ]
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupOutcome::Mode(LabelGroupMode::RoundRobin) => "round_robin",
+            GroupOutcome::Mode(LabelGroupMode::LeastLoaded) => "least_loaded",
+            GroupOutcome::Mode(LabelGroupMode::Prefix) => "prefix",
+            GroupOutcome::Mode(LabelGroupMode::Session) => "session",
+            GroupOutcome::PriorityPick => "priority_pick",
+            GroupOutcome::ColdStart => "cold_start",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategy_spellings() {
+        for s in Strategy::ALL {
+            assert_eq!(s.as_str().parse::<Strategy>().unwrap(), s);
+        }
+        assert!("round-robin".parse::<Strategy>().is_err());
+    }
+
+    #[test]
+    fn mode_spellings() {
+        for m in [
+            LabelGroupMode::RoundRobin,
+            LabelGroupMode::LeastLoaded,
+            LabelGroupMode::Prefix,
+            LabelGroupMode::Session,
+        ] {
+            assert_eq!(m.as_str().parse::<LabelGroupMode>().unwrap(), m);
+        }
+        assert_eq!(
+            "least_loaded".parse::<LabelGroupMode>().unwrap(),
+            LabelGroupMode::LeastLoaded
+        );
+        assert!("random".parse::<LabelGroupMode>().is_err());
+    }
+
+    #[test]
+    fn indices_follow_all() {
+        for (i, s) in KeySource::ALL.iter().enumerate() {
+            assert_eq!(s.index(), i);
+        }
+        for (i, o) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(o.index(), i);
+        }
+    }
+}
