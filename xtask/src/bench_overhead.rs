@@ -985,12 +985,12 @@ fn versions(smg: Option<&Path>) -> String {
     );
     let _ = writeln!(s, "wrk: {}", first_line(Command::new("wrk").arg("-v")));
     if let Some(p) = smg {
-        let pip = p.with_file_name("pip");
-        let _ = writeln!(
-            s,
-            "smg: {}",
-            first_line(Command::new(pip).args(["show", "smg"]))
-        );
+        let python = p.with_file_name("python3");
+        let version = first_line(Command::new(python).args([
+            "-c",
+            "import importlib.metadata as m; print(m.version('smg'))",
+        ]));
+        let _ = writeln!(s, "smg: {version}");
     }
     let _ = writeln!(
         s,
