@@ -394,7 +394,8 @@ fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Result<Sample> {
 
     let port = free_port();
     let addr = loopback(port);
-    let mut admin = None;
+    // Where the proxy reports on itself: flexinfer's admin port, smg's metrics port.
+    let mut stats = None;
     let proxy: Option<Proc> = match target {
         Target::Direct => None,
         Target::Nginx => {
@@ -413,7 +414,7 @@ fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Result<Sample> {
         Target::Smg => {
             let smg = env.smg.context("smg row without smg")?;
             let metrics = free_port();
-            admin = Some(loopback(metrics));
+            stats = Some(loopback(metrics));
             let mut cmd = Command::new(smg);
             cmd.args(["launch", "--host", "127.0.0.1", "--port"])
                 .arg(port.to_string())
@@ -450,7 +451,7 @@ fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Result<Sample> {
                 )
                 .write_to(&models)?;
             let admin_port = free_port();
-            admin = Some(loopback(admin_port));
+            stats = Some(loopback(admin_port));
             let mut cmd = Command::new(env.bin);
             cmd.arg("serve")
                 .arg("--config")
@@ -485,7 +486,7 @@ fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Result<Sample> {
     let body = case.body();
     preflight(url_addr, case, &body, target, tag, env)?;
     if target == Target::FxDefault {
-        let m = http_request(admin.context("admin")?, "GET", "/metrics", &[], b"")?.text();
+        let m = http_request(stats.context("admin port")?, "GET", "/metrics", &[], b"")?.text();
         if !m.contains("flexinfer_proxy_ebpf_enabled 1") {
             bail!(
                 "default flags as root did not load the eBPF gauge:\n{}",
@@ -513,7 +514,7 @@ fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Result<Sample> {
         sample.proxy_cpu = Some(p.cpu_time().saturating_sub(before));
     }
     // Evidence next to the numbers: the proxy's own view after the run.
-    if let Some(a) = admin {
+    if let Some(a) = stats {
         let path = if target == Target::Smg {
             "/metrics"
         } else {
