@@ -1,27 +1,23 @@
-//! Harness for tests of the eBPF gauge: BPF availability, child cgroups, pin dirs, and a
-//! connection-holding helper process.
+//! Harness for tests of the eBPF gauge: BPF availability, a child cgroup and pin dir per test
+//! (from `flexinfer-test-support`), and a connection-holding helper process.
 //!
 //! Each test gets its own child cgroup and pin directory, both cleaned up on drop, so tests
 //! run in parallel without seeing each other's connections and leave nothing attached or
 //! pinned. Connections are made by `conn-holder` processes started inside the child cgroup
 //! (cgroup v2 membership is per process), so the test process itself never changes cgroup.
 
-use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use routing_userspace::ebpf::{cgroup, pins, EbpfOptions};
+pub use flexinfer_test_support::{Cgroup, PinDir};
+use routing_userspace::ebpf::EbpfOptions;
 
 /// Why BPF cannot be used here, or `None` if it can.
 pub fn bpf_missing() -> Option<String> {
-    // SAFETY: geteuid has no side effects.
-    if unsafe { libc::geteuid() } != 0 {
+    if !flexinfer_test_support::is_root() {
         return Some("not running as root".into());
     }
     // A tiny BPF_MAP_CREATE (array, 4-byte key and value, 1 entry) proves the syscall works.
@@ -47,7 +43,7 @@ pub fn bpf_missing() -> Option<String> {
     }
     // SAFETY: closing the descriptor the kernel just returned to us.
     unsafe { libc::close(fd as i32) };
-    if cgroup::cgroup2_root().is_err() {
+    if flexinfer_test_support::cgroup2_root().is_err() {
         return Some("no cgroup2 mount".into());
     }
     None
@@ -73,76 +69,30 @@ pub fn bpf_or_skip(test: &str) -> bool {
     }
 }
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
+/// Prefix of the cgroups and pin dirs the tests create (`<prefix>-<pid>-<n>`).
+const PREFIX: &str = "flexinfer-test";
 
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    )
+/// A fresh child cgroup of the cgroup2 root for one test, removed on drop.
+pub fn test_cgroup() -> Cgroup {
+    Cgroup::create(PREFIX).unwrap_or_else(|e| panic!("test cgroup: {e}"))
 }
 
-/// A child cgroup of the cgroup2 root, removed on drop.
-pub struct TestCgroup {
-    pub path: PathBuf,
-}
-
-impl TestCgroup {
-    pub fn new() -> Self {
-        let root = cgroup::cgroup2_root().expect("cgroup2 mount");
-        let path = root.join(unique("flexinfer-test"));
-        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
-        Self { path }
-    }
-
-    /// PIDs currently in the cgroup.
-    pub fn procs(&self) -> Vec<u32> {
-        std::fs::read_to_string(self.path.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
-    }
-}
-
-impl Default for TestCgroup {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        // Holders are killed by their own guards first; retry briefly while they are reaped.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::remove_dir(&self.path).is_err() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-/// Options with a pin directory of its own; everything pinned there is removed on drop.
+/// Options with a pin directory of their own, attaching to `cgroup`; everything pinned there
+/// is removed on drop.
 pub struct TestPins {
     pub opts: EbpfOptions,
+    _dir: PinDir,
 }
 
 impl TestPins {
-    pub fn new(cgroup: &TestCgroup) -> Self {
+    pub fn new(cgroup: &Cgroup) -> Self {
+        let dir = PinDir::new(PREFIX);
         let opts = EbpfOptions {
-            cgroup: Some(cgroup.path.clone()),
-            pin_dir: PathBuf::from("/sys/fs/bpf").join(unique("flexinfer-test")),
+            cgroup: Some(cgroup.path().to_path_buf()),
+            pin_dir: dir.path().to_path_buf(),
             ..EbpfOptions::default()
         };
-        Self { opts }
-    }
-}
-
-impl Drop for TestPins {
-    fn drop(&mut self) {
-        if let Err(e) = pins::remove_pins(&self.opts.pin_dir) {
-            eprintln!("cleanup of {}: {e}", self.opts.pin_dir.display());
-        }
+        Self { opts, _dir: dir }
     }
 }
 
@@ -155,32 +105,16 @@ pub struct Holder {
 
 impl Holder {
     /// Start the helper (binary at `exe`) as a member of `cgroup`.
-    pub fn spawn(exe: &Path, cgroup: &Path) -> Self {
-        let procs = CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes())
-            .expect("path without NUL");
+    pub fn spawn(exe: &Path, cgroup: &Cgroup) -> Self {
         let mut cmd = Command::new(exe);
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
-        // SAFETY: the closure runs in the forked child before exec and only calls
-        // async-signal-safe functions (open, write, close) on memory prepared before fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                // Writing "0" to cgroup.procs moves the writing process itself.
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-                let err = std::io::Error::last_os_error();
-                libc::close(fd);
-                if n != 1 {
-                    return Err(err);
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawning {} in {}: {e}", exe.display(), cgroup.display()));
+        let mut child = cgroup.spawn_inside(&mut cmd).spawn().unwrap_or_else(|e| {
+            panic!(
+                "spawning {} in {}: {e}",
+                exe.display(),
+                cgroup.path().display()
+            )
+        });
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         Self {

@@ -1,6 +1,8 @@
 //! Shared support for the workspace integration tests: real `flexinfer-proxy` processes (proxy
-//! and `sim` replicas) on loopback, and a small HTTP client.
+//! and `sim` replicas) on loopback, and a small async HTTP client.
 //!
+//! The process, scratch-dir, port, cgroup, pin-dir and models-file plumbing lives in
+//! `flexinfer-test-support` (shared with `cargo xtask bench`) and is re-exported here.
 //! Processes are killed when their handle drops, so a failing test leaves nothing running.
 
 pub mod chart;
@@ -9,9 +11,9 @@ pub mod ebpf;
 pub mod prom;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,6 +21,8 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+
+pub use flexinfer_test_support::{free_port, loopback, ModelEntry, ModelsFile, Proc, TempDir};
 
 /// The `flexinfer-proxy` binary: `FLEXINFER_PROXY_BIN`, else next to this test's target dir.
 /// `cargo test --workspace` builds it first (routing-userspace has integration tests of its
@@ -42,90 +46,10 @@ pub fn proxy_bin() -> PathBuf {
     bin
 }
 
-/// A free loopback port (bound, then released).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-pub fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
-/// A child process killed (SIGKILL) on drop.
-pub struct Proc {
-    pub child: Child,
-    pub log: PathBuf,
-}
-
-impl Proc {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// The process's stderr so far.
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM, then wait up to `timeout` for the exit.
-    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        // SAFETY: kill(2) on our own child's pid has no memory-safety concerns.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A scratch directory removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p =
-            std::env::temp_dir().join(format!("flexinfer-test-{tag}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Self(p)
-    }
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn spawn(args: &[String], env: &HashMap<String, String>, log: PathBuf) -> Proc {
-    let stderr = std::fs::File::create(&log).expect("log file");
-    let child = Command::new(proxy_bin())
-        .args(args)
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn flexinfer-proxy");
-    Proc { child, log }
+fn spawn(name: &str, args: &[String], env: &HashMap<String, String>, log: PathBuf) -> Proc {
+    let mut cmd = Command::new(proxy_bin());
+    cmd.args(args).envs(env);
+    Proc::spawn(name, cmd, &log).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Wait until `GET url` answers 200.
@@ -162,7 +86,12 @@ pub async fn start_sim(name: &str, extra: &[&str], dir: &Path) -> Sim {
         name.to_string(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let proc = spawn(&args, &HashMap::new(), dir.join(format!("sim-{name}.log")));
+    let proc = spawn(
+        &format!("sim {name}"),
+        &args,
+        &HashMap::new(),
+        dir.join(format!("sim-{name}.log")),
+    );
     wait_ok(addr, "/health", Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("sim {name}: {e}"));
@@ -183,10 +112,8 @@ pub struct Proxy {
 
 impl Proxy {
     /// Replace the models file and wait until the proxy has applied it (its poll is 100 ms).
-    pub async fn rewrite_config(&self, yaml: &str) {
-        let tmp = self.config.with_extension("tmp");
-        std::fs::write(&tmp, yaml).expect("write config");
-        std::fs::rename(&tmp, &self.config).expect("swap config");
+    pub async fn rewrite_config(&self, models: &ModelsFile) {
+        models.write_to(&self.config).expect("swap config");
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
 
@@ -195,10 +122,15 @@ impl Proxy {
     }
 }
 
-/// Start a proxy on `yaml` with extra flags and environment, and wait for /readyz.
-pub async fn start_proxy(yaml: &str, extra: &[&str], env: &[(&str, &str)], dir: &Path) -> Proxy {
+/// Start a proxy on `models` with extra flags and environment, and wait for /readyz.
+pub async fn start_proxy(
+    models: &ModelsFile,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    dir: &Path,
+) -> Proxy {
     let config = dir.join(format!("models-{}.yaml", free_port()));
-    std::fs::write(&config, yaml).expect("write config");
+    models.write_to(&config).expect("write config");
     let addr = loopback(free_port());
     let admin = loopback(free_port());
     let mut args = vec![
@@ -223,13 +155,18 @@ pub async fn start_proxy(yaml: &str, extra: &[&str], env: &[(&str, &str)], dir: 
         .collect();
     envs.entry("RUST_LOG".into())
         .or_insert_with(|| "info,routing_userspace=debug".into());
-    let mut proc = spawn(&args, &envs, dir.join(format!("proxy-{}.log", addr.port())));
+    let mut proc = spawn(
+        "flexinfer-proxy",
+        &args,
+        &envs,
+        dir.join(format!("proxy-{}.log", addr.port())),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while wait_ok(admin, "/readyz", Duration::from_millis(100))
         .await
         .is_err()
     {
-        if let Ok(Some(status)) = proc.child.try_wait() {
+        if let Some(status) = proc.exited() {
             panic!(
                 "proxy exited ({status}) before it was ready:\n{}",
                 proc.log_text()

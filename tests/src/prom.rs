@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::{free_port, get, loopback, Proc};
@@ -260,20 +260,15 @@ impl Prometheus {
         std::fs::create_dir_all(&data).expect("tsdb dir");
         let addr = loopback(free_port());
         let log = dir.join("prometheus.log");
-        let child = Command::new(bin)
-            .arg(format!("--config.file={}", config.display()))
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!("--config.file={}", config.display()))
             .arg(format!("--storage.tsdb.path={}", data.display()))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--storage.tsdb.retention.time=1h")
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("prometheus log"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+            .arg("--log.level=warn");
         let p = Self {
             addr,
-            proc: Proc { child, log },
+            proc: Proc::spawn("prometheus", cmd, &log).unwrap_or_else(|e| panic!("{e}")),
         };
         if let Err(e) = crate::wait_ok(addr, "/-/ready", Duration::from_secs(20)).await {
             panic!("prometheus: {e}\n{}", p.proc.log_text());

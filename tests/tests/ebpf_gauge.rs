@@ -10,7 +10,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
-use flexinfer_tests::ebpf::{bpf_or_skip, ebpf_required, wait_for, Holder, TestCgroup, TestPins};
+use flexinfer_tests::ebpf::{
+    bpf_or_skip, ebpf_required, test_cgroup, wait_for, Cgroup, Holder, TestPins,
+};
 use routing_userspace::ebpf::{cli, pins, sys, EbpfError, EbpfGauge, EbpfOptions};
 use routing_userspace::load::LoadGauge;
 
@@ -40,12 +42,12 @@ fn counts_connections_to_tracked_pods_only() {
     if !bpf_or_skip("counts_connections_to_tracked_pods_only") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let gauge = open(&pins.opts);
     assert!(gauge.created(), "a fresh pin dir is created, not reopened");
     assert_eq!(
-        attached(&cg.path).len(),
+        attached(cg.path()).len(),
         1,
         "sock_ops attached once to the test cgroup"
     );
@@ -56,7 +58,7 @@ fn counts_connections_to_tracked_pods_only() {
     gauge.set_pods(&[(pod, 7)]);
     assert_eq!(gauge.active(7), 0);
 
-    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg);
     assert_eq!(
         cg.procs(),
         vec![h.pid()],
@@ -106,17 +108,17 @@ fn reopening_pins_continues_counts_without_double_attach() {
     if !bpf_or_skip("reopening_pins_continues_counts_without_double_attach") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let (_l, pod) = listener();
 
     let first = open(&pins.opts);
     assert!(first.created());
     first.set_pods(&[(pod, 0)]);
-    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg);
     h.open(pod, 3);
     assert_eq!(first.active(0), 3);
-    let ids = attached(&cg.path);
+    let ids = attached(cg.path());
     drop(first); // the "proxy" exits without detaching
 
     let second = open(&pins.opts); // the restarted proxy
@@ -124,7 +126,7 @@ fn reopening_pins_continues_counts_without_double_attach() {
         !second.created(),
         "the restarted proxy reopens the pinned set"
     );
-    assert_eq!(attached(&cg.path), ids, "no second attachment");
+    assert_eq!(attached(cg.path()), ids, "no second attachment");
     // A different proxy slot for the same pod: the kernel slot is reused from BACKENDS.
     second.set_pods(&[(pod, 42)]);
     assert_eq!(second.active(42), 3, "counts continue across the restart");
@@ -140,7 +142,7 @@ fn two_processes_share_one_pinned_set() {
     if !bpf_or_skip("two_processes_share_one_pinned_set") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let (_l1, pod1) = listener();
     let (_l2, pod2) = listener();
@@ -151,7 +153,7 @@ fn two_processes_share_one_pinned_set() {
     // Each "proxy" numbers the pods its own way.
     a.set_pods(&[(pod1, 0), (pod2, 1)]);
     b.set_pods(&[(pod2, 5), (pod1, 9)]);
-    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg);
     h.open(pod1, 2);
     h.open(pod2, 1);
     assert_eq!((a.active(0), a.active(1)), (2, 1));
@@ -160,7 +162,7 @@ fn two_processes_share_one_pinned_set() {
         (2, 1),
         "the second proxy sees the same node-wide load"
     );
-    assert_eq!(attached(&cg.path).len(), 1);
+    assert_eq!(attached(cg.path()).len(), 1);
 
     // b forgets pod2; a still routes to it (a will re-add it on its next rebuild).
     b.set_pods(&[(pod1, 9)]);
@@ -174,12 +176,12 @@ fn sigkilled_holder_leaves_no_phantom_load() {
     if !bpf_or_skip("sigkilled_holder_leaves_no_phantom_load") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let gauge = open(&pins.opts);
     let (_l, pod) = listener();
     gauge.set_pods(&[(pod, 3)]);
-    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg);
     h.open(pod, 4);
     assert_eq!(gauge.active(3), 4);
     h.kill();
@@ -223,16 +225,16 @@ fn detach_removes_pins_and_the_attachment() {
     if !bpf_or_skip("detach_removes_pins_and_the_attachment") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let gauge = open(&pins.opts);
-    assert_eq!(attached(&cg.path).len(), 1);
+    assert_eq!(attached(cg.path()).len(), 1);
     assert!(pins.opts.pin_dir.join(pins::LINK_PIN).exists());
     drop(gauge);
     cli::detach(&pins.opts).expect("detach");
     assert!(!pins.opts.pin_dir.exists(), "pin dir removed");
     assert_eq!(
-        wait_for(0, SETTLE, || attached(&cg.path).len()),
+        wait_for(0, SETTLE, || attached(cg.path()).len()),
         0,
         "no sock_ops program left on the cgroup"
     );
@@ -245,7 +247,7 @@ fn detach_also_removes_the_pins_of_a_build_with_the_redirect() {
     if !bpf_or_skip("detach_also_removes_the_pins_of_a_build_with_the_redirect") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let gauge = open(&pins.opts);
     drop(gauge);
@@ -269,7 +271,7 @@ fn detach_also_removes_the_pins_of_a_build_with_the_redirect() {
     }
     assert!(removed.dir_removed, "pin dir removed");
     assert_eq!(
-        wait_for(0, SETTLE, || attached(&cg.path).len()),
+        wait_for(0, SETTLE, || attached(cg.path()).len()),
         0,
         "no sock_ops program left on the cgroup"
     );
@@ -283,12 +285,12 @@ fn every_test_cleans_up_after_itself() {
     let path;
     let pin_dir;
     {
-        let cg = TestCgroup::new();
+        let cg = test_cgroup();
         let pins = TestPins::new(&cg);
         let g = open(&pins.opts);
         let (_l, pod) = listener();
         g.set_pods(&[(pod, 0)]);
-        path = cg.path.clone();
+        path = cg.path().to_path_buf();
         pin_dir = pins.opts.pin_dir.clone();
         // guards drop here: pins first (declared later), then the cgroup
     }
@@ -301,14 +303,14 @@ fn ipv6_and_v4_mapped_pods_are_counted() {
     if !bpf_or_skip("ipv6_and_v4_mapped_pods_are_counted") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let gauge = open(&pins.opts);
     let l6 = TcpListener::bind("[::1]:0").expect("bind [::1]");
     let pod6 = l6.local_addr().expect("addr");
     let (_l4, pod4) = listener();
     gauge.set_pods(&[(pod6, 1), (pod4, 2)]);
-    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg);
     h.open(pod6, 2);
     // An AF_INET6 socket to ::ffff:127.0.0.1 is the IPv4 pod.
     let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", pod4.port())
@@ -325,7 +327,7 @@ fn a_failed_attach_leaves_nothing_pinned() {
     if !bpf_or_skip("a_failed_attach_leaves_nothing_pinned") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let mut pins = TestPins::new(&cg);
     // A directory that is not a cgroup: loading works, attaching must fail.
     let not_cgroup = std::env::temp_dir();
@@ -347,17 +349,17 @@ fn a_failed_attach_leaves_nothing_pinned() {
             .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
     );
     // The next open (with a real cgroup) starts clean and works.
-    pins.opts.cgroup = Some(cg.path.clone());
+    pins.opts.cgroup = Some(cg.path().to_path_buf());
     let gauge = open(&pins.opts);
     assert!(gauge.created());
 }
 
 const PROBE: &str = env!("CARGO_BIN_EXE_gauge-probe");
 
-fn probe(pins: &TestPins, cg: &TestCgroup, pods: &[SocketAddr]) -> String {
+fn probe(pins: &TestPins, cg: &Cgroup, pods: &[SocketAddr]) -> String {
     let out = std::process::Command::new(PROBE)
         .arg(&pins.opts.pin_dir)
-        .arg(&cg.path)
+        .arg(cg.path())
         .args(pods.iter().map(|p| p.to_string()))
         .output()
         .expect("run gauge-probe");
@@ -374,19 +376,19 @@ fn a_second_process_sees_the_same_load() {
     if !bpf_or_skip("a_second_process_sees_the_same_load") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let gauge = open(&pins.opts);
     let (_l1, pod1) = listener();
     let (_l2, pod2) = listener();
     gauge.set_pods(&[(pod1, 0), (pod2, 1)]);
-    let mut h = Holder::spawn(Path::new(HOLDER), &cg.path);
+    let mut h = Holder::spawn(Path::new(HOLDER), &cg);
     h.open(pod1, 3);
     h.open(pod2, 1);
     // Another process, numbering the pods the other way round.
     let out = probe(&pins, &cg, &[pod2, pod1]);
     assert_eq!(out, "created=false\nactive=1,3\n");
-    assert_eq!(attached(&cg.path).len(), 1);
+    assert_eq!(attached(cg.path()).len(), 1);
 }
 
 #[test]
@@ -394,14 +396,14 @@ fn processes_starting_together_attach_once() {
     if !bpf_or_skip("processes_starting_together_attach_once") {
         return;
     }
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let (_l, pod) = listener();
     let mut children: Vec<std::process::Child> = (0..4)
         .map(|_| {
             std::process::Command::new(PROBE)
                 .arg(&pins.opts.pin_dir)
-                .arg(&cg.path)
+                .arg(cg.path())
                 .arg("--wait")
                 .arg(pod.to_string())
                 .stdin(std::process::Stdio::piped())
@@ -428,5 +430,5 @@ fn processes_starting_together_attach_once() {
         }
     }
     assert_eq!(created, 1, "exactly one process creates the pinned set");
-    assert_eq!(attached(&cg.path).len(), 1, "and it is attached once");
+    assert_eq!(attached(cg.path()).len(), 1, "and it is attached once");
 }

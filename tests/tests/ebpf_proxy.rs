@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use flexinfer_tests::ebpf::{bpf_or_skip, wait_for, TestCgroup, TestPins};
+use flexinfer_tests::ebpf::{bpf_or_skip, test_cgroup, wait_for, TestPins};
 use flexinfer_tests::*;
 use routing_userspace::ebpf::cli::pod_loads;
 use routing_userspace::ebpf::pins::PinnedSet;
@@ -28,11 +28,6 @@ fn ebpf_flags(pins: &TestPins) -> Vec<String> {
     ]
 }
 
-fn join(cgroup: &TestCgroup, pid: u32) {
-    std::fs::write(cgroup.path.join("cgroup.procs"), pid.to_string())
-        .expect("move into the test cgroup");
-}
-
 /// Live connections to `pod` as the kernel counts them.
 fn kernel_load(pins: &TestPins, pod: SocketAddr) -> u64 {
     let set = PinnedSet::open_existing(&pins.opts.pin_dir).expect("pinned set");
@@ -43,16 +38,21 @@ fn kernel_load(pins: &TestPins, pod: SocketAddr) -> u64 {
         .map_or(0, |p| p.active)
 }
 
-fn models(slow: &Sim, others: &[&Sim]) -> String {
-    let all: Vec<String> = std::iter::once(slow)
+fn models(slow: &Sim, others: &[&Sim]) -> ModelsFile {
+    let all = std::iter::once(slow)
         .chain(others.iter().copied())
-        .map(|s| s.addr.to_string())
-        .collect();
-    format!(
-        "models:\n  - name: chat\n    routing: least-loaded\n    endpoints: [{}]\n  - name: pin-a\n    routing: least-loaded\n    endpoints: [{}]\n",
-        all.join(", "),
-        slow.addr
-    )
+        .map(|s| s.addr);
+    ModelsFile::new()
+        .model(
+            ModelEntry::new("chat")
+                .routing("least-loaded")
+                .endpoints(all),
+        )
+        .model(
+            ModelEntry::new("pin-a")
+                .routing("least-loaded")
+                .endpoint(slow.addr),
+        )
 }
 
 /// Start `n` long requests through `proxy`; they run until done or aborted (or the proxy dies).
@@ -91,7 +91,7 @@ async fn a_second_proxy_sees_the_first_ones_connections() {
         return;
     }
     let dir = TempDir::new("ebpf-two");
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     // Every pod streams a token per 10 ms: the held requests ask for 3000 tokens (30 s), the
     // probes for 2.
@@ -108,8 +108,10 @@ async fn a_second_proxy_sees_the_first_ones_connections() {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let p1 = start_proxy(&cfg, &flags, &[], dir.path()).await;
     let p2 = start_proxy(&cfg, &flags, &[], dir.path()).await;
-    join(&cg, p1.proc.pid());
-    join(&cg, p2.proc.pid());
+    cg.add_pid(p1.proc.pid())
+        .expect("move into the test cgroup");
+    cg.add_pid(p2.proc.pid())
+        .expect("move into the test cgroup");
     for p in [&p1, &p2] {
         assert!(metric_value(&p.metrics().await, "flexinfer_proxy_ebpf_enabled", &[]) == Some(1.0));
     }
@@ -159,7 +161,7 @@ async fn a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_
         return;
     }
     let dir = TempDir::new("ebpf-kill");
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let a = start_sim(
         "a",
@@ -173,15 +175,15 @@ async fn a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
 
     let mut p1 = start_proxy(&cfg, &flags, &[], dir.path()).await;
-    join(&cg, p1.proc.pid());
+    cg.add_pid(p1.proc.pid())
+        .expect("move into the test cgroup");
     let _held = hold(&p1, "pin-a", 3).await;
     assert_eq!(
         wait_for(3, Duration::from_secs(5), || kernel_load(&pins, a.addr)),
         3
     );
     // SIGKILL mid-request: the kernel closes its sockets, and the counts follow.
-    p1.proc.child.kill().unwrap();
-    p1.proc.child.wait().unwrap();
+    p1.proc.kill().unwrap();
     assert_eq!(
         wait_for(0, Duration::from_secs(5), || kernel_load(&pins, a.addr)),
         0,
@@ -190,7 +192,8 @@ async fn a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_
 
     // A restarted proxy re-opens the pinned set: one attachment, counts start from the truth.
     let p2 = start_proxy(&cfg, &flags, &[], dir.path()).await;
-    join(&cg, p2.proc.pid());
+    cg.add_pid(p2.proc.pid())
+        .expect("move into the test cgroup");
     assert!(p2.proc.log_text().contains("eBPF connection gauge loaded"));
     let _held = hold(&p2, "pin-a", 2).await;
     assert_eq!(
@@ -199,7 +202,7 @@ async fn a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_
         "double count after restart"
     );
     let attached =
-        routing_userspace::ebpf::sys::sock_ops_attached(&std::fs::File::open(&cg.path).unwrap())
+        routing_userspace::ebpf::sys::sock_ops_attached(&std::fs::File::open(cg.path()).unwrap())
             .unwrap();
     assert_eq!(attached.len(), 1, "the restart attached a second program");
     // Its picks read the pinned gauge: A is busy, so "chat" goes to B.
@@ -211,9 +214,10 @@ async fn a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_
 async fn without_bpf_the_proxy_serves_on_the_userspace_gauge() {
     let dir = TempDir::new("ebpf-none");
     let sim = start_sim("a", &[], dir.path()).await;
-    let cfg = format!(
-        "models:\n  - name: chat\n    routing: least-loaded\n    endpoints: [{}]\n",
-        sim.addr
+    let cfg = ModelsFile::new().model(
+        ModelEntry::new("chat")
+            .routing("least-loaded")
+            .endpoint(sim.addr),
     );
     // A directory that is not bpffs stands for "BPF unavailable".
     let fake = dir.path().join("not-bpffs");
@@ -291,7 +295,7 @@ async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_at_conne
         return;
     }
     let dir = TempDir::new("ebpf-burst");
-    let cg = TestCgroup::new();
+    let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let mut sims = Vec::new();
     for i in 0..4 {
@@ -304,15 +308,16 @@ async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_at_conne
             .await,
         );
     }
-    let eps: Vec<String> = sims.iter().map(|s| s.addr.to_string()).collect();
-    let cfg = format!(
-        "models:\n  - name: chat\n    routing: least-loaded\n    endpoints: [{}]\n",
-        eps.join(", ")
+    let cfg = ModelsFile::new().model(
+        ModelEntry::new("chat")
+            .routing("least-loaded")
+            .endpoints(sims.iter().map(|s| s.addr)),
     );
     let flags = ebpf_flags(&pins);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let proxy = start_proxy(&cfg, &flags, &[], dir.path()).await;
-    join(&cg, proxy.proc.pid());
+    cg.add_pid(proxy.proc.pid())
+        .expect("move into the test cgroup");
     let view = get(proxy.admin, "/debug/routing").await.unwrap().json();
     assert_eq!(
         (view["gauge"].as_str(), view["upstream_keepalive"].as_bool()),

@@ -3,11 +3,11 @@
 
 use flexinfer_tests::*;
 
-fn prefix_model(sims: &[&Sim]) -> String {
-    let eps: Vec<String> = sims.iter().map(|s| s.addr.to_string()).collect();
-    format!(
-        "models:\n  - name: chat\n    routing: prefix\n    endpoints: [{}]\n",
-        eps.join(", ")
+fn prefix_model(sims: &[&Sim]) -> ModelsFile {
+    ModelsFile::new().model(
+        ModelEntry::new("chat")
+            .routing("prefix")
+            .endpoints(sims.iter().map(|s| s.addr)),
     )
 }
 
@@ -119,7 +119,12 @@ async fn the_spec_debug_lines_are_logged() {
     let dir = TempDir::new("logs");
     let sim = start_sim("only", &[], dir.path()).await;
     let svc = start_sim("svc", &[], dir.path()).await;
-    let cfg = format!("models:\n  - name: my-model\n    routing: prefix\n    service: http://{}\n    endpoints: [{}]\n", svc.addr, sim.addr);
+    let cfg = ModelsFile::new().model(
+        ModelEntry::new("my-model")
+            .routing("prefix")
+            .service_at(svc.addr)
+            .endpoint(sim.addr),
+    );
     let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
     post(
         proxy.addr,
@@ -150,16 +155,21 @@ async fn the_spec_debug_lines_are_logged() {
     );
 }
 
-fn group_yaml(members: &[(&str, i64, bool, &Sim)], extra: &str) -> String {
-    let mut s = String::from("models:\n");
-    for (name, prio, ready, sim) in members {
-        s.push_str(&format!(
-            "  - name: {name}\n    routing: least-loaded\n    serviceLabel: tts\n    routePriority: {prio}\n    ready: {ready}\n    service: http://{svc}\n    endpoints: [{svc}]\n",
-            svc = sim.addr
-        ));
-    }
-    s.push_str(extra);
-    s
+/// Label group `tts`: one least-loaded model per member, each served by its sim (also its
+/// Service).
+fn tts_group(members: &[(&str, i64, bool, &Sim)]) -> ModelsFile {
+    members
+        .iter()
+        .map(|(name, prio, ready, sim)| {
+            ModelEntry::new(name)
+                .routing("least-loaded")
+                .service_label("tts")
+                .route_priority(*prio)
+                .ready(*ready)
+                .service_at(sim.addr)
+                .endpoint(sim.addr)
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -169,10 +179,7 @@ async fn label_groups_prefer_the_top_tier_degrade_and_cold_start() {
     let slow = start_sim("gfx906", &[], dir.path()).await;
     let body = chat_body("tts", None, "speak", "");
     let proxy = start_proxy(
-        &group_yaml(
-            &[("tts-fast", 100, true, &fast), ("tts-slow", 0, true, &slow)],
-            "",
-        ),
+        &tts_group(&[("tts-fast", 100, true, &fast), ("tts-slow", 0, true, &slow)]),
         &[],
         &[],
         dir.path(),
@@ -208,13 +215,10 @@ async fn label_groups_prefer_the_top_tier_degrade_and_cold_start() {
 
     // The primary leaves Ready: the group degrades to the next tier at once.
     proxy
-        .rewrite_config(&group_yaml(
-            &[
-                ("tts-fast", 100, false, &fast),
-                ("tts-slow", 0, true, &slow),
-            ],
-            "",
-        ))
+        .rewrite_config(&tts_group(&[
+            ("tts-fast", 100, false, &fast),
+            ("tts-slow", 0, true, &slow),
+        ]))
         .await;
     for _ in 0..5 {
         assert_eq!(
@@ -227,14 +231,11 @@ async fn label_groups_prefer_the_top_tier_degrade_and_cold_start() {
     }
     // Nobody Ready: the alphabetically first member of the top tier (cold start).
     proxy
-        .rewrite_config(&group_yaml(
-            &[
-                ("tts-fast", 100, false, &fast),
-                ("tts-slow", 0, false, &slow),
-                ("tts-alt", 100, false, &slow),
-            ],
-            "",
-        ))
+        .rewrite_config(&tts_group(&[
+            ("tts-fast", 100, false, &fast),
+            ("tts-slow", 0, false, &slow),
+            ("tts-alt", 100, false, &slow),
+        ]))
         .await;
     let r = post(proxy.addr, "/v1/chat/completions", &[], &body)
         .await
@@ -275,7 +276,7 @@ async fn label_group_least_loaded_spreads_a_burst_over_members() {
         ("c", 0, true, &sims[2]),
     ];
     let proxy = start_proxy(
-        &group_yaml(&members, ""),
+        &tts_group(&members),
         &[],
         &[("FLEXINFER_PROXY_LABEL_GROUP_ROUTING", "least-loaded")],
         dir.path(),

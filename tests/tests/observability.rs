@@ -56,14 +56,26 @@ async fn every_spec_family_is_exposed_with_the_spec_labels_before_and_after_traf
     let dir = TempDir::new("families");
     let a = start_sim("pod-a", &[], dir.path()).await;
     let b = start_sim("pod-b", &[], dir.path()).await;
-    let yaml = format!(
-        "models:\n\
-         \x20 - name: chat\n    routing: prefix\n    service: http://{a}\n    endpoints: [{a}, {b}]\n\
-         \x20 - name: pool-fast\n    routing: least-loaded\n    serviceLabel: pool\n    routePriority: 100\n    endpoints: [{a}]\n\
-         \x20 - name: pool-slow\n    routing: least-loaded\n    serviceLabel: pool\n    endpoints: [{b}]\n",
-        a = a.addr,
-        b = b.addr
-    );
+    let yaml = ModelsFile::new()
+        .model(
+            ModelEntry::new("chat")
+                .routing("prefix")
+                .service_at(a.addr)
+                .endpoints([a.addr, b.addr]),
+        )
+        .model(
+            ModelEntry::new("pool-fast")
+                .routing("least-loaded")
+                .service_label("pool")
+                .route_priority(100)
+                .endpoint(a.addr),
+        )
+        .model(
+            ModelEntry::new("pool-slow")
+                .routing("least-loaded")
+                .service_label("pool")
+                .endpoint(b.addr),
+        );
     let proxy = start_proxy(
         &yaml,
         &[],
@@ -270,9 +282,10 @@ async fn past_the_cardinality_cap_overflow_counts_the_estimate_holds_and_memory_
     let dir = TempDir::new("overflow");
     let a = start_sim("pod-a", &[], dir.path()).await;
     let b = start_sim("pod-b", &[], dir.path()).await;
-    let yaml = format!(
-        "models:\n  - name: chat\n    routing: prefix\n    endpoints: [{}, {}]\n",
-        a.addr, b.addr
+    let yaml = ModelsFile::new().model(
+        ModelEntry::new("chat")
+            .routing("prefix")
+            .endpoints([a.addr, b.addr]),
     );
     let proxy = start_proxy(
         &yaml,
@@ -407,10 +420,10 @@ async fn debug_routing_lists_the_hottest_keys_with_their_share_and_the_pod_that_
         .iter()
         .map(|p| (p.addr.to_string(), p.name.clone()))
         .collect();
-    let eps: Vec<String> = pods.iter().map(|p| p.addr.to_string()).collect();
-    let yaml = format!(
-        "models:\n  - name: chat\n    routing: prefix\n    endpoints: [{}]\n",
-        eps.join(", ")
+    let yaml = ModelsFile::new().model(
+        ModelEntry::new("chat")
+            .routing("prefix")
+            .endpoints(pods.iter().map(|p| p.addr)),
     );
     let proxy = start_proxy(&yaml, &["--hot-keys", "5"], &[], dir.path()).await;
 

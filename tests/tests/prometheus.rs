@@ -169,12 +169,12 @@ async fn chat_with_doc_phases_show_the_expected_signals_in_prometheus() {
         .iter()
         .map(|p| (p.addr.to_string(), p.name.clone()))
         .collect();
-    let eps: Vec<String> = pods.iter().map(|p| p.addr.to_string()).collect();
     // The first sim doubles as the model's Service, as in a cluster.
-    let yaml = format!(
-        "models:\n  - name: {MODEL}\n    routing: prefix\n    service: http://{}\n    endpoints: [{}]\n",
-        pods[0].addr,
-        eps.join(", ")
+    let yaml = ModelsFile::new().model(
+        ModelEntry::new(MODEL)
+            .routing("prefix")
+            .service_at(pods[0].addr)
+            .endpoints(pods.iter().map(|p| p.addr)),
     );
     let proxy = start_proxy(&yaml, &[], &[], dir.path()).await;
     let prom = Prometheus::start(&bin, proxy.admin, dir.path()).await;

@@ -8,12 +8,9 @@ use http_body_util::{BodyExt, Full};
 
 use flexinfer_tests::*;
 
-async fn one_model(dir: &TempDir, extra_yaml: &str, sim_flags: &[&str]) -> (Sim, Proxy) {
+async fn one_model(dir: &TempDir, sim_flags: &[&str]) -> (Sim, Proxy) {
     let sim = start_sim("solo", sim_flags, dir.path()).await;
-    let cfg = format!(
-        "models:\n  - name: solo\n    routing: prefix\n    endpoints: [{}]\n{extra_yaml}",
-        sim.addr
-    );
+    let cfg = ModelsFile::new().model(ModelEntry::new("solo").routing("prefix").endpoint(sim.addr));
     let proxy = start_proxy(&cfg, &["--max-body-bytes", "4096"], &[], dir.path()).await;
     (sim, proxy)
 }
@@ -21,7 +18,7 @@ async fn one_model(dir: &TempDir, extra_yaml: &str, sim_flags: &[&str]) -> (Sim,
 #[tokio::test(flavor = "multi_thread")]
 async fn the_first_sse_chunk_arrives_while_the_backend_is_still_generating() {
     let dir = TempDir::new("sse");
-    let (sim, proxy) = one_model(&dir, "", &["--inter-token-ms", "150"]).await;
+    let (sim, proxy) = one_model(&dir, &["--inter-token-ms", "150"]).await;
     let body = r#"{"model":"solo","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"stream please"}]}"#;
     let req = Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
         .header("content-type", "application/json")
@@ -77,10 +74,13 @@ async fn model_resolution_order_and_path_prefix_stripping() {
     let dir = TempDir::new("resolve");
     let a = start_sim("a", &[], dir.path()).await;
     let b = start_sim("b", &[], dir.path()).await;
-    let cfg = format!(
-        "models:\n  - name: alpha\n    endpoints: [{}]\n  - name: beta\n    servedModelName: beta-backend:7b\n    endpoints: [{}]\n",
-        a.addr, b.addr
-    );
+    let cfg = ModelsFile::new()
+        .model(ModelEntry::new("alpha").endpoint(a.addr))
+        .model(
+            ModelEntry::new("beta")
+                .served_model_name("beta-backend:7b")
+                .endpoint(b.addr),
+        );
     let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
     let body = chat_body("alpha", None, "hi", "");
     // Header beats path beats body.
@@ -158,7 +158,7 @@ async fn model_resolution_order_and_path_prefix_stripping() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_only_model_serves_requests_that_name_none_and_limits_hold() {
     let dir = TempDir::new("solo");
-    let (_sim, proxy) = one_model(&dir, "", &[]).await;
+    let (_sim, proxy) = one_model(&dir, &[]).await;
     let r = post(
         proxy.addr,
         "/v1/completions",
@@ -231,7 +231,7 @@ async fn recording_backend() -> (std::net::SocketAddr, tokio::task::JoinHandle<S
 async fn hop_by_hop_headers_stay_on_their_hop_and_others_pass() {
     let dir = TempDir::new("headers");
     let (backend, seen) = recording_backend().await;
-    let cfg = format!("models:\n  - name: solo\n    routing: prefix\n    endpoints: [{backend}]\n");
+    let cfg = ModelsFile::new().model(ModelEntry::new("solo").routing("prefix").endpoint(backend));
     let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
     let body = chat_body("solo", None, "hi", "");
     let req = Request::post(format!(
@@ -302,7 +302,7 @@ use xxhash_rust::xxh3::xxh3_64 as xxh3;
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_drains_requests_in_flight_then_exits() {
     let dir = TempDir::new("drain");
-    let (_sim, mut proxy) = one_model(&dir, "", &["--inter-token-ms", "100"]).await;
+    let (_sim, mut proxy) = one_model(&dir, &["--inter-token-ms", "100"]).await;
     let addr = proxy.addr;
     // About a second of generation.
     let body = chat_body("solo", None, "long answer", r#"{"max_tokens":10}"#);

@@ -7,17 +7,13 @@ use flexinfer_tests::*;
 
 const SYSTEM: &str = "You are FlexInfer's support assistant. Answer from the product manual only, cite sections, keep it short.";
 
-fn yaml(models: &[(&str, &str, Option<String>, &[&Sim])]) -> String {
-    let mut s = String::from("models:\n");
-    for (name, routing, service, pods) in models {
-        s.push_str(&format!("  - name: {name}\n    routing: {routing}\n"));
-        if let Some(svc) = service {
-            s.push_str(&format!("    service: {svc}\n"));
-        }
-        let eps: Vec<String> = pods.iter().map(|p| p.addr.to_string()).collect();
-        s.push_str(&format!("    endpoints: [{}]\n", eps.join(", ")));
-    }
-    s
+/// One model `name` with `routing` over `pods`.
+fn model(name: &str, routing: &str, pods: &[&Sim]) -> ModelsFile {
+    ModelsFile::new().model(
+        ModelEntry::new(name)
+            .routing(routing)
+            .endpoints(pods.iter().map(|p| p.addr)),
+    )
 }
 
 async fn sims(n: usize, extra: &[&str], dir: &TempDir) -> Vec<Sim> {
@@ -34,13 +30,7 @@ async fn fleet(tag: &str, routing: &str, sim_flags: &[&str]) -> (TempDir, Vec<Si
     let dir = TempDir::new(tag);
     let pods = sims(4, sim_flags, &dir).await;
     let refs: Vec<&Sim> = pods.iter().collect();
-    let proxy = start_proxy(
-        &yaml(&[("chat", routing, None, &refs)]),
-        &[],
-        &[],
-        dir.path(),
-    )
-    .await;
+    let proxy = start_proxy(&model("chat", routing, &refs), &[], &[], dir.path()).await;
     (dir, pods, proxy)
 }
 
@@ -294,9 +284,7 @@ async fn removing_a_pod_moves_only_that_pods_keys() {
     }
     let gone = "pod-2".to_string();
     let kept: Vec<&Sim> = pods.iter().filter(|p| p.name != gone).collect();
-    proxy
-        .rewrite_config(&yaml(&[("chat", "prefix", None, &kept)]))
-        .await;
+    proxy.rewrite_config(&model("chat", "prefix", &kept)).await;
     let mut moved = 0;
     for (key, old) in &before {
         let r = post(
@@ -322,7 +310,7 @@ async fn removing_a_pod_moves_only_that_pods_keys() {
         .unwrap()
         .pod();
     proxy
-        .rewrite_config("models:\n  - name: chat\n    routing: fastest\n")
+        .rewrite_config(&ModelsFile::new().model(ModelEntry::new("chat").routing("fastest")))
         .await;
     let r = post(proxy.addr, "/v1/chat/completions", &key0, &body)
         .await
@@ -334,12 +322,7 @@ async fn removing_a_pod_moves_only_that_pods_keys() {
         .contains("invalid models file; keeping the last good table"));
     // And back: re-adding the pod returns exactly its keys.
     proxy
-        .rewrite_config(&yaml(&[(
-            "chat",
-            "prefix",
-            None,
-            &pods.iter().collect::<Vec<_>>(),
-        )]))
+        .rewrite_config(&model("chat", "prefix", &pods.iter().collect::<Vec<_>>()))
         .await;
     for (key, old) in &before {
         let r = post(
@@ -360,11 +343,23 @@ async fn no_endpoints_and_dead_pods_fall_back_to_the_service() {
     let service = start_sim("the-service", &[], dir.path()).await;
     let live = start_sim("live", &[], dir.path()).await;
     let dead = format!("127.0.0.1:{}", free_port());
-    let cfg = format!(
-        "models:\n  - name: empty\n    routing: prefix\n    service: http://{svc}\n    endpoints: []\n  - name: deadpods\n    routing: session-affinity\n    service: http://{svc}\n    endpoints: [{dead}]\n  - name: mixed\n    routing: prefix\n    endpoints: [{dead}, {live}]\n",
-        svc = service.addr,
-        live = live.addr
-    );
+    let cfg = ModelsFile::new()
+        .model(
+            ModelEntry::new("empty")
+                .routing("prefix")
+                .service_at(service.addr),
+        )
+        .model(
+            ModelEntry::new("deadpods")
+                .routing("session-affinity")
+                .service_at(service.addr)
+                .endpoint(&dead),
+        )
+        .model(
+            ModelEntry::new("mixed")
+                .routing("prefix")
+                .endpoints([dead.clone(), live.addr.to_string()]),
+        );
     let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
     let r = post(
         proxy.addr,
@@ -416,7 +411,7 @@ async fn no_endpoints_and_dead_pods_fall_back_to_the_service() {
         Some(1.0)
     );
     // Nothing at all to reach: an OpenAI-shaped 502, not a hang or a dropped connection.
-    let cfg2 = format!("models:\n  - name: gone\n    routing: prefix\n    endpoints: [{dead}]\n");
+    let cfg2 = ModelsFile::new().model(ModelEntry::new("gone").routing("prefix").endpoint(&dead));
     proxy.rewrite_config(&cfg2).await;
     let r = post(
         proxy.addr,

@@ -1,5 +1,6 @@
 //! `cargo xtask bench <group>`: named criterion runs with the exact flags docs/benchmarks.md uses,
-//! and the proxy-level loopback benchmark (`bench proxy`, in `bench_proxy`).
+//! and the proxy-level loopback benchmark against peer proxies (`bench overhead`, in
+//! `bench_overhead`).
 
 use std::process::Command;
 
@@ -18,14 +19,15 @@ pub enum Group {
     Gauge,
     /// The per-request routing cost: body view, key extraction, decision.
     Route,
-    /// Proxy overhead on loopback: wrk against the sim directly, through nginx, haproxy and
-    /// flexinfer-proxy (userspace and eBPF gauge; eBPF rows need root). Not criterion: see xtask/src/bench_proxy.rs.
-    Proxy(crate::bench_proxy::ProxyBench),
+    /// Proxy overhead on loopback: wrk against fast static upstreams directly and through
+    /// nginx, haproxy, smg and flexinfer-proxy (userspace gauge, and default flags as root).
+    /// Installs what it needs. Not criterion: see xtask/src/bench_overhead.rs.
+    Overhead(crate::bench_overhead::OverheadBench),
 }
 
 pub fn run(args: &Bench) -> Result<()> {
     let (package, bench) = match &args.group {
-        Group::Proxy(p) => return crate::bench_proxy::run(p),
+        Group::Overhead(o) => return crate::bench_overhead::run(o),
         Group::Gauge => ("routing-userspace", "gauge_read"),
         Group::Route => ("routing-userspace", "route"),
     };

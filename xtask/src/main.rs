@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
-mod bench_proxy;
+mod bench_overhead;
 mod ebpf;
 mod setup;
 mod test;
