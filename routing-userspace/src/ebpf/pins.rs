@@ -61,7 +61,7 @@ pub fn prepare_dirs(opts: &EbpfOptions) -> Result<(), EbpfError> {
                 path: bpffs.clone(),
             });
         }
-        sys::mount_bpffs(bpffs).map_err(|source| {
+        sys::mount_bpffs_once(bpffs).map_err(|source| {
             EbpfError::classify("mounting bpffs", source, |source| EbpfError::MountBpffs {
                 path: bpffs.clone(),
                 source,

@@ -35,8 +35,27 @@ pub fn is_bpffs(path: &Path) -> io::Result<bool> {
     Ok(buf.f_type as i64 == BPF_FS_MAGIC)
 }
 
+/// Mount bpffs at `path` unless it is one already; returns whether this call mounted it.
+///
+/// Proxies (and test processes) starting at the same moment on a node without bpffs would
+/// each see no bpffs and each mount one, stacking mounts. So the check and the mount happen
+/// under an exclusive flock of the mount point directory, and the check is made again once the
+/// lock is held: exactly one caller mounts. (A caller that opens the directory after the mount
+/// locks the new bpffs root instead, but its check before locking already saw the bpffs.)
+pub fn mount_bpffs_once(path: &Path) -> io::Result<bool> {
+    if is_bpffs(path)? {
+        return Ok(false);
+    }
+    let _lock = DirLock::exclusive(path)?;
+    if is_bpffs(path)? {
+        return Ok(false);
+    }
+    mount_bpffs(path)?;
+    Ok(true)
+}
+
 /// `mount -t bpf bpf <path>`.
-pub fn mount_bpffs(path: &Path) -> io::Result<()> {
+fn mount_bpffs(path: &Path) -> io::Result<()> {
     let target = cpath(path)?;
     let src = c"bpf";
     // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call; no

@@ -48,7 +48,7 @@ pub fn key(
     let candidates: [(KeySource, Option<Cow<'_, str>>); 4] = [
         (
             KeySource::ExplicitHeader,
-            header(req.headers, HEADER_CACHE_KEY).map(Cow::Borrowed),
+            header(req.headers, &HEADER_CACHE_KEY).map(Cow::Borrowed),
         ),
         (KeySource::ExplicitBody, body.and_then(|b| b.cache_key())),
         (
@@ -65,7 +65,8 @@ pub fn key(
         }
     }
     // A header that is present but not UTF-8 is malformed too.
-    if req.headers.contains_key(HEADER_CACHE_KEY) && header(req.headers, HEADER_CACHE_KEY).is_none()
+    if req.headers.contains_key(HEADER_CACHE_KEY)
+        && header(req.headers, &HEADER_CACHE_KEY).is_none()
     {
         ignored.insert(
             0,

@@ -10,15 +10,15 @@ pub mod canonical;
 pub mod explicit;
 pub mod session;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 use crate::body::BodyFields;
 pub use crate::vocab::KeySource;
 use crate::vocab::Strategy;
 
-pub const HEADER_CACHE_KEY: &str = "x-flexinfer-cache-key";
-pub const HEADER_SESSION_ID: &str = "x-session-id";
-pub const HEADER_CONVERSATION_ID: &str = "x-conversation-id";
+pub const HEADER_CACHE_KEY: HeaderName = HeaderName::from_static("x-flexinfer-cache-key");
+pub const HEADER_SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
+pub const HEADER_CONVERSATION_ID: HeaderName = HeaderName::from_static("x-conversation-id");
 
 /// A routing key: the hash a ring is walked with, and its source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +153,7 @@ pub fn needs_body(strategy: Strategy, headers: &HeaderMap, limits: &KeyLimits) -
 }
 
 /// A header's value as text, if present and valid UTF-8.
-fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+fn header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 

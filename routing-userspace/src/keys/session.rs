@@ -22,10 +22,10 @@ fn usable(v: &str) -> Option<&str> {
 }
 
 pub fn key(req: &RequestParts<'_, '_>) -> Option<RoutingKey> {
-    if let Some(v) = header(req.headers, HEADER_SESSION_ID).and_then(usable) {
+    if let Some(v) = header(req.headers, &HEADER_SESSION_ID).and_then(usable) {
         return Some(RoutingKey::new(v, KeySource::SessionHeader));
     }
-    if let Some(v) = header(req.headers, HEADER_CONVERSATION_ID).and_then(usable) {
+    if let Some(v) = header(req.headers, &HEADER_CONVERSATION_ID).and_then(usable) {
         return Some(RoutingKey::new(v, KeySource::ConversationHeader));
     }
     let body = req.body?;

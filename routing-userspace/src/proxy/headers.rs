@@ -1,54 +1,87 @@
 //! Hop-by-hop header handling (RFC 9110 section 7.6.1) and forwarding headers.
+//!
+//! Names are constants (parsed once, at compile time) and the hop-by-hop set is found in one
+//! pass over the headers: this runs twice per request, on the request and on the response.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
 /// Headers that describe one connection, not the message.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
 ];
 
 /// Remove hop-by-hop headers, including every header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in listed {
-        headers.remove(name);
+    let mut found = [false; 8];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            found[i] = true;
+        }
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    if found[0] {
+        // `Connection: keep-alive` and the like name only headers removed anyway; anything
+        // else it names goes too.
+        let listed: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .filter(|n| !HOP_BY_HOP.contains(n))
+            .collect();
+        for name in listed {
+            headers.remove(name);
+        }
     }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if found[i] {
+            headers.remove(name);
+        }
+    }
+}
+
+/// The `X-Forwarded-For` value of a client (made once per client connection).
+pub fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&ip.to_string()).expect("an IP address is a valid header value")
 }
 
 /// Append the client to `X-Forwarded-For` and say we passed by (`Via`).
 pub fn add_forwarding(
     headers: &mut HeaderMap,
-    client_ip: std::net::IpAddr,
+    client_ip: &HeaderValue,
     original_host: Option<HeaderValue>,
 ) {
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {client_ip}"),
-        None => client_ip.to_string(),
+    let xff = match headers.get(X_FORWARDED_FOR) {
+        Some(prev) => {
+            let mut v = Vec::with_capacity(prev.len() + 2 + client_ip.len());
+            v.extend_from_slice(prev.as_bytes());
+            v.extend_from_slice(b", ");
+            v.extend_from_slice(client_ip.as_bytes());
+            HeaderValue::from_bytes(&v).ok()
+        }
+        None => Some(client_ip.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert("x-forwarded-for", v);
+    if let Some(v) = xff {
+        headers.insert(X_FORWARDED_FOR, v);
     }
     if let Some(host) = original_host {
-        headers.entry("x-forwarded-host").or_insert(host);
+        headers.entry(X_FORWARDED_HOST).or_insert(host);
     }
     headers
-        .entry("x-forwarded-proto")
+        .entry(X_FORWARDED_PROTO)
         .or_insert(HeaderValue::from_static("http"));
     headers.append(header::VIA, HeaderValue::from_static("1.1 flexinfer-proxy"));
 }
@@ -82,7 +115,7 @@ mod tests {
         h.insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
         add_forwarding(
             &mut h,
-            "127.0.0.1".parse().unwrap(),
+            &client_ip_header("127.0.0.1".parse().unwrap()),
             Some(HeaderValue::from_static("proxy:8080")),
         );
         assert_eq!(h["x-forwarded-for"], "1.2.3.4, 127.0.0.1");

@@ -24,7 +24,6 @@ pub mod resolve;
 pub mod server;
 pub mod stream;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,6 +41,7 @@ use crate::table::{Route, RoutingTable};
 use context::RequestCtx;
 use errors::ApiError;
 use read_body::ClientBody;
+use server::Peer;
 use stream::ObservedBody;
 
 /// What the proxy answers with: a streamed upstream body, or a small body of its own.
@@ -50,7 +50,7 @@ pub type ProxyBody = Either<ObservedBody, Full<Bytes>>;
 pub async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
-    peer: SocketAddr,
+    peer: Arc<Peer>,
 ) -> Response<ProxyBody> {
     let mut ctx = RequestCtx::new(Arc::clone(&shared.metrics), Instant::now());
     match pipeline(&shared, req, peer, &mut ctx).await {
@@ -76,7 +76,7 @@ enum Answer {
 async fn pipeline(
     shared: &Shared,
     req: Request<Incoming>,
-    peer: SocketAddr,
+    peer: Arc<Peer>,
     ctx: &mut RequestCtx,
 ) -> Result<Answer, ApiError> {
     let (parts, body) = req.into_parts();
@@ -155,7 +155,7 @@ async fn pipeline(
     ctx.decision = Some(decision);
 
     // 4. The upstream request's head.
-    let head = prepare::head(parts, uri, peer, read_len);
+    let head = prepare::head(parts, uri, &peer.ip_header, read_len);
 
     // 5. Forward.
     let forwarded = forward::forward(shared, ctx, head, up_body).await?;

@@ -3,8 +3,6 @@
 //! the body's length; its body is the client's, rewritten only for `servedModelName`. The
 //! `Host` header and the Service's base path are set per attempt, by the forward phase.
 
-use std::net::SocketAddr;
-
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
@@ -55,7 +53,7 @@ pub fn origin_uri(uri: &Uri, forward_path: Option<PathAndQuery>) -> Uri {
 
 /// The upstream head. `read_len` is the length of a body the proxy read (`None` when it
 /// streams the client's body, whose own length header then stays).
-pub fn head(mut parts: Parts, uri: Uri, peer: SocketAddr, read_len: Option<usize>) -> Parts {
+pub fn head(mut parts: Parts, uri: Uri, client_ip: &HeaderValue, read_len: Option<usize>) -> Parts {
     let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
         parts
             .uri
@@ -65,7 +63,7 @@ pub fn head(mut parts: Parts, uri: Uri, peer: SocketAddr, read_len: Option<usize
     parts.uri = uri;
     parts.version = Version::HTTP_11;
     headers::strip_hop_by_hop(&mut parts.headers);
-    headers::add_forwarding(&mut parts.headers, peer.ip(), original_host);
+    headers::add_forwarding(&mut parts.headers, client_ip, original_host);
     parts.headers.remove(header::HOST);
     if let Some(len) = read_len {
         let bodyless = len == 0

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use http::uri::PathAndQuery;
 use http::HeaderMap;
 
-pub const HEADER_MODEL_ID: &str = "x-model-id";
+pub const HEADER_MODEL_ID: http::HeaderName = http::HeaderName::from_static("x-model-id");
 
 /// Where the model name came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

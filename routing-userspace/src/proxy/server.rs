@@ -14,6 +14,14 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+/// The client end of a connection, with what every request on it forwards (its
+/// `X-Forwarded-For` value is made once per connection, not per request).
+#[derive(Debug)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub ip_header: http::HeaderValue,
+}
+
 /// Serve HTTP/1.1 and h2c on `listener` with `handler` until `shutdown` resolves, then let
 /// open connections finish for up to `drain`.
 pub async fn serve<H, F, B>(
@@ -23,7 +31,7 @@ pub async fn serve<H, F, B>(
     drain: Duration,
 ) -> std::io::Result<()>
 where
-    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Arc<Peer>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -46,9 +54,14 @@ where
         };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
+        let client = Arc::new(Peer {
+            addr: peer,
+            ip_header: super::headers::client_ip_header(peer.ip()),
+        });
         let service = service_fn(move |req| {
             let handler = handler.clone();
-            async move { Ok::<_, Infallible>(handler(req, peer).await) }
+            let client = client.clone();
+            async move { Ok::<_, Infallible>(handler(req, client).await) }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)
