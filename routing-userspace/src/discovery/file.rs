@@ -10,19 +10,25 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::{ModelSpec, Strategy, Update};
 
+mod fields;
+pub use fields::ParseError;
+use fields::{Checked, HttpUrl, NonEmpty};
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::unique_by_name")]
     models: Vec<FileModel>,
 }
 
+// Every field is validated while it is deserialized, so each error carries the line and column
+// of the offending value (serde_yaml_ng attaches the position of the event being read).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct FileModel {
-    name: String,
+    name: Checked<NonEmpty>,
     #[serde(default)]
-    routing: Option<String>,
+    routing: Option<Checked<Strategy>>,
     #[serde(default)]
     served_model_name: Option<String>,
     #[serde(default)]
@@ -32,9 +38,9 @@ struct FileModel {
     #[serde(default = "yes")]
     ready: bool,
     #[serde(default)]
-    service: Option<String>,
+    service: Option<Checked<HttpUrl>>,
     #[serde(default)]
-    endpoints: Vec<String>,
+    endpoints: Vec<Checked<SocketAddr>>,
 }
 
 fn yes() -> bool {
@@ -43,51 +49,32 @@ fn yes() -> bool {
 
 /// Parse the models file text.
 pub fn parse(text: &str) -> Result<Vec<ModelSpec>, String> {
-    let cfg: FileConfig = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
-    let mut seen = std::collections::HashSet::new();
-    cfg.models
+    parse_located(text).map_err(|e| e.to_string())
+}
+
+/// Parse the models file text; errors say where.
+pub fn parse_located(text: &str) -> Result<Vec<ModelSpec>, ParseError> {
+    let cfg: FileConfig = serde_yaml_ng::from_str(text)?;
+    Ok(cfg
+        .models
         .into_iter()
-        .map(|m| {
-            if m.name.trim().is_empty() {
-                return Err("a model has an empty name".to_string());
-            }
-            if !seen.insert(m.name.clone()) {
-                return Err(format!("model {:?} is listed twice", m.name));
-            }
-            let routing = match m.routing.as_deref() {
-                None => Strategy::Default,
-                Some(r) => r
-                    .parse::<Strategy>()
-                    .map_err(|e| format!("model {:?}: {e}", m.name))?,
-            };
-            let endpoints = m
-                .endpoints
-                .iter()
-                .map(|e| {
-                    e.parse::<SocketAddr>()
-                        .map_err(|_| format!("model {:?}: endpoint {e:?} is not IP:port", m.name))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            if let Some(s) = &m.service {
-                if !(s.starts_with("http://") && s.len() > 7) {
-                    return Err(format!(
-                        "model {:?}: service {s:?} must be an http:// URL",
-                        m.name
-                    ));
-                }
-            }
-            Ok(ModelSpec {
-                name: m.name,
-                routing,
-                served_model_name: m.served_model_name,
-                service_label: m.service_label,
-                route_priority: m.route_priority,
-                ready: m.ready,
-                service: m.service,
-                endpoints,
-            })
+        .map(|m| ModelSpec {
+            name: m.name.0,
+            routing: m.routing.map_or(Strategy::Default, |r| r.0),
+            served_model_name: m.served_model_name,
+            service_label: m.service_label,
+            route_priority: m.route_priority,
+            ready: m.ready,
+            service: m.service.map(|s| s.0),
+            endpoints: m.endpoints.into_iter().map(|e| e.0).collect(),
         })
-        .collect()
+        .collect())
+}
+
+impl fields::Named for FileModel {
+    fn name(&self) -> &str {
+        &self.name.0
+    }
 }
 
 fn load(path: &Path) -> Result<(String, Vec<ModelSpec>), String> {
@@ -181,5 +168,27 @@ models:
         assert!(parse("models:\n  - name: a\n    sevice: http://x\n")
             .unwrap_err()
             .contains("unknown field"));
+    }
+
+    #[test]
+    fn errors_point_at_the_value() {
+        let at = |text: &str| {
+            let e = parse_located(text).unwrap_err();
+            (e.line, e.column)
+        };
+        // The bad scalar itself.
+        assert_eq!(
+            at("models:\n  - name: a\n    routing: fastest\n"),
+            (Some(3), Some(14))
+        );
+        assert_eq!(
+            at("models:\n  - name: a\n    endpoints: [127.0.0.1:1, nohost]\n"),
+            (Some(3), Some(30))
+        );
+        // The second entry of a duplicate.
+        assert_eq!(
+            at("models:\n  - name: a\n  - name: b\n  - name: a\n"),
+            (Some(4), Some(5))
+        );
     }
 }
