@@ -4,6 +4,8 @@
 //! Processes are killed when their handle drops, so a failing test leaves nothing running.
 
 pub mod chart;
+/// The proxy image and pods of the chart's DaemonSet, run with podman.
+pub mod container;
 /// eBPF test harness: child cgroups, pin dirs, connection-holding helper processes.
 pub mod ebpf;
 pub mod prom;
