@@ -9,6 +9,8 @@ pub mod container;
 /// eBPF test harness: child cgroups, pin dirs, connection-holding helper processes.
 pub mod ebpf;
 pub mod prom;
+/// Custom resources checked against their CRD's openAPIV3Schema.
+pub mod schema;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
