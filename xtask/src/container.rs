@@ -74,13 +74,22 @@ fn status_within(cmd: &mut Command, timeout: Duration) -> Option<bool> {
     }
 }
 
-/// An executable on PATH (or in the sbin directories root's PATH may lack).
+/// An executable on PATH.
 pub fn find_program(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/bin", "/sbin", "/bin"].map(PathBuf::from))
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+/// runc: on PATH, else where Debian puts it (`/usr/sbin`, often missing from a user's PATH).
+fn find_runc() -> Option<PathBuf> {
+    find_program("runc").or_else(|| {
+        ["/usr/sbin/runc", "/sbin/runc"]
+            .map(PathBuf::from)
+            .into_iter()
+            .find(|p| p.is_file())
+    })
 }
 
 impl Engine {
@@ -122,7 +131,7 @@ impl Engine {
             bail!("podman is not installed");
         }
         let mut global: Vec<OsString> = vec!["--cgroup-manager".into(), "cgroupfs".into()];
-        if let Some(runc) = find_program("runc") {
+        if let Some(runc) = find_runc() {
             global.push("--runtime".into());
             global.push(runc.into());
         }
