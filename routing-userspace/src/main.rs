@@ -35,6 +35,18 @@ enum Command {
         #[command(subcommand)]
         action: EbpfAction,
     },
+    /// Check configuration before a proxy loads it.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Validate a models file (exit status 1 and LINE:COLUMN on error) and print each model's
+    /// routing as the proxy will run it.
+    Check(routing_userspace::discovery::check::CheckArgs),
 }
 
 #[derive(Subcommand)]
@@ -89,5 +101,13 @@ fn main() -> anyhow::Result<()> {
             EbpfAction::Status(args) => routing_userspace::ebpf::cli::status(&args.options()),
             EbpfAction::Detach(args) => routing_userspace::ebpf::cli::detach(&args.options()),
         },
+        Command::Config {
+            action: ConfigAction::Check(args),
+        } => {
+            if !routing_userspace::discovery::check::run(&args)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
 }

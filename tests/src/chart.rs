@@ -244,3 +244,60 @@ pub fn yamllint(text: &str) -> anyhow::Result<Option<String>> {
     }
     Ok(Some(report))
 }
+
+/// Every set of value overrides the chart tests render (`tests/tests/chart.rs` asserts that
+/// each one it uses is listed here), plus the container tests' shape. The manifest tests
+/// validate each against the Kubernetes schemas and `values.schema.json`, so a variant the
+/// chart tests cover is one the API server would accept.
+pub fn variants() -> Vec<Value> {
+    vec![
+        json!({}),
+        json!({"proxy": {"ebpf": {"enabled": false}}, "hostNetwork": true}),
+        json!({"proxy": {"ebpf": {"cgroup2HostPath": "/sys/fs/cgroup/unified"}}}),
+        json!({"proxy": {"ebpf": {"enabled": false, "require": true}}}),
+        json!({"proxy": {"routing": {"explicitKeyMaxLength": 64}}}),
+        json!({"proxy": {"serviceLabelKey": "example.com/group"}}),
+        json!({"proxy": {"routing": {"systemSegmentMaxLength": 1024}}}),
+        json!({"proxy": {"routing": {"documentSegmentMaxLength": 77}}}),
+        json!({"proxy": {"routing": {"labelGroupMode": "least-loaded"}}}),
+        json!({"proxy": {"routing": {"leastLoadedReservationTTL": "0"}}}),
+        json!({"proxy": {"routing": {"leastLoadedReservationTTL": "2500ms"}}}),
+        json!({"proxy": {"ebpf": {"gauge": "ebpf"}}}),
+        json!({"proxy": {"ebpf": {"enabled": false}}}),
+        json!({"proxy": {"ebpf": {"require": true}}}),
+        json!({"proxy": {"ebpf": {"cgroupMountPath": "/cg"}}}),
+        json!({"proxy": {"discovery": "file"}}),
+        json!({"proxy": {"watchNamespace": "models"}}),
+        json!({"proxy": {"ports": {"http": 18080}}}),
+        json!({"proxy": {"bindAddress": "[::]"}}),
+        json!({"proxy": {"ports": {"admin": 19090}}}),
+        json!({"proxy": {"logLevel": "info,flexinfer=debug"}}),
+        json!({"proxy": {"ports": {"http": 18080, "admin": 19090}}}),
+        json!({"proxy": {"extraEnv": [{"name": "EXTRA", "value": "1"}]}}),
+        json!({"hostNetwork": true}),
+        // What the container tests render (their ports and paths vary per test).
+        json!({
+            "hostNetwork": true,
+            "proxy": {
+                "bindAddress": "127.0.0.1",
+                "ports": {"http": 40001, "admin": 40002},
+                "discovery": "file",
+                "logLevel": "info,routing_userspace=debug",
+                "ebpf": {"cgroup2HostPath": "/sys/fs/cgroup/unified/flexinfer-ctest-node"},
+                "extraEnv": [
+                    {"name": "FLEXINFER_PROXY_CONFIG", "value": "/etc/flexinfer/models.yaml"},
+                    {"name": "FLEXINFER_PROXY_CONFIG_POLL", "value": "100ms"},
+                    {"name": "FLEXINFER_PROXY_BPF_PIN_DIR", "value": "/sys/fs/bpf/flexinfer-ctest-pins"},
+                ],
+            },
+        }),
+    ]
+}
+
+/// Panics unless `overrides` is one of [`variants`].
+pub fn assert_listed(overrides: &Value) {
+    assert!(
+        variants().contains(overrides),
+        "add {overrides} to flexinfer_tests::chart::variants() so the manifest tests validate it"
+    );
+}

@@ -6,9 +6,13 @@
 //! Processes are killed when their handle drops, so a failing test leaves nothing running.
 
 pub mod chart;
+/// The proxy image and pods of the chart's DaemonSet, run with podman.
+pub mod container;
 /// eBPF test harness: child cgroups, pin dirs, connection-holding helper processes.
 pub mod ebpf;
 pub mod prom;
+/// Custom resources checked against their CRD's openAPIV3Schema.
+pub mod schema;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -2,10 +2,11 @@
 //! privileged with a Bidirectional bpffs mount, its RBAC is read-only on exactly the three
 //! resources discovery watches, and every knob reaches its environment variable.
 
-use flexinfer_tests::chart::{chart_dir, documents, render, yamllint};
+use flexinfer_tests::chart::{assert_listed, chart_dir, documents, render, yamllint};
 use serde_json::{json, Value};
 
 fn rendered(overrides: Value) -> Vec<Value> {
+    assert_listed(&overrides);
     let text = render(
         &chart_dir(),
         "flexinfer-proxy",
@@ -59,6 +60,7 @@ fn default_render_lints_clean() {
         json!({}),
         json!({"proxy": {"ebpf": {"enabled": false}}, "hostNetwork": true}),
     ] {
+        assert_listed(&overrides);
         let text = render(
             &chart_dir(),
             "flexinfer-proxy",

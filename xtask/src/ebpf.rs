@@ -4,7 +4,7 @@
 //! The eBPF crate needs nightly (`-Z build-std=core`) and bpf-linker, so it is built here, on
 //! demand, rather than by a build script every `cargo build` would run.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -16,27 +16,15 @@ pub struct BuildEbpf {
     pub release: bool,
 }
 
-/// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask has a parent directory")
-        .to_path_buf()
-}
+pub use xtask::paths::{target_dir, workspace_root};
 
-/// The cargo target directory, honouring `CARGO_TARGET_DIR`.
-pub fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) => {
-            let d = PathBuf::from(d);
-            if d.is_absolute() {
-                d
-            } else {
-                workspace_root().join(d)
-            }
-        }
-        None => workspace_root().join("target"),
-    }
+/// The nightly toolchain that builds the eBPF crate: `FLEXINFER_NIGHTLY` (the Dockerfile pins
+/// a dated one), else `nightly`.
+pub fn nightly() -> String {
+    std::env::var("FLEXINFER_NIGHTLY")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "nightly".to_owned())
 }
 
 /// The stable path of the built object: `<target>/bpf/routing-ebpf.o`.
@@ -48,8 +36,8 @@ pub fn build(args: &BuildEbpf) -> Result<()> {
     let root = workspace_root();
     let mut cmd = Command::new("cargo");
     cmd.current_dir(&root)
+        .arg(format!("+{}", nightly()))
         .args([
-            "+nightly",
             "build",
             "-p",
             "routing-ebpf",
@@ -84,6 +72,14 @@ pub fn build(args: &BuildEbpf) -> Result<()> {
     let dest = object_path();
     std::fs::create_dir_all(dest.parent().expect("object path has a parent"))
         .with_context(|| format!("creating {}", dest.display()))?;
+    // An unchanged object is left alone: rewriting it would make routing-userspace's build
+    // script (which watches the directory) rebuild the proxy for nothing.
+    if std::fs::read(&dest).ok()
+        == Some(std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?)
+    {
+        println!("{}", dest.display());
+        return Ok(());
+    }
     // Copy through a temporary name so a concurrent reader never sees half an object.
     let tmp = dest.with_extension("o.tmp");
     std::fs::copy(&built, &tmp)

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_overhead;
 mod ebpf;
+mod image;
 mod setup;
 mod test;
 
@@ -27,6 +28,8 @@ enum Task {
     Bench(bench::Bench),
     /// Install what the tests need, build the eBPF object, then fmt, clippy and every test.
     Test(test::Test),
+    /// Build the container image the Helm chart deploys (docker or podman).
+    Image(image::Image),
 }
 
 fn main() -> Result<()> {
@@ -35,5 +38,6 @@ fn main() -> Result<()> {
         Task::Setup(args) => setup::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Test(args) => test::run(&args),
+        Task::Image(args) => image::run(&args),
     }
 }

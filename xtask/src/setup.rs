@@ -10,6 +10,8 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
+use crate::ebpf::nightly;
+
 #[derive(clap::Args)]
 pub struct Setup {
     /// Skip apt packages (bpftool).
@@ -60,29 +62,32 @@ fn rustup() -> Command {
 }
 
 fn ensure_nightly() -> Result<()> {
+    let nightly = nightly();
     let list = output(rustup().args(["toolchain", "list"]))?;
-    if list.lines().any(|l| l.starts_with("nightly")) {
-        println!("setup: nightly toolchain present");
+    if list.lines().any(|l| l.starts_with(&nightly)) {
+        println!("setup: {nightly} toolchain present");
         return Ok(());
     }
-    run_cmd(rustup().args(["toolchain", "install", "nightly", "--profile", "minimal"]))
+    run_cmd(rustup().args(["toolchain", "install", &nightly, "--profile", "minimal"]))
 }
 
 fn ensure_rust_src() -> Result<()> {
+    let nightly = nightly();
     let installed =
-        output(rustup().args(["component", "list", "--toolchain", "nightly", "--installed"]))?;
+        output(rustup().args(["component", "list", "--toolchain", &nightly, "--installed"]))?;
     if installed.lines().any(|l| l.starts_with("rust-src")) {
-        println!("setup: rust-src (nightly) present");
+        println!("setup: rust-src ({nightly}) present");
         return Ok(());
     }
-    run_cmd(rustup().args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    run_cmd(rustup().args(["component", "add", "rust-src", "--toolchain", &nightly]))
 }
 
 fn nightly_sysroot() -> Result<PathBuf> {
     let s = output(
         Command::new("rustc")
             .env_remove("RUSTUP_TOOLCHAIN")
-            .args(["+nightly", "--print", "sysroot"]),
+            .arg(format!("+{}", nightly()))
+            .args(["--print", "sysroot"]),
     )?;
     Ok(PathBuf::from(s.trim()))
 }
@@ -180,8 +185,8 @@ fn install_bpf_linker_against_rust_llvm(sysroot: &Path) -> Result<()> {
         Command::new("cargo")
             .env_remove("RUSTUP_TOOLCHAIN")
             .env("LLVM_PREFIX", LLVM_PREFIX)
+            .arg(format!("+{}", nightly()))
             .args([
-                "+nightly",
                 "install",
                 "bpf-linker",
                 "--no-default-features",
@@ -214,6 +219,58 @@ pub fn ensure_apt(packages: &[&str]) -> Result<()> {
             .args(["install", "-y", "-q"])
             .args(&missing),
     )
+}
+
+fn python_has(python: &Path, modules: &[&str]) -> bool {
+    Command::new(python)
+        .arg("-c")
+        .arg(format!("import {}", modules.join(", ")))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A Python interpreter that can import `modules`, installing `packages` with pip when it
+/// cannot: into `python3` itself when its pip allows that, else into a venv under the target
+/// directory (Debian's python refuses system-wide pip installs).
+pub fn ensure_python(packages: &[&str], modules: &[&str]) -> Result<PathBuf> {
+    let system = PathBuf::from("python3");
+    let venv = crate::ebpf::target_dir().join("tools").join("python");
+    let venv_python = venv.join("bin").join("python3");
+    for python in [&system, &venv_python] {
+        if python_has(python, modules) {
+            println!("setup: {} has {modules:?}", python.display());
+            return Ok(python.clone());
+        }
+    }
+    if python_has(&system, &["pip"])
+        && run_cmd(
+            Command::new(&system)
+                .args(["-m", "pip", "install", "--quiet"])
+                .args(packages),
+        )
+        .is_ok()
+        && python_has(&system, modules)
+    {
+        return Ok(system);
+    }
+    if !python_has(&system, &["venv", "ensurepip"]) {
+        ensure_apt(&["python3-venv"])?;
+    }
+    run_cmd(Command::new(&system).args(["-m", "venv"]).arg(&venv))?;
+    run_cmd(
+        Command::new(&venv_python)
+            .args(["-m", "pip", "install", "--quiet"])
+            .args(packages),
+    )?;
+    if !python_has(&venv_python, modules) {
+        bail!(
+            "installed {packages:?} into {} but cannot import {modules:?}",
+            venv.display()
+        );
+    }
+    Ok(venv_python)
 }
 
 #[cfg(test)]

@@ -13,8 +13,20 @@ use anyhow::{bail, Context, Result};
 use crate::ebpf::{self, BuildEbpf};
 use crate::setup::{self, Setup};
 
-/// Debian packages the integration tests drive for real.
-const TEST_PACKAGES: &[&str] = &["prometheus", "yamllint", "bpftool"];
+/// Debian packages the integration tests drive for real: a Prometheus server, yamllint and
+/// bpftool; podman, runc and debootstrap build and run the proxy image (container tests).
+const TEST_PACKAGES: &[&str] = &[
+    "prometheus",
+    "yamllint",
+    "bpftool",
+    "podman",
+    "runc",
+    "debootstrap",
+];
+
+/// PyPI packages: kubernetes-validate checks the rendered manifests against the Kubernetes
+/// schemas (its dependency jsonschema checks values.schema.json).
+const PYTHON_PACKAGES: &[&str] = &["kubernetes-validate"];
 
 #[derive(clap::Args)]
 pub struct Test {
@@ -108,7 +120,12 @@ pub fn run(args: &Test) -> Result<()> {
     if !args.no_setup {
         step("setup", || {
             setup::run(&Setup { no_apt: false })?;
-            setup::ensure_apt(TEST_PACKAGES)
+            setup::ensure_apt(TEST_PACKAGES)?;
+            let python =
+                setup::ensure_python(PYTHON_PACKAGES, &["kubernetes_validate", "jsonschema"])?;
+            // The manifest tests run this interpreter (`python -m kubernetes_validate`).
+            std::env::set_var("FLEXINFER_PYTHON", python);
+            Ok(())
         })?;
     }
     step("build-ebpf", || ebpf::build(&BuildEbpf { release: true }))?;

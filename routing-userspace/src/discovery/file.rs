@@ -10,19 +10,25 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::{ModelSpec, Strategy, Update};
 
+mod fields;
+pub use fields::ParseError;
+use fields::{Checked, HttpUrl, NonEmpty};
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::unique_by_name")]
     models: Vec<FileModel>,
 }
 
+// Every field is validated while it is deserialized, so each error carries the line and column
+// of the offending value (serde_yaml_ng attaches the position of the event being read).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct FileModel {
-    name: String,
+    name: Checked<NonEmpty>,
     #[serde(default)]
-    routing: Option<String>,
+    routing: Option<Checked<Strategy>>,
     #[serde(default)]
     served_model_name: Option<String>,
     #[serde(default)]
@@ -32,127 +38,61 @@ struct FileModel {
     #[serde(default = "yes")]
     ready: bool,
     #[serde(default)]
-    service: Option<String>,
+    service: Option<Checked<HttpUrl>>,
     #[serde(default)]
-    endpoints: Vec<String>,
+    endpoints: Vec<Checked<SocketAddr>>,
 }
 
 fn yes() -> bool {
     true
 }
 
-/// What is wrong with a models file.
+/// Parse the models file text; errors say where (line and column, when the parser knows).
+pub fn parse(text: &str) -> Result<Vec<ModelSpec>, ParseError> {
+    let cfg: FileConfig = serde_yaml_ng::from_str(text)?;
+    Ok(cfg
+        .models
+        .into_iter()
+        .map(|m| ModelSpec {
+            name: m.name.0,
+            routing: m.routing.map_or(Strategy::Default, |r| r.0),
+            served_model_name: m.served_model_name,
+            service_label: m.service_label,
+            route_priority: m.route_priority,
+            ready: m.ready,
+            service: m.service.map(|s| s.0),
+            endpoints: m.endpoints.into_iter().map(|e| e.0).collect(),
+        })
+        .collect())
+}
+
+impl fields::Named for FileModel {
+    fn name(&self) -> &str {
+        &self.name.0
+    }
+}
+
+/// A models file that cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum FileError {
-    #[error("cannot read {path}: {source}")]
+pub enum LoadError {
+    #[error("cannot read {}: {source}", path.display())]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// Not the documented YAML shape (a typo in a field, a wrong type); the YAML parser's
-    /// message names the line and column.
-    #[error("{0}")]
-    Yaml(#[from] serde_yaml_ng::Error),
-    #[error("a model has an empty name")]
-    EmptyName,
-    #[error("model {0:?} is listed twice")]
-    Duplicate(String),
-    #[error("model {model:?}: {source}")]
-    Routing {
-        model: String,
-        source: crate::vocab::UnknownStrategy,
-    },
-    #[error("model {model:?}: endpoint {endpoint:?} is not IP:port")]
-    Endpoint { model: String, endpoint: String },
-    #[error("model {model:?}: service {url:?} must be an http:// URL")]
-    Service { model: String, url: String },
-}
-
-impl FileError {
-    /// The model the error is about, when it is about one.
-    pub fn model(&self) -> Option<&str> {
-        match self {
-            FileError::Duplicate(m)
-            | FileError::Routing { model: m, .. }
-            | FileError::Endpoint { model: m, .. }
-            | FileError::Service { model: m, .. } => Some(m),
-            _ => None,
-        }
-    }
-}
-
-/// Parse the models file text.
-pub fn parse(text: &str) -> Result<Vec<ModelSpec>, FileError> {
-    let cfg: FileConfig = serde_yaml_ng::from_str(text)?;
-    let mut seen = std::collections::HashSet::new();
-    cfg.models
-        .into_iter()
-        .map(|m| {
-            if m.name.trim().is_empty() {
-                return Err(FileError::EmptyName);
-            }
-            if !seen.insert(m.name.clone()) {
-                return Err(FileError::Duplicate(m.name));
-            }
-            let routing = match m.routing.as_deref() {
-                None => Strategy::Default,
-                Some(r) => r.parse::<Strategy>().map_err(|source| FileError::Routing {
-                    model: m.name.clone(),
-                    source,
-                })?,
-            };
-            let endpoints = m
-                .endpoints
-                .iter()
-                .map(|e| {
-                    e.parse::<SocketAddr>().map_err(|_| FileError::Endpoint {
-                        model: m.name.clone(),
-                        endpoint: e.clone(),
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            if let Some(s) = &m.service {
-                if !(s.starts_with("http://") && s.len() > 7) {
-                    return Err(FileError::Service {
-                        model: m.name.clone(),
-                        url: s.clone(),
-                    });
-                }
-            }
-            Ok(ModelSpec {
-                name: m.name,
-                routing,
-                served_model_name: m.served_model_name,
-                service_label: m.service_label,
-                route_priority: m.route_priority,
-                ready: m.ready,
-                service: m.service,
-                endpoints,
-            })
-        })
-        .collect()
-}
-
-/// A models file that failed, with its path.
-#[derive(Debug, thiserror::Error)]
-#[error("{}: {source}", path.display())]
-pub struct LoadError {
-    pub path: PathBuf,
-    pub source: FileError,
+    #[error("{}: {source}", path.display())]
+    Parse { path: PathBuf, source: ParseError },
 }
 
 fn load(path: &Path) -> Result<(String, Vec<ModelSpec>), LoadError> {
-    let err = |source| LoadError {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
         path: path.to_path_buf(),
         source,
-    };
-    let text = std::fs::read_to_string(path).map_err(|source| {
-        err(FileError::Read {
-            path: path.to_path_buf(),
-            source,
-        })
     })?;
-    let models = parse(&text).map_err(err)?;
+    let models = parse(&text).map_err(|source| LoadError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok((text, models))
 }
 
@@ -229,16 +169,31 @@ models:
     #[test]
     fn errors_are_clear() {
         let e = |text: &str| parse(text).unwrap_err().to_string();
-        assert!(
-            e("models:\n  - name: a\n    routing: fastest\n").contains("unknown routing strategy")
-        );
+        assert!(e("models:\n  - name: a\n    routing: fastest\n").contains("unknown routing strategy"));
         assert!(e("models:\n  - name: a\n    endpoints: [localhost]\n").contains("not IP:port"));
         assert!(e("models:\n  - name: a\n  - name: a\n").contains("twice"));
-        let typo = e("models:\n  - name: a\n    sevice: http://x\n");
-        assert!(typo.contains("unknown field"), "{typo}");
-        assert!(
-            typo.contains("line 3"),
-            "the YAML error names the line: {typo}"
+        assert!(e("models:\n  - name: a\n    sevice: http://x\n").contains("unknown field"));
+    }
+
+    #[test]
+    fn errors_point_at_the_value() {
+        let at = |text: &str| {
+            let e = parse(text).unwrap_err();
+            (e.line, e.column)
+        };
+        // The bad scalar itself.
+        assert_eq!(
+            at("models:\n  - name: a\n    routing: fastest\n"),
+            (Some(3), Some(14))
+        );
+        assert_eq!(
+            at("models:\n  - name: a\n    endpoints: [127.0.0.1:1, nohost]\n"),
+            (Some(3), Some(30))
+        );
+        // The second entry of a duplicate.
+        assert_eq!(
+            at("models:\n  - name: a\n  - name: b\n  - name: a\n"),
+            (Some(4), Some(5))
         );
     }
 }

@@ -4,6 +4,7 @@
 //! them into a [`ModelSet`] idempotently and, only when something really changed, rebuilds the
 //! routing table. Sources know nothing about rings or gauges.
 
+pub mod check;
 pub mod file;
 pub mod kube;
 

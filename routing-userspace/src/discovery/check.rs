@@ -1,0 +1,395 @@
+//! `flexinfer-proxy config check FILE`: validate a models file before a proxy loads it, and
+//! show how each model will be routed.
+//!
+//! A running proxy keeps its last good table when the file turns bad, so a typo shows up only
+//! as an error line in its log. This command fails fast instead (exit status 1, the error with
+//! its line and column). It uses the proxy's own parser ([`super::file::parse`]), so a
+//! file that passes here is one `serve` accepts, and it describes each model from the same
+//! normalized [`ModelSet`] the routing table is built from (pods sorted, duplicates dropped).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use super::file::{parse, ParseError};
+use super::{ModelSet, ModelSpec, Strategy, Update};
+use crate::vocab::LabelGroupMode;
+
+/// `flexinfer-proxy config check` options.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// The models file (`--discovery file` format).
+    pub file: PathBuf,
+
+    /// The label group mode `serve` will run with (shown for label groups).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_LABEL_GROUP_ROUTING",
+        default_value = "round-robin"
+    )]
+    pub label_group_routing: String,
+}
+
+/// A file that does not pass: `FILE:LINE:COLUMN: message`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", located(.path, .error))]
+pub struct CheckError {
+    pub path: PathBuf,
+    pub error: ParseError,
+}
+
+fn located(path: &Path, e: &ParseError) -> String {
+    let message = match (e.line, e.column) {
+        // serde_yaml_ng ends its messages with the position; it leads here instead.
+        (Some(l), Some(c)) => e
+            .message
+            .strip_suffix(&format!(" at line {l} column {c}"))
+            .unwrap_or(&e.message)
+            .to_owned(),
+        _ => e.message.clone(),
+    };
+    match (e.line, e.column) {
+        (Some(l), Some(c)) => format!("{}:{l}:{c}: {message}", path.display()),
+        _ => format!("{}: {message}", path.display()),
+    }
+}
+
+/// Check `text` (read from `path`) and describe it; `Err` when the proxy would refuse it.
+pub fn check(path: &Path, text: &str, group_mode: &str) -> Result<String, CheckError> {
+    let models = parse(text).map_err(|error| CheckError {
+        path: path.to_owned(),
+        error,
+    })?;
+    Ok(describe(path, models, group_mode))
+}
+
+/// Run the command: the report on stdout and `Ok(true)`, or the error on stderr and
+/// `Ok(false)`. An unreadable file is an `Err`.
+pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    match check(&args.file, &text, &args.label_group_routing) {
+        Ok(report) => {
+            print!("{report}");
+            Ok(true)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            Ok(false)
+        }
+    }
+}
+
+fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str) -> String {
+    let listed: BTreeMap<String, usize> = models
+        .iter()
+        .map(|m| (m.name.clone(), m.endpoints.len()))
+        .collect();
+    let mut set = ModelSet::default();
+    set.apply(Update::Reset(models));
+    let mut warnings = Vec::new();
+    let mode = group_mode.parse::<LabelGroupMode>().unwrap_or_else(|e| {
+        warnings.push(format!("{e}; serve falls back to round-robin"));
+        LabelGroupMode::default()
+    });
+    let mut groups: BTreeMap<&str, Vec<&ModelSpec>> = BTreeMap::new();
+    for m in set.models() {
+        if let Some(label) = &m.service_label {
+            groups.entry(label).or_default().push(m);
+        }
+    }
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}: ok, {} model{}, {} label group{}",
+        path.display(),
+        set.len(),
+        plural(set.len()),
+        groups.len(),
+        plural(groups.len()),
+    );
+    for m in set.models() {
+        let _ = writeln!(out, "\nmodel {}", m.name);
+        let _ = writeln!(out, "  routing:           {}", routing(m));
+        let pods: Vec<String> = m.endpoints.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            out,
+            "  pods:              {}",
+            if pods.is_empty() {
+                "none".to_owned()
+            } else {
+                format!("{} ({})", pods.join(", "), pods.len())
+            }
+        );
+        let _ = writeln!(
+            out,
+            "  service fallback:  {}",
+            m.service.as_deref().unwrap_or("none")
+        );
+        let _ = writeln!(
+            out,
+            "  served model name: {}",
+            m.served_model_name
+                .as_deref()
+                .map_or("as requested".to_owned(), |n| format!(
+                    "{n} (the body's \"model\" is rewritten)"
+                ))
+        );
+        let _ = writeln!(
+            out,
+            "  label group:       {}",
+            m.service_label
+                .as_deref()
+                .map_or("none".to_owned(), |l| format!(
+                    "{l}, priority {}, {}",
+                    m.route_priority,
+                    if m.ready { "ready" } else { "not ready" }
+                ))
+        );
+        if listed.get(&m.name).is_some_and(|&n| n > m.endpoints.len()) {
+            warnings.push(format!(
+                "model {}: an endpoint is listed twice (routed once)",
+                m.name
+            ));
+        }
+        if m.endpoints.is_empty() && m.service.is_none() {
+            warnings.push(format!(
+                "model {}: no pods and no service: its requests are answered 503",
+                m.name
+            ));
+        } else if m.endpoints.is_empty() && m.routing != Strategy::Default {
+            warnings.push(format!(
+                "model {}: {} routing without pods: every request goes to the service",
+                m.name, m.routing
+            ));
+        }
+        if m.service_label.is_none() && !m.ready {
+            warnings.push(format!(
+                "model {}: ready: false only matters inside a label group; requests naming the model are still routed",
+                m.name
+            ));
+        }
+    }
+    for (label, members) in &groups {
+        let _ = writeln!(out, "\nlabel group {label} (mode {mode})");
+        if listed.contains_key(*label) {
+            warnings.push(format!(
+                "label {label} is also a model name: requests for {label} go to that model, not to the group"
+            ));
+        }
+        let mut tiers: BTreeMap<std::cmp::Reverse<i64>, Vec<&ModelSpec>> = BTreeMap::new();
+        for m in members {
+            tiers
+                .entry(std::cmp::Reverse(m.route_priority))
+                .or_default()
+                .push(m);
+        }
+        for (std::cmp::Reverse(p), ms) in &tiers {
+            let names: Vec<String> = ms
+                .iter()
+                .map(|m| {
+                    if m.ready {
+                        m.name.clone()
+                    } else {
+                        format!("{} (not ready)", m.name)
+                    }
+                })
+                .collect();
+            let _ = writeln!(out, "  priority {p}: {}", names.join(", "));
+        }
+        let top_ready = tiers
+            .values()
+            .find(|ms| ms.iter().any(|m| m.ready))
+            .map(|ms| ms.iter().filter(|m| m.ready).map(|m| m.name.as_str()));
+        match top_ready {
+            Some(names) => {
+                let names: Vec<&str> = names.collect();
+                let _ = writeln!(out, "  picks among:       {} ({mode})", names.join(", "));
+            }
+            None => {
+                // Members are sorted by name, so the first of the top tier is the cold start.
+                let first = tiers
+                    .values()
+                    .next()
+                    .and_then(|ms| ms.first())
+                    .map_or("", |m| m.name.as_str());
+                let _ = writeln!(
+                    out,
+                    "  picks among:       no member is ready: cold start on {first}"
+                );
+            }
+        }
+    }
+    if !warnings.is_empty() {
+        out.push('\n');
+        for w in &warnings {
+            let _ = writeln!(out, "warning: {w}");
+        }
+    }
+    out
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// One line: the strategy and what the router does with it, given the pods and Service.
+fn routing(m: &ModelSpec) -> String {
+    let n = m.endpoints.len();
+    let service = m.service.is_some();
+    let what = match m.routing {
+        Strategy::Default if service => "every request goes to the service".to_owned(),
+        Strategy::Default if n > 0 => format!("round-robin over {n} pod{} (no service)", plural(n)),
+        Strategy::Default => "nowhere to send requests".to_owned(),
+        _ if n == 0 => "no pods: the service".to_owned(),
+        Strategy::SessionAffinity => format!(
+            "consistent hash of the session key over {n} pod{}; no key: a random pod",
+            plural(n)
+        ),
+        Strategy::Prefix => format!(
+            "consistent hash of the cache key over {n} pod{}; no key: {}",
+            plural(n),
+            if service {
+                "the service"
+            } else {
+                "a random pod (no service)"
+            }
+        ),
+        Strategy::LeastLoaded => format!(
+            "fewest active connections plus reservations among {n} pod{}, ties round-robin",
+            plural(n)
+        ),
+    };
+    let failover = if n > 0 && service {
+        "; connect failures try the next pods, then the service"
+    } else if n > 1 {
+        "; connect failures try the next pods"
+    } else {
+        ""
+    };
+    format!("{} ({what}{failover})", m.routing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_check(text: &str) -> Result<String, String> {
+        check(Path::new("models.yaml"), text, "round-robin").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_good_file_is_described_model_by_model() {
+        let report = run_check(
+            r#"
+models:
+  - name: chat-a
+    routing: prefix
+    servedModelName: llama3:8b
+    serviceLabel: chat
+    routePriority: 100
+    service: http://127.0.0.1:9000
+    endpoints: [127.0.0.1:9002, "[::1]:9001"]
+  - name: chat-b
+    routing: least-loaded
+    serviceLabel: chat
+    ready: false
+    endpoints: [127.0.0.1:9003]
+"#,
+        )
+        .unwrap();
+        assert!(
+            report.starts_with("models.yaml: ok, 2 models, 1 label group\n"),
+            "{report}"
+        );
+        for line in [
+            "model chat-a",
+            "  routing:           prefix (consistent hash of the cache key over 2 pods; no key: the service; connect failures try the next pods, then the service)",
+            // Sorted as the router holds them.
+            "  pods:              127.0.0.1:9002, [::1]:9001 (2)",
+            "  service fallback:  http://127.0.0.1:9000",
+            "  served model name: llama3:8b (the body's \"model\" is rewritten)",
+            "  label group:       chat, priority 100, ready",
+            "  routing:           least-loaded (fewest active connections plus reservations among 1 pod, ties round-robin)",
+            "  label group:       chat, priority 0, not ready",
+            "label group chat (mode round-robin)",
+            "  priority 100: chat-a",
+            "  priority 0: chat-b (not ready)",
+            "  picks among:       chat-a (round-robin)",
+        ] {
+            assert!(report.lines().any(|l| l == line), "missing {line:?} in\n{report}");
+        }
+        assert!(!report.contains("warning"), "{report}");
+    }
+
+    #[test]
+    fn mistakes_name_line_and_column() {
+        for (text, want) in [
+            (
+                "models:\n  - name: a\n    sevice: http://127.0.0.1:1\n",
+                "models.yaml:3:5: models[0]: unknown field `sevice`, expected one of",
+            ),
+            (
+                "models:\n  - name: a\n    routing: fastest\n",
+                "models.yaml:3:14: models[0].routing: unknown routing strategy \"fastest\"",
+            ),
+            (
+                "models:\n  - name: a\n    endpoints: [127.0.0.1:1, 10.0.0.1]\n",
+                "models.yaml:3:30: models[0].endpoints[1]: endpoint \"10.0.0.1\" is not IP:port",
+            ),
+            (
+                "models:\n  - name: a\n  - name: a\n",
+                "models.yaml:3:5: models[1]: model \"a\" is listed twice",
+            ),
+            (
+                "models:\n  - name: a\n    service: 127.0.0.1:9000\n",
+                "models.yaml:3:14: models[0].service: service \"127.0.0.1:9000\" must be an http:// URL",
+            ),
+            (
+                "models:\n  - name: a\n    routePriority: high\n",
+                "models.yaml:3:20: models[0].routePriority: invalid type: string \"high\", expected i64",
+            ),
+        ] {
+            let err = run_check(text).unwrap_err();
+            assert!(err.starts_with(want), "{text:?}:\n got  {err}\n want {want}");
+        }
+    }
+
+    #[test]
+    fn suspicious_but_valid_files_pass_with_warnings() {
+        let report = run_check(
+            "models:\n  - name: lonely\n    routing: prefix\n  - name: chat\n  - name: m\n    serviceLabel: chat\n    endpoints: [127.0.0.1:1, 127.0.0.1:1]\n",
+        )
+        .unwrap();
+        for w in [
+            "warning: model lonely: no pods and no service: its requests are answered 503",
+            "warning: model chat: no pods and no service: its requests are answered 503",
+            "warning: label chat is also a model name: requests for chat go to that model, not to the group",
+            "warning: model m: an endpoint is listed twice (routed once)",
+        ] {
+            assert!(report.lines().any(|l| l == w), "missing {w:?} in\n{report}");
+        }
+    }
+
+    #[test]
+    fn a_group_without_a_ready_member_cold_starts_on_the_first_of_the_top_tier() {
+        let report = run_check(
+            "models:\n  - name: b\n    serviceLabel: g\n    ready: false\n    endpoints: [127.0.0.1:1]\n  - name: a\n    serviceLabel: g\n    ready: false\n    endpoints: [127.0.0.1:2]\n",
+        )
+        .unwrap();
+        assert!(
+            report
+                .lines()
+                .any(|l| l == "  picks among:       no member is ready: cold start on a"),
+            "{report}"
+        );
+    }
+}
