@@ -5,14 +5,29 @@
 //! hands them to a sock_ops program: each 32-bit word holds four address bytes in network
 //! order (so a word's *memory* is the wire bytes), ports in host order. With the `user`
 //! feature the types implement `aya::Pod` so aya maps can carry them.
+//!
+//! The load of a pod is a set of bits, one per connection to it (see [`PodConns`]): the kernel
+//! claims a connection's bit when it is established and releases it when it closes, and a
+//! busy bit says whether the connection carries a request right now. Every change is one
+//! atomic operation on one word, so no kill point can leave a counter half-updated: the load
+//! is counted from the bits when it is read.
 #![no_std]
 
-/// Number of pod slots in the load gauge array.
+/// Number of pod slots in the load gauge.
 pub const MAX_PODS: u32 = 4096;
 
-/// Connections the kernel can track at once (socket cookie -> slot). A connection that does
-/// not fit is not counted at all (never counted up without a matching count down).
+/// Connections the kernel can track at once (socket cookie -> slot and bit). A connection that
+/// does not fit is not counted at all (never counted up without a matching count down).
 pub const MAX_TRACKED_CONNS: u32 = 65536;
+
+/// 64-bit words of connection bits per pod.
+pub const CONN_WORDS: usize = 8;
+/// Connections per pod (from this node) the gauge can tell apart; more are not counted.
+pub const CONNS_PER_POD: u32 = (CONN_WORDS * 64) as u32;
+
+/// Version of the pinned layout; pins live in a directory of this name under the pin dir, so
+/// a node with the pins of another layout is recognized (and cleaned up) rather than misread.
+pub const LAYOUT: &str = "v2";
 
 /// `AF_INET`, as in the kernel's `bpf_sock_ops.family`.
 pub const FAMILY_V4: u32 = 2;
@@ -23,12 +38,14 @@ pub const FAMILY_V6: u32 = 10;
 pub mod maps {
     /// `HashMap<BackendKey, u32>`: pod address -> slot (written by userspace).
     pub const BACKENDS: &str = "BACKENDS";
-    /// `Array<u64>` (BPF_F_MMAPABLE): established connections per slot (written by the kernel).
-    pub const LOAD: &str = "LOAD";
-    /// `HashMap<u64, u32>`: socket cookie -> slot of every connection currently counted.
+    /// `Array<PodConns>` (BPF_F_MMAPABLE): the connection bits of each slot.
+    pub const PODS: &str = "PODS";
+    /// `HashMap<u64, ConnSlot>`: socket cookie -> slot and bit of every connection counted.
     pub const CONNS: &str = "CONNS";
     /// Every map the loader pins.
-    pub const ALL: [&str; 3] = [BACKENDS, LOAD, CONNS];
+    pub const ALL: [&str; 3] = [BACKENDS, PODS, CONNS];
+    /// The connection-count array of the previous layout (pinned at the top of the pin dir).
+    pub const LEGACY_LOAD: &str = "LOAD";
 }
 
 /// Program names (the entry point function names in routing-ebpf).
@@ -108,8 +125,61 @@ pub const fn remote_port_to_host(raw: u32) -> u16 {
     u16::from_be(be as u16)
 }
 
+/// One group of 64 connections of a pod: bit `i` of both words is the same connection.
+///
+/// - `claimed`: the connection exists (set by the kernel when it is established, cleared when
+///   it closes);
+/// - `busy`: it carries a request now (set by the kernel when it is established, since a
+///   connection is opened for a request; then set and cleared by the proxy that registered it
+///   at each request's start and end; cleared by the kernel when it closes).
+///
+/// A pod's load is the number of bits set in both: a busy bit left on a connection that has
+/// closed (a proxy marking a connection the server just closed) counts for nothing, and is
+/// reset when the bit is claimed again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LiveWord {
+    pub claimed: u64,
+    pub busy: u64,
+}
+
+/// The connection bits of one pod (the value of [`maps::PODS`]). The words a load read needs
+/// come first and together (two cache lines); `registered` marks connections a proxy pools
+/// and marks requests on (set by that proxy, cleared by the kernel when the connection
+/// closes). An unregistered connection stays busy for its whole life: one connection, one
+/// request, as for any client that does not pool.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PodConns {
+    pub live: [LiveWord; CONN_WORDS],
+    pub registered: [u64; CONN_WORDS],
+}
+
+impl PodConns {
+    /// Requests in flight: connections both claimed and busy.
+    pub fn in_flight(&self) -> u32 {
+        self.live
+            .iter()
+            .map(|w| (w.claimed & w.busy).count_ones())
+            .sum()
+    }
+}
+
+/// Where a counted connection's bit is (the value of [`maps::CONNS`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ConnSlot {
+    /// The pod's kernel slot.
+    pub slot: u32,
+    /// The connection's bit: word `bit / 64`, bit `bit % 64`.
+    pub bit: u32,
+}
+
 const _: () = {
     assert!(core::mem::size_of::<BackendKey>() == 24);
+    assert!(core::mem::size_of::<LiveWord>() == 16);
+    assert!(core::mem::size_of::<PodConns>() == 24 * CONN_WORDS);
+    assert!(core::mem::size_of::<ConnSlot>() == 8);
 };
 
 #[cfg(feature = "user")]
@@ -117,6 +187,10 @@ mod user {
     // SAFETY: the types are `#[repr(C)]`, `Copy`, made only of integers, and their sizes are
     // asserted above to equal the sum of their fields (no padding bytes to leak or compare).
     unsafe impl aya::Pod for super::BackendKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ConnSlot {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PodConns {}
 }
 
 #[cfg(test)]

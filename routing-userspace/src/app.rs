@@ -17,12 +17,13 @@ use crate::discovery::file::LoadError;
 use crate::discovery::kube::KubeOptions;
 use crate::discovery::Update;
 use crate::ebpf::EbpfError;
+use crate::ebpf::EbpfGauge;
 use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
 use crate::metrics::{KeyTracking, Metrics};
 use crate::router::Router;
 use crate::state::{RequestLimits, Shared};
-use crate::upstream::{Upstream, UpstreamOptions};
+use crate::upstream::{ConnTrack, ConnectionHook, Upstream, UpstreamOptions};
 use crate::{admin, proxy};
 
 /// Why `serve` stopped with an error.
@@ -48,10 +49,21 @@ pub enum ServeError {
     Serve(std::io::Error),
 }
 
-/// Which gauge least-loaded picks read, and why.
+/// Which gauge least-loaded picks read: the eBPF one when it loaded.
 pub struct GaugeChoice {
     pub gauge: Arc<dyn LoadGauge>,
-    pub ebpf: bool,
+    pub ebpf: Option<Arc<EbpfGauge>>,
+}
+
+/// Registers each new upstream connection with the eBPF gauge, so its requests are counted
+/// node-wide as they start and end.
+struct RegisterWithGauge(Arc<EbpfGauge>);
+
+impl ConnectionHook for RegisterWithGauge {
+    fn connected(&self, stream: &tokio::net::TcpStream, _peer: SocketAddr) -> Option<ConnTrack> {
+        use std::os::fd::AsFd;
+        self.0.register(stream.as_fd())
+    }
 }
 
 /// Open the gauge `args` asks for: the node-wide eBPF gauge when it loads (fatal if required),
@@ -62,7 +74,7 @@ pub fn open_gauge(
 ) -> Result<GaugeChoice, ServeError> {
     let fallback = || GaugeChoice {
         gauge: userspace.clone(),
-        ebpf: false,
+        ebpf: None,
     };
     if args.gauge == GaugeKind::Userspace {
         if args.require_ebpf {
@@ -72,10 +84,13 @@ pub fn open_gauge(
     }
     match crate::ebpf::EbpfGauge::open(&args.options()) {
         Ok(g) => {
-            tracing::info!("eBPF connection gauge loaded; least-loaded picks read it");
+            tracing::info!(
+                "eBPF gauge loaded; least-loaded picks read the node-wide requests in flight"
+            );
+            let g = Arc::new(g);
             Ok(GaugeChoice {
-                gauge: Arc::new(g),
-                ebpf: true,
+                gauge: g.clone(),
+                ebpf: Some(g),
             })
         }
         Err(why) if args.require_ebpf || args.gauge == GaugeKind::Ebpf => {
@@ -143,12 +158,8 @@ pub async fn serve(
     let metrics = Arc::new(Metrics::with_key_tracking(key_tracking(&args)));
     let inflight = Arc::new(UserspaceGauge::default());
     let GaugeChoice { gauge, ebpf } = open_gauge(&args.ebpf, &inflight)?;
-    metrics.ebpf_enabled.set(i64::from(ebpf));
-    let keepalive = match args.upstream_keepalive {
-        KeepAlive::On => true,
-        KeepAlive::Off => false,
-        KeepAlive::Auto => !ebpf,
-    };
+    metrics.ebpf_enabled.set(i64::from(ebpf.is_some()));
+    let keepalive = args.upstream_keepalive != KeepAlive::Off;
     tracing::info!(
         gauge = gauge.name(),
         upstream_keepalive = keepalive,
@@ -167,7 +178,7 @@ pub async fn serve(
             idle_timeout: args.upstream_idle_timeout,
             ..UpstreamOptions::default()
         },
-        None,
+        ebpf.map(|g| Arc::new(RegisterWithGauge(g)) as Arc<dyn ConnectionHook>),
     );
     let shared = Arc::new(Shared::new(
         Router::new(gauge, knobs),

@@ -37,9 +37,10 @@ pub enum GaugeKind {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KeepAlive {
-    /// Off while the eBPF gauge drives picks (one connection per request), on otherwise.
+    /// On (with either gauge: the eBPF gauge counts requests on pooled connections).
     Auto,
     On,
+    /// One connection per request.
     Off,
 }
 

@@ -177,3 +177,32 @@ pub fn wait_for<T: PartialEq + Copy>(want: T, timeout: Duration, mut f: impl FnM
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Flags that point a proxy's eBPF gauge at the test's cgroup and pins (and make it fatal
+/// when eBPF does not load).
+pub fn ebpf_flags(pins: &TestPins) -> Vec<String> {
+    vec![
+        "--gauge".into(),
+        "ebpf".into(),
+        "--require-ebpf".into(),
+        "--cgroup-path".into(),
+        pins.opts.cgroup.as_ref().unwrap().display().to_string(),
+        "--bpf-pin-dir".into(),
+        pins.opts.pin_dir.display().to_string(),
+    ]
+}
+
+/// Every pod of the pinned set, as `ebpf status` reads it.
+pub fn kernel_pods(pins: &TestPins) -> Vec<routing_userspace::ebpf::cli::PodLoad> {
+    let set = routing_userspace::ebpf::pins::PinnedSet::open_existing(&pins.opts.pin_dir)
+        .expect("pinned set");
+    routing_userspace::ebpf::cli::pod_loads(&set).expect("read pods")
+}
+
+/// The load least-loaded reads for `pod` (requests in flight + unregistered connections).
+pub fn kernel_load(pins: &TestPins, pod: SocketAddr) -> u64 {
+    kernel_pods(pins)
+        .into_iter()
+        .find(|p| p.addr == pod)
+        .map_or(0, |p| p.active)
+}

@@ -127,12 +127,32 @@ impl Proxy {
 }
 
 /// Start a proxy on `models` with extra flags and environment, and wait for /readyz.
+///
+/// Ports come from [`free_port`], which a busy test machine can hand to an outgoing connection
+/// before the proxy binds it; a proxy that could not listen is started again on fresh ports
+/// (up to three times). Any other early exit fails the test with the proxy's log.
 pub async fn start_proxy(
     models: &ModelsFile,
     extra: &[&str],
     env: &[(&str, &str)],
     dir: &Path,
 ) -> Proxy {
+    for attempt in 1.. {
+        match try_start_proxy(models, extra, env, dir).await {
+            Ok(p) => return p,
+            Err(log) if attempt < 3 && log.contains("cannot listen on") => continue,
+            Err(log) => panic!("proxy exited before it was ready:\n{log}"),
+        }
+    }
+    unreachable!("the loop returns or panics")
+}
+
+async fn try_start_proxy(
+    models: &ModelsFile,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    dir: &Path,
+) -> Result<Proxy, String> {
     let config = dir.join(format!("models-{}.yaml", free_port()));
     models.write_to(&config).expect("write config");
     let addr = loopback(free_port());
@@ -171,10 +191,7 @@ pub async fn start_proxy(
         .is_err()
     {
         if let Some(status) = proc.exited() {
-            panic!(
-                "proxy exited ({status}) before it was ready:\n{}",
-                proc.log_text()
-            );
+            return Err(format!("({status})\n{}", proc.log_text()));
         }
         assert!(
             Instant::now() < deadline,
@@ -182,12 +199,12 @@ pub async fn start_proxy(
             proc.log_text()
         );
     }
-    Proxy {
+    Ok(Proxy {
         addr,
         admin,
         config,
         proc,
-    }
+    })
 }
 
 /// A buffered HTTP response.

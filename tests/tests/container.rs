@@ -197,8 +197,11 @@ async fn the_image_serves_with_ebpf_on_and_routes_as_the_daemonset_runs_it() {
 
     // The pins the container made are the host's (the bpffs hostPath).
     assert!(
-        pins.0.join("LOAD").exists(),
-        "no pinned LOAD map on the host"
+        pins.0
+            .join(routing_common::LAYOUT)
+            .join(routing_common::maps::PODS)
+            .exists(),
+        "no pinned PODS map on the host"
     );
     let status = pod.exec(&["flexinfer-proxy", "ebpf", "status"]);
     let text = String::from_utf8_lossy(&status.stdout);

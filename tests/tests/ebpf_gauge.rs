@@ -229,7 +229,9 @@ fn detach_removes_pins_and_the_attachment() {
     let pins = TestPins::new(&cg);
     let gauge = open(&pins.opts);
     assert_eq!(attached(cg.path()).len(), 1);
-    assert!(pins.opts.pin_dir.join(pins::LINK_PIN).exists());
+    assert!(pins::set_dir(&pins.opts.pin_dir)
+        .join(pins::LINK_PIN)
+        .exists());
     drop(gauge);
     cli::detach(&pins.opts).expect("detach");
     assert!(!pins.opts.pin_dir.exists(), "pin dir removed");
@@ -243,16 +245,16 @@ fn detach_removes_pins_and_the_attachment() {
 }
 
 #[test]
-fn detach_also_removes_the_pins_of_a_build_with_the_redirect() {
-    if !bpf_or_skip("detach_also_removes_the_pins_of_a_build_with_the_redirect") {
+fn detach_also_removes_the_pins_of_earlier_layouts() {
+    if !bpf_or_skip("detach_also_removes_the_pins_of_earlier_layouts") {
         return;
     }
     let cg = test_cgroup();
     let pins = TestPins::new(&cg);
     let gauge = open(&pins.opts);
     drop(gauge);
-    // Stand-ins for the skmsg_prog, SOCKS and CONFIG pins an older build wrote (any BPF
-    // object pinned under those names; bpffs holds nothing else).
+    // Stand-ins for the pins older builds wrote at the top of the pin dir (the connection-count
+    // layout, the sk_msg redirect): any BPF object pinned under those names.
     let dir = &pins.opts.pin_dir;
     {
         let set = pins::PinnedSet::open_existing(dir).expect("reopen");
@@ -275,6 +277,64 @@ fn detach_also_removes_the_pins_of_a_build_with_the_redirect() {
         0,
         "no sock_ops program left on the cgroup"
     );
+}
+
+/// A node whose pins use the previous layout (a connection-count set at the top of the pin
+/// dir, attached) is upgraded in place: the old set is detached and removed, the new one is
+/// created under its versioned directory, and exactly one program stays attached.
+#[test]
+fn an_earlier_layout_is_replaced_in_place() {
+    if !bpf_or_skip("an_earlier_layout_is_replaced_in_place") {
+        return;
+    }
+    let cg = test_cgroup();
+    let old = TestPins::new(&cg);
+    let pins = TestPins::new(&cg);
+    // An attached set, moved to where the previous layout kept its pins (LOAD was its array).
+    drop(open(&old.opts));
+    let from = pins::set_dir(&old.opts.pin_dir);
+    let to = &pins.opts.pin_dir;
+    std::fs::create_dir_all(to).unwrap();
+    for (a, b) in [
+        (pins::LINK_PIN, pins::LINK_PIN),
+        ("BACKENDS", "BACKENDS"),
+        ("CONNS", "CONNS"),
+        ("PODS", "LOAD"),
+    ] {
+        std::fs::rename(from.join(a), to.join(b)).expect("move a pin");
+    }
+    assert_eq!(attached(cg.path()).len(), 1, "the old layout is attached");
+    assert!(
+        cli::status_to(&pins.opts, &mut Vec::new())
+            .unwrap_err()
+            .to_string()
+            .contains("earlier layout"),
+        "status names the old layout"
+    );
+    let gauge = open(&pins.opts);
+    assert!(gauge.created(), "a new set was created");
+    assert_eq!(
+        wait_for(1, SETTLE, || attached(cg.path()).len()),
+        1,
+        "old link detached, new one attached"
+    );
+    let left: Vec<_> = std::fs::read_dir(to)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        left,
+        [routing_common::LAYOUT],
+        "only the versioned set remains"
+    );
+    let (_l, pod) = listener();
+    gauge.set_pods(&[(pod, 0)]);
+    let mut holder = Holder::spawn(Path::new(HOLDER), &cg);
+    holder.open(pod, 2);
+    assert_eq!(gauge.active(0), 2, "the new set counts");
+    drop(holder);
+    assert_eq!(wait_for(0, SETTLE, || gauge.active(0)), 0);
 }
 
 #[test]

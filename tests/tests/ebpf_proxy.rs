@@ -7,36 +7,12 @@
 //! FLEXINFER_REQUIRE_EBPF is set (CI) and BPF is broken.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use flexinfer_tests::ebpf::{bpf_or_skip, test_cgroup, wait_for, TestPins};
+use flexinfer_tests::ebpf::{
+    bpf_or_skip, ebpf_flags, kernel_load, test_cgroup, wait_for, TestPins,
+};
 use flexinfer_tests::*;
-use routing_userspace::ebpf::cli::pod_loads;
-use routing_userspace::ebpf::pins::PinnedSet;
-
-/// Flags that point a proxy's eBPF gauge at the test's cgroup and pins.
-fn ebpf_flags(pins: &TestPins) -> Vec<String> {
-    vec![
-        "--gauge".into(),
-        "ebpf".into(),
-        "--require-ebpf".into(),
-        "--cgroup-path".into(),
-        pins.opts.cgroup.as_ref().unwrap().display().to_string(),
-        "--bpf-pin-dir".into(),
-        pins.opts.pin_dir.display().to_string(),
-    ]
-}
-
-/// Live connections to `pod` as the kernel counts them.
-fn kernel_load(pins: &TestPins, pod: SocketAddr) -> u64 {
-    let set = PinnedSet::open_existing(&pins.opts.pin_dir).expect("pinned set");
-    pod_loads(&set)
-        .expect("read loads")
-        .into_iter()
-        .find(|p| p.addr == pod)
-        .map_or(0, |p| p.active)
-}
 
 fn models(slow: &Sim, others: &[&Sim]) -> ModelsFile {
     let all = std::iter::once(slow)
@@ -194,7 +170,7 @@ async fn a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_
     let p2 = start_proxy(&cfg, &flags, &[], dir.path()).await;
     cg.add_pid(p2.proc.pid())
         .expect("move into the test cgroup");
-    assert!(p2.proc.log_text().contains("eBPF connection gauge loaded"));
+    assert!(p2.proc.log_text().contains("eBPF gauge loaded"));
     let _held = hold(&p2, "pin-a", 2).await;
     assert_eq!(
         wait_for(2, Duration::from_secs(5), || kernel_load(&pins, a.addr)),
@@ -290,8 +266,10 @@ async fn without_bpf_the_proxy_serves_on_the_userspace_gauge() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_at_connect() {
-    if !bpf_or_skip("on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_at_connect") {
+async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_when_requests_start() {
+    if !bpf_or_skip(
+        "on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_when_requests_start",
+    ) {
         return;
     }
     let dir = TempDir::new("ebpf-burst");
@@ -321,14 +299,15 @@ async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_at_conne
     let view = get(proxy.admin, "/debug/routing").await.unwrap().json();
     assert_eq!(
         (view["gauge"].as_str(), view["upstream_keepalive"].as_bool()),
-        (Some("ebpf"), Some(false))
+        (Some("ebpf"), Some(true)),
+        "the eBPF gauge keeps upstream connections pooled"
     );
     let hits = burst(proxy.addr, "chat", 50).await;
     assert!(
         hits.values().all(|&n| n <= 13),
         "at most 13 per pod: {hits:?}"
     );
-    // Every reservation was replaced by its connection (the connect hook), none left to expire.
+    // Every reservation was replaced by its request (marked busy when it started), none left.
     assert_eq!(pending_reservations(proxy.admin).await, 0);
     for s in &sims {
         assert_eq!(

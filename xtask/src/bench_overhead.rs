@@ -110,7 +110,7 @@ impl Target {
                 format!("flexinfer --gauge userspace, routing {}", c.routing())
             }
             (Target::FxDefault, c) => format!(
-                "flexinfer default flags as root (eBPF gauge, keep-alive off), routing {}",
+                "flexinfer default flags as root (eBPF gauge, pooled connections), routing {}",
                 c.routing()
             ),
         }

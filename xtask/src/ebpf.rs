@@ -46,10 +46,11 @@ pub fn build(args: &BuildEbpf) -> Result<()> {
             "-Z",
             "build-std=core",
         ])
-        // Keep BTF (maps declared with #[btf_map] need it; bpftool dumps typed values).
+        // Keep BTF (maps declared with #[btf_map] need it; bpftool dumps typed values), and
+        // target BPF v3 for the atomic AND, OR and compare-and-swap the gauge uses (5.12+).
         .env(
             "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
-            "-C debuginfo=2 -C link-arg=--btf",
+            "-C debuginfo=2 -C link-arg=--btf -C target-cpu=v3",
         )
         // The host toolchain's rustup override would otherwise leak into the nightly build.
         .env_remove("RUSTUP_TOOLCHAIN")

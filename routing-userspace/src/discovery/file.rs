@@ -169,7 +169,9 @@ models:
     #[test]
     fn errors_are_clear() {
         let e = |text: &str| parse(text).unwrap_err().to_string();
-        assert!(e("models:\n  - name: a\n    routing: fastest\n").contains("unknown routing strategy"));
+        assert!(
+            e("models:\n  - name: a\n    routing: fastest\n").contains("unknown routing strategy")
+        );
         assert!(e("models:\n  - name: a\n    endpoints: [localhost]\n").contains("not IP:port"));
         assert!(e("models:\n  - name: a\n  - name: a\n").contains("twice"));
         assert!(e("models:\n  - name: a\n    sevice: http://x\n").contains("unknown field"));

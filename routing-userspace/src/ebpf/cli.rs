@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use routing_common::{BackendKey, FAMILY_V4};
+use routing_common::{BackendKey, PodConns, FAMILY_V4};
 
 use super::pins::{self, PinnedSet};
 use super::EbpfOptions;
@@ -28,42 +28,75 @@ pub fn key_addr(k: &BackendKey) -> SocketAddr {
 pub struct PodLoad {
     pub addr: SocketAddr,
     pub slot: u32,
+    /// What least-loaded reads: requests in flight on registered connections, plus every
+    /// unregistered connection.
     pub active: u64,
+    /// Requests in flight on registered (pooled) connections: its registered busy connections.
+    pub in_flight: u64,
+    /// Registered connections idle in a pool.
+    pub registered_idle: u64,
+    /// Connections nobody registered (one request each: another client, or no pooling).
+    pub unregistered: u64,
 }
 
-/// Every pod in BACKENDS with its kernel slot and live connection count, sorted by slot.
+impl PodLoad {
+    pub fn new(addr: SocketAddr, slot: u32, p: &PodConns) -> Self {
+        // (claimed, busy, registered) of each group of 64 connections.
+        let count = |f: &dyn Fn(u64, u64, u64) -> u64| -> u64 {
+            (0..p.live.len())
+                .map(|g| f(p.live[g].claimed, p.live[g].busy, p.registered[g]))
+                .map(|bits| u64::from(bits.count_ones()))
+                .sum()
+        };
+        Self {
+            addr,
+            slot,
+            active: count(&|c, b, _| c & b),
+            in_flight: count(&|c, b, r| c & b & r),
+            registered_idle: count(&|c, b, r| c & !b & r),
+            unregistered: count(&|c, _, r| c & !r),
+        }
+    }
+}
+
+/// Every pod in BACKENDS with its kernel slot and connections, sorted by slot.
 pub fn pod_loads(set: &PinnedSet) -> anyhow::Result<Vec<PodLoad>> {
     let mut out = Vec::new();
     for (k, slot) in set.backend_entries()? {
-        out.push(PodLoad {
-            addr: key_addr(&k),
-            slot,
-            active: set.load_lookup(slot)?,
-        });
+        out.push(PodLoad::new(key_addr(&k), slot, &set.pod_lookup(slot)?));
     }
     out.sort_by_key(|p| p.slot);
     Ok(out)
 }
 
-/// Print the pinned set's pods, slots and live counts to `out`.
+/// Print the pinned set's pods, slots and connections to `out`.
 pub fn status_to(opts: &EbpfOptions, out: &mut dyn Write) -> anyhow::Result<()> {
     let set = PinnedSet::open_existing(&opts.pin_dir)?;
     let pods = pod_loads(&set)?;
-    writeln!(out, "pinned set: {}", opts.pin_dir.display())?;
+    writeln!(out, "pinned set: {}", set.pin_dir.display())?;
     writeln!(
         out,
         "tracked connections: {}   pods: {}",
         set.tracked_connections()?,
         pods.len(),
     )?;
-    writeln!(out, "{:<5} {:>8}  pod", "slot", "active")?;
+    // Registered connections: `in_flight` of them carry a request, `idle` wait in a pool.
+    writeln!(
+        out,
+        "{:<5} {:>7} {:>9} {:>5} {:>12}  pod",
+        "slot", "active", "in_flight", "idle", "unregistered"
+    )?;
     for p in &pods {
-        writeln!(out, "{:<5} {:>8}  {}", p.slot, p.active, p.addr)?;
+        writeln!(
+            out,
+            "{:<5} {:>7} {:>9} {:>5} {:>12}  {}",
+            p.slot, p.active, p.in_flight, p.registered_idle, p.unregistered, p.addr
+        )?;
     }
     Ok(())
 }
 
-/// `flexinfer-proxy ebpf status`: print per pod its slot and live connection count.
+/// `flexinfer-proxy ebpf status`: print per pod its slot, load and connections.
 pub fn status(opts: &EbpfOptions) -> anyhow::Result<()> {
     status_to(opts, &mut std::io::stdout().lock())
 }

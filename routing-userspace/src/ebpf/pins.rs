@@ -1,10 +1,15 @@
 //! The pinned set: maps and the cgroup link under one bpffs directory, shared by every proxy
 //! process on the node and surviving restarts.
 //!
-//! Layout of `<pin_dir>/`: one file per map (named as in `routing_common::maps`) and the
-//! sock_ops cgroup link (`sockops_link`). The link pin is written last, so "the link pin
-//! exists" means "the set is complete and attached"; creation and removal hold an exclusive
-//! flock on the directory.
+//! Layout of `<pin_dir>/<LAYOUT>/` (`/sys/fs/bpf/flexinfer/v2/` by default): one file per map
+//! (named as in `routing_common::maps`) and the sock_ops cgroup link (`sockops_link`). The link
+//! pin is written last, so "the link pin exists" means "the set is complete and attached";
+//! creation and removal hold an exclusive flock on `<pin_dir>`.
+//!
+//! The layout directory is versioned. Pins an earlier build left at the top of `<pin_dir>`
+//! (the connection-count layout, and the sk_msg redirect before it) are detached and removed
+//! before a set is created: only one sock_ops program can be attached to a cgroup, and maps of
+//! another shape must never be read as this one.
 
 use std::fs::File;
 use std::io;
@@ -14,25 +19,40 @@ use aya::maps::{Array, HashMap, Map, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{CgroupAttachMode, SockOps};
 use aya::EbpfLoader;
-use routing_common::{maps, programs, BackendKey, MAX_PODS};
+use routing_common::{maps, programs, BackendKey, ConnSlot, PodConns, LAYOUT, MAX_PODS};
 
 use super::sys::{self, DirLock};
 use super::{io_err, EbpfError, EbpfOptions};
 
 /// File name of the pinned sock_ops cgroup link.
 pub const LINK_PIN: &str = "sockops_link";
-/// Pins an older build (with the since-removed sk_msg same-node redirect) also wrote: its
-/// sk_msg program, its SOCKS sockhash and its CONFIG switch. Nothing opens them any more, but
-/// `detach` and a fresh create still remove them, so an upgraded node ends up clean.
-pub const LEGACY_PINS: [&str; 3] = ["skmsg_prog", "SOCKS", "CONFIG"];
+/// Pins earlier builds wrote at the top of the pin directory: the connection-count layout
+/// (its maps and link) and the sk_msg same-node redirect before it (its program, SOCKS
+/// sockhash and CONFIG switch). Nothing opens them any more; `detach` and a fresh create
+/// remove them, so an upgraded node ends up clean.
+pub const LEGACY_PINS: [&str; 7] = [
+    LINK_PIN,
+    maps::LEGACY_LOAD,
+    maps::BACKENDS,
+    maps::CONNS,
+    "skmsg_prog",
+    "SOCKS",
+    "CONFIG",
+];
+
+/// Where the pins of this build's layout live under `pin_dir`.
+pub fn set_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join(LAYOUT)
+}
 
 /// Open handles on a pinned set.
 pub struct PinnedSet {
+    /// The layout directory (`<pin_dir>/<LAYOUT>`).
     pub pin_dir: PathBuf,
     /// Whether this call created (and attached) the set, rather than reopening it.
     pub created: bool,
     pub backends: Map,
-    pub load: Map,
+    pub pods: Map,
     pub conns: Map,
 }
 
@@ -68,12 +88,9 @@ pub fn prepare_dirs(opts: &EbpfOptions) -> Result<(), EbpfError> {
             })
         })?;
     }
-    std::fs::create_dir_all(&opts.pin_dir).map_err(|e| {
-        EbpfError::classify(
-            "creating the pin directory",
-            e,
-            io_err("creating", &opts.pin_dir),
-        )
+    let dir = set_dir(&opts.pin_dir);
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        EbpfError::classify("creating the pin directory", e, io_err("creating", &dir))
     })?;
     if !sys::is_bpffs(&opts.pin_dir).map_err(io_err("checking", &opts.pin_dir))? {
         return Err(EbpfError::NoBpffs {
@@ -84,32 +101,48 @@ pub fn prepare_dirs(opts: &EbpfOptions) -> Result<(), EbpfError> {
 }
 
 impl PinnedSet {
-    /// Open the node's pinned set, creating and attaching it if it is not there yet.
+    /// Open the node's pinned set, creating and attaching it if it is not there yet (after
+    /// removing the pins of an earlier layout).
     pub fn open_or_create(opts: &EbpfOptions) -> Result<Self, EbpfError> {
         let object = super::embedded_object().ok_or(EbpfError::NotEmbedded)?;
         prepare_dirs(opts)?;
-        let _lock = DirLock::exclusive(&opts.pin_dir).map_err(io_err("locking", &opts.pin_dir))?;
-        let set = if opts.pin_dir.join(LINK_PIN).exists() {
-            Self::open_pins(&opts.pin_dir)
+        let base = &opts.pin_dir;
+        let dir = set_dir(base);
+        let _lock = DirLock::exclusive(base).map_err(io_err("locking", base))?;
+        let set = if dir.join(LINK_PIN).exists() {
+            Self::open_pins(&dir)
         } else {
+            let legacy =
+                remove_files(base, &LEGACY_PINS).map_err(io_err("removing old pins in", base))?;
+            if !legacy.is_empty() {
+                tracing::warn!(pin_dir = %base.display(), removed = ?legacy, "detached and removed the pins of an earlier layout");
+            }
             Self::create(object, opts)
         };
         drop(_lock);
         set.inspect_err(|_| {
-            // Do not leave an empty pin directory behind (only succeeds if it is empty).
-            let _ = std::fs::remove_dir(&opts.pin_dir);
+            // Do not leave empty pin directories behind (only succeeds if they are empty).
+            let _ = std::fs::remove_dir(&dir);
+            let _ = std::fs::remove_dir(base);
         })
     }
 
-    /// Open an existing, complete pinned set (used by `status` and by other processes).
+    /// Open the existing, complete pinned set under `pin_dir` (used by `status` and by other
+    /// processes).
     pub fn open_existing(pin_dir: &Path) -> Result<Self, EbpfError> {
-        if !pin_dir.join(LINK_PIN).exists() {
+        let dir = set_dir(pin_dir);
+        if !dir.join(LINK_PIN).exists() {
+            let what = if pin_dir.join(maps::LEGACY_LOAD).exists() {
+                format!("no {LAYOUT}/{LINK_PIN}, but the pins of an earlier layout: a proxy of this version replaces them when it starts")
+            } else {
+                format!("no {LAYOUT}/{LINK_PIN}: nothing is attached")
+            };
             return Err(EbpfError::BadPins {
                 pin_dir: pin_dir.to_path_buf(),
-                what: format!("no {LINK_PIN}: nothing is attached"),
+                what,
             });
         }
-        Self::open_pins(pin_dir)
+        Self::open_pins(&dir)
     }
 
     fn open_pins(pin_dir: &Path) -> Result<Self, EbpfError> {
@@ -136,7 +169,7 @@ impl PinnedSet {
             pin_dir: pin_dir.to_path_buf(),
             created: false,
             backends: open(maps::BACKENDS)?,
-            load: open(maps::LOAD)?,
+            pods: open(maps::PODS)?,
             conns: open(maps::CONNS)?,
         };
         set.check_shapes()?;
@@ -149,18 +182,29 @@ impl PinnedSet {
             pin_dir: self.pin_dir.clone(),
             what,
         };
-        let load = map_data(&self.load)
+        let pods = map_data(&self.pods)
             .info()
-            .map_err(|e| bad(format!("LOAD info: {e}")))?;
-        if load.max_entries() != MAX_PODS || load.value_size() != 8 {
+            .map_err(|e| bad(format!("PODS info: {e}")))?;
+        let want = std::mem::size_of::<PodConns>() as u32;
+        if pods.max_entries() != MAX_PODS || pods.value_size() != want {
             return Err(bad(format!(
-                "LOAD has {} entries of {} bytes, expected {MAX_PODS} of 8",
-                load.max_entries(),
-                load.value_size()
+                "PODS has {} entries of {} bytes, expected {MAX_PODS} of {want}",
+                pods.max_entries(),
+                pods.value_size()
             )));
         }
-        if load.map_flags() & routing_common::BPF_F_MMAPABLE as u32 == 0 {
-            return Err(bad("LOAD is not mmapable".into()));
+        if pods.map_flags() & routing_common::BPF_F_MMAPABLE as u32 == 0 {
+            return Err(bad("PODS is not mmapable".into()));
+        }
+        let conns = map_data(&self.conns)
+            .info()
+            .map_err(|e| bad(format!("CONNS info: {e}")))?;
+        if conns.key_size() != 8 || conns.value_size() as usize != std::mem::size_of::<ConnSlot>() {
+            return Err(bad(format!(
+                "CONNS key/value sizes {}/{} do not match this build",
+                conns.key_size(),
+                conns.value_size()
+            )));
         }
         let b = map_data(&self.backends)
             .info()
@@ -176,7 +220,7 @@ impl PinnedSet {
     }
 
     fn create(object: &[u8], opts: &EbpfOptions) -> Result<Self, EbpfError> {
-        let pin_dir = &opts.pin_dir;
+        let pin_dir = &set_dir(&opts.pin_dir);
         let cgroup_path = match &opts.cgroup {
             Some(p) => p.clone(),
             None => super::cgroup::cgroup2_root()?,
@@ -185,7 +229,7 @@ impl PinnedSet {
         // Without the link pin nothing is attached, so map pins left here (a crash between
         // pinning maps and pinning the link) hold counts no program will ever count down.
         // Start from fresh maps rather than reuse them.
-        remove_pin_files(pin_dir).map_err(io_err("removing stale pins in", pin_dir))?;
+        remove_files(pin_dir, &SET_PINS).map_err(io_err("removing stale pins in", pin_dir))?;
         let result = (|| {
             let pins: Vec<(&str, PathBuf)> =
                 maps::ALL.iter().map(|n| (*n, pin_dir.join(n))).collect();
@@ -229,13 +273,13 @@ impl PinnedSet {
                 pin_dir: pin_dir.clone(),
                 created: true,
                 backends: take(maps::BACKENDS)?,
-                load: take(maps::LOAD)?,
+                pods: take(maps::PODS)?,
                 conns: take(maps::CONNS)?,
             })
         })();
         if result.is_err() {
             // Leave nothing half-made behind: the next open must start clean.
-            let _ = remove_pin_files(pin_dir);
+            let _ = remove_files(pin_dir, &SET_PINS);
         }
         result
     }
@@ -263,21 +307,40 @@ impl PinnedSet {
             })
     }
 
-    /// `LOAD[slot]` through a map-lookup syscall (what the mmap avoids; for `status`/benches).
-    pub fn load_lookup(&self, slot: u32) -> Result<u64, EbpfError> {
-        let m: Array<&MapData, u64> = Array::try_from(&self.load).map_err(|e| EbpfError::Map {
-            map: maps::LOAD,
-            source: box_err(e),
-        })?;
+    /// `PODS[slot]` through a map-lookup syscall (for `status`, not the hot path).
+    pub fn pod_lookup(&self, slot: u32) -> Result<PodConns, EbpfError> {
+        let m: Array<&MapData, PodConns> =
+            Array::try_from(&self.pods).map_err(|e| EbpfError::Map {
+                map: maps::PODS,
+                source: box_err(e),
+            })?;
         m.get(&slot, 0).map_err(|e| EbpfError::Map {
-            map: maps::LOAD,
+            map: maps::PODS,
             source: box_err(e),
         })
     }
 
+    /// Where the kernel counts the connection with socket `cookie` (one syscall; done once per
+    /// new connection).
+    pub fn conn_slot(&self, cookie: u64) -> Result<Option<ConnSlot>, EbpfError> {
+        let m: HashMap<&MapData, u64, ConnSlot> =
+            HashMap::try_from(&self.conns).map_err(|e| EbpfError::Map {
+                map: maps::CONNS,
+                source: box_err(e),
+            })?;
+        match m.get(&cookie, 0) {
+            Ok(s) => Ok(Some(s)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(EbpfError::Map {
+                map: maps::CONNS,
+                source: box_err(e),
+            }),
+        }
+    }
+
     /// Number of connections the kernel is currently tracking (CONNS entries).
     pub fn tracked_connections(&self) -> Result<usize, EbpfError> {
-        let m: HashMap<&MapData, u64, u32> =
+        let m: HashMap<&MapData, u64, ConnSlot> =
             HashMap::try_from(&self.conns).map_err(|e| EbpfError::Map {
                 map: maps::CONNS,
                 source: box_err(e),
@@ -293,32 +356,35 @@ pub struct Removed {
     pub dir_removed: bool,
 }
 
-/// Detach and unpin everything under `pin_dir` that the loader pins, then remove the
-/// directory if it is empty. Unpinning the link drops the last reference to the cgroup
-/// attachment (proxies do not keep the link open), which detaches sock_ops; the maps go when
-/// their last user (a running proxy's mmap/fds) closes. Pins of an older build
-/// ([`LEGACY_PINS`]) are removed too.
+/// Detach and unpin everything under `pin_dir` that this build or an earlier one pins, then
+/// remove the directories if they are empty. Unpinning the link drops the last reference to
+/// the cgroup attachment (proxies do not keep the link open), which detaches sock_ops; the
+/// maps go when their last user (a running proxy's mmap/fds) closes.
 pub fn remove_pins(pin_dir: &Path) -> io::Result<Removed> {
     let mut removed = Removed::default();
     if !pin_dir.exists() {
         return Ok(removed);
     }
     let lock = DirLock::exclusive(pin_dir)?;
-    removed.files = remove_pin_files(pin_dir)?;
+    let dir = set_dir(pin_dir);
+    if dir.exists() {
+        removed.files = remove_files(&dir, &SET_PINS)?;
+        let _ = std::fs::remove_dir(&dir);
+    }
+    removed.files.extend(remove_files(pin_dir, &LEGACY_PINS)?);
     drop(lock);
     removed.dir_removed = std::fs::remove_dir(pin_dir).is_ok();
     Ok(removed)
 }
 
-/// Remove the loader's pin files (link first, so the set stops counting before its maps go),
-/// and those an older build left ([`LEGACY_PINS`]). The caller holds the directory lock.
-fn remove_pin_files(pin_dir: &Path) -> io::Result<Vec<PathBuf>> {
+/// The pins of a set: the link first, so the set stops counting before its maps go.
+const SET_PINS: [&str; 4] = [LINK_PIN, maps::BACKENDS, maps::PODS, maps::CONNS];
+
+/// Remove the files `names` in `dir` that exist, in that order. The caller holds the lock.
+fn remove_files(dir: &Path, names: &[&str]) -> io::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
-    let names = std::iter::once(LINK_PIN)
-        .chain(LEGACY_PINS)
-        .chain(maps::ALL);
     for name in names {
-        let p = pin_dir.join(name);
+        let p = dir.join(name);
         match std::fs::remove_file(&p) {
             Ok(()) => files.push(p),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -1,5 +1,6 @@
 //! The few raw Linux calls aya does not wrap: statfs (is this bpffs?), mount, flock, mmap of
-//! a BPF array and BPF_PROG_QUERY. All unsafe code of the loader lives here.
+//! a BPF array, a socket's cookie and BPF_PROG_QUERY. All unsafe code of the loader lives
+//! here.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -97,30 +98,31 @@ impl Drop for DirLock {
     }
 }
 
-/// A read-only shared mapping of a `BPF_F_MMAPABLE` array of `u64`, viewed as atomics.
-pub struct MappedCounters {
+/// A shared, writable mapping of a `BPF_F_MMAPABLE` array, viewed as `u64` atomics (the
+/// kernel program and every proxy on the node update the same words).
+pub struct MappedWords {
     ptr: NonNull<AtomicU64>,
     len: usize,
     bytes: usize,
 }
 
-// SAFETY: the mapping is plain shared memory read only through atomics; it is unmapped once,
-// in Drop, when no reference can remain.
-unsafe impl Send for MappedCounters {}
+// SAFETY: the mapping is plain shared memory accessed only through atomics; it is unmapped
+// once, in Drop, when no reference can remain.
+unsafe impl Send for MappedWords {}
 // SAFETY: as above.
-unsafe impl Sync for MappedCounters {}
+unsafe impl Sync for MappedWords {}
 
-impl MappedCounters {
-    /// Map `len` u64 values of the array map behind `fd`.
+impl MappedWords {
+    /// Map `len` u64 words of the array map behind `fd`, read-write.
     pub fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<Self> {
         let bytes = (len * 8).next_multiple_of(page_size());
-        // SAFETY: a fresh shared read-only mapping of a BPF array fd; the kernel validates the
-        // size against the map (mmapable arrays are page-aligned) and fails cleanly if not.
+        // SAFETY: a fresh shared mapping of a BPF array fd; the kernel validates the size
+        // against the map (mmapable arrays are page-aligned) and fails cleanly if not.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 bytes,
-                libc::PROT_READ,
+                libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
                 0,
@@ -134,7 +136,7 @@ impl MappedCounters {
         Ok(Self { ptr, len, bytes })
     }
 
-    /// All counters. The kernel updates them concurrently; read each with an atomic load.
+    /// All words. The kernel and other processes update them concurrently: use atomics only.
     #[inline]
     pub fn as_slice(&self) -> &[AtomicU64] {
         // SAFETY: the mapping holds at least `len` page-aligned (so 8-aligned) u64 values and
@@ -144,7 +146,7 @@ impl MappedCounters {
     }
 }
 
-impl Drop for MappedCounters {
+impl Drop for MappedWords {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the region mapped in `map`; no borrow outlives `self`.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.bytes) };
@@ -159,6 +161,27 @@ fn page_size() -> usize {
     } else {
         4096
     }
+}
+
+/// The socket cookie of `fd` (`SO_COOKIE`): how BPF programs name a socket.
+pub fn socket_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, a u64 we own, and updates
+    // `len`; `fd` is a socket borrowed for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
 }
 
 /// The kernel's `bpf_attr` for BPF_PROG_QUERY.

@@ -1,5 +1,11 @@
-//! The eBPF gauge: per-pod established-connection counts kept by the kernel, read through a
-//! shared mapping of the LOAD array (one atomic load per pick, no syscall).
+//! The eBPF gauge: per-pod connection bits kept by the kernel (see `routing_common::PodConns`),
+//! read through a shared mapping of the PODS array, with no syscall per pick or per request.
+//! A pod's load is the number of its connections that are claimed and busy: requests in flight
+//! on registered (pooled) connections, plus every unregistered connection.
+//!
+//! A proxy registers each new upstream connection once ([`EbpfGauge::register`]: its socket
+//! cookie names it in CONNS, one map lookup) and gets a [`ConnTrack`], whose busy and idle
+//! marks are single atomic operations on the mapped words.
 //!
 //! The kernel side is node-wide and shared by every proxy process, so its slots ("kernel
 //! slots", the index into LOAD) are node-wide too: a pod keeps the kernel slot recorded in
@@ -14,15 +20,112 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use routing_common::{BackendKey, MAX_PODS};
+use routing_common::{BackendKey, LiveWord, PodConns, CONN_WORDS, MAX_PODS};
 
 use super::{LoadGauge, Slot, MAX_SLOTS};
 use crate::ebpf::pins::{map_data, PinnedSet};
-use crate::ebpf::sys::MappedCounters;
+use crate::ebpf::sys::{self, MappedWords};
 use crate::ebpf::{EbpfError, EbpfOptions};
+
+/// `u64` words per pod in the mapped PODS array: `CONN_WORDS` (claimed, busy) pairs, then
+/// `CONN_WORDS` registered words (the layout of `PodConns`).
+const POD_WORDS: usize = std::mem::size_of::<PodConns>() / 8;
+const LIVE_WORDS: usize = 2 * CONN_WORDS;
+
+/// The mapped PODS array, indexed by kernel slot.
+struct Pods(MappedWords);
+
+impl Pods {
+    fn pod(&self, kslot: u32) -> Option<&[AtomicU64]> {
+        let base = kslot as usize * POD_WORDS;
+        self.0.as_slice().get(base..base + POD_WORDS)
+    }
+
+    /// Index of the busy word of `group` of `kslot` in the mapping.
+    fn busy_index(kslot: u32, group: usize) -> usize {
+        kslot as usize * POD_WORDS + 2 * group + 1
+    }
+
+    fn registered(&self, kslot: u32, group: usize) -> Option<&AtomicU64> {
+        self.pod(kslot)?.get(LIVE_WORDS + group)
+    }
+
+    /// Connections claimed and busy: what least-loaded reads. Sixteen loads from two cache
+    /// lines; words with no busy connection (most of them) cost no bit count.
+    #[inline]
+    fn in_flight(&self, kslot: u32) -> u64 {
+        let Some(live) = self.pod(kslot).and_then(|p| p.first_chunk::<LIVE_WORDS>()) else {
+            return 0;
+        };
+        let mut n = 0;
+        for g in 0..CONN_WORDS {
+            let both =
+                live[2 * g].load(Ordering::Relaxed) & live[2 * g + 1].load(Ordering::Relaxed);
+            if both != 0 {
+                n += u64::from(both.count_ones());
+            }
+        }
+        n
+    }
+
+    fn snapshot(&self, kslot: u32) -> PodConns {
+        let mut p = PodConns::default();
+        let Some(pod) = self.pod(kslot) else {
+            return p;
+        };
+        for (g, w) in p.live.iter_mut().enumerate() {
+            *w = LiveWord {
+                claimed: pod[2 * g].load(Ordering::Relaxed),
+                busy: pod[2 * g + 1].load(Ordering::Relaxed),
+            };
+            p.registered[g] = pod[LIVE_WORDS + g].load(Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+/// A registered upstream connection's bit: the proxy marks it busy when a request starts on
+/// it and idle when the response has ended. Each mark is one atomic operation on the mapped
+/// PODS array. The kernel clears the bit when the socket closes, whatever happened here.
+pub struct ConnTrack {
+    pods: Arc<Pods>,
+    index: usize,
+    mask: u64,
+}
+
+impl std::fmt::Debug for ConnTrack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnTrack")
+            .field("index", &self.index)
+            .field("mask", &format_args!("{:#x}", self.mask))
+            .finish()
+    }
+}
+
+impl ConnTrack {
+    fn busy_word(&self) -> Option<&AtomicU64> {
+        self.pods.0.as_slice().get(self.index)
+    }
+
+    /// A request starts on the connection.
+    #[inline]
+    pub fn busy(&self) {
+        if let Some(w) = self.busy_word() {
+            w.fetch_or(self.mask, Ordering::SeqCst);
+        }
+    }
+
+    /// The connection's response has ended; it idles in the pool.
+    #[inline]
+    pub fn idle(&self) {
+        if let Some(w) = self.busy_word() {
+            w.fetch_and(!self.mask, Ordering::SeqCst);
+        }
+    }
+}
 
 /// No kernel slot for this proxy slot.
 const UNMAPPED: u32 = u32::MAX;
@@ -36,7 +139,7 @@ pub fn backend_key(addr: &SocketAddr) -> BackendKey {
 }
 
 pub struct EbpfGauge {
-    counters: MappedCounters,
+    pods: Arc<Pods>,
     /// proxy slot -> kernel slot (or [`UNMAPPED`]).
     translate: Box<[AtomicU32]>,
     state: Mutex<State>,
@@ -51,22 +154,25 @@ struct State {
 }
 
 impl EbpfGauge {
-    /// Open (or create and attach) the node's pinned set and map its LOAD array.
+    /// Open (or create and attach) the node's pinned set and map its PODS array.
     pub fn open(opts: &EbpfOptions) -> Result<Self, EbpfError> {
         let set = PinnedSet::open_or_create(opts)?;
         Self::from_set(set)
     }
 
     fn from_set(set: PinnedSet) -> Result<Self, EbpfError> {
-        let counters = MappedCounters::map(map_data(&set.load).fd().as_fd(), MAX_PODS as usize)
-            .map_err(|e| {
-                EbpfError::classify("mapping LOAD", e, |e| EbpfError::Map {
-                    map: routing_common::maps::LOAD,
-                    source: Box::new(e),
-                })
-            })?;
+        let words = MappedWords::map(
+            map_data(&set.pods).fd().as_fd(),
+            MAX_PODS as usize * POD_WORDS,
+        )
+        .map_err(|e| {
+            EbpfError::classify("mapping PODS", e, |e| EbpfError::Map {
+                map: routing_common::maps::PODS,
+                source: Box::new(e),
+            })
+        })?;
         Ok(Self {
-            counters,
+            pods: Arc::new(Pods(words)),
             translate: (0..MAX_SLOTS).map(|_| AtomicU32::new(UNMAPPED)).collect(),
             state: Mutex::new(State {
                 set,
@@ -86,13 +192,41 @@ impl EbpfGauge {
         self.lock().set.pin_dir.clone()
     }
 
-    /// Every LOAD counter, by kernel slot (for diagnostics and tests).
+    /// Requests in flight of every kernel slot (for diagnostics and tests).
     pub fn kernel_loads(&self) -> Vec<u64> {
-        self.counters
-            .as_slice()
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect()
+        (0..MAX_PODS).map(|k| self.pods.in_flight(k)).collect()
+    }
+
+    /// The connection bits of the pod in proxy slot `slot`, read from the mapping.
+    pub fn pod_conns(&self, slot: Slot) -> Option<PodConns> {
+        self.kernel_slot(slot).map(|k| self.pods.snapshot(k))
+    }
+
+    /// Register a new upstream connection: find the bit the kernel claimed for it (one map
+    /// lookup by socket cookie) and mark it as pooled by this proxy. `None` when the kernel
+    /// does not count it (the peer is not a known pod, or the pod has no free bit).
+    pub fn register(&self, socket: std::os::fd::BorrowedFd<'_>) -> Option<ConnTrack> {
+        let cookie = sys::socket_cookie(socket).ok()?;
+        let entry = match self.lock().set.conn_slot(cookie) {
+            Ok(e) => e?,
+            Err(e) => {
+                tracing::debug!(error = %e, "looking up an upstream connection in CONNS failed");
+                return None;
+            }
+        };
+        let group = (entry.bit / 64) as usize;
+        let mask = 1u64 << (entry.bit % 64);
+        if group >= CONN_WORDS {
+            return None;
+        }
+        self.pods
+            .registered(entry.slot, group)?
+            .fetch_or(mask, Ordering::SeqCst);
+        Some(ConnTrack {
+            pods: Arc::clone(&self.pods),
+            index: Pods::busy_index(entry.slot, group),
+            mask,
+        })
     }
 
     /// The kernel slot serving `slot`, if any.
@@ -106,7 +240,10 @@ impl EbpfGauge {
         let Some(k) = self.kernel_slot(slot) else {
             return 0;
         };
-        self.lock().set.load_lookup(k).unwrap_or(0)
+        self.lock()
+            .set
+            .pod_lookup(k)
+            .map_or(0, |p| u64::from(p.in_flight()))
     }
 
     /// Make BACKENDS hold exactly this process's view, allocating node-wide kernel slots.
@@ -133,7 +270,8 @@ impl EbpfGauge {
 
         let existing: HashMap<BackendKey, u32> = st.set.backend_entries()?.into_iter().collect();
         let mut used: HashSet<u32> = existing.values().copied().collect();
-        let loads = self.counters.as_slice();
+        // A slot with no claimed connection has drained (its last pod's connections closed).
+        let drained = |k: u32| self.pods.snapshot(k).live.iter().all(|w| w.claimed == 0);
         let mut new_map: Vec<(Slot, u32)> = Vec::with_capacity(wanted.len());
         let mut sorted: Vec<(&BackendKey, &Slot)> = wanted.iter().collect();
         sorted.sort_by_key(|(_, s)| **s);
@@ -141,10 +279,10 @@ impl EbpfGauge {
             let kslot = match existing.get(key) {
                 Some(&k) => k,
                 None => {
-                    // Prefer a free slot that reads zero; else any free slot.
+                    // Prefer a free slot that has drained; else any free slot.
                     let free = (0..MAX_PODS)
                         .filter(|k| !used.contains(k))
-                        .find(|k| loads[*k as usize].load(Ordering::Relaxed) == 0)
+                        .find(|&k| drained(k))
                         .or_else(|| (0..MAX_PODS).find(|k| !used.contains(k)));
                     let Some(k) = free else {
                         tracing::warn!(?key, "no free kernel load slot; pod reads as idle");
@@ -208,11 +346,7 @@ impl LoadGauge for EbpfGauge {
         let Some(t) = self.translate.get(slot as usize) else {
             return 0;
         };
-        let k = t.load(Ordering::Relaxed);
-        self.counters
-            .as_slice()
-            .get(k as usize)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+        self.pods.in_flight(t.load(Ordering::Relaxed))
     }
 }
 

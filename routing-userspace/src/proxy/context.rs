@@ -27,6 +27,9 @@ pub struct RequestCtx {
     pub status: Option<u16>,
     /// When the first response body byte was passed on.
     pub first_byte: Option<Instant>,
+    /// When the response body ended, if it was timed already (a one-frame body ends when its
+    /// first byte goes out).
+    pub end: Option<Instant>,
     /// This request counted in flight on the pod it went to.
     pub in_flight: Option<InFlight>,
     /// Whether the model's active gauge counts this request.
@@ -44,6 +47,7 @@ impl RequestCtx {
             served: None,
             status: None,
             first_byte: None,
+            end: None,
             in_flight: None,
             active: false,
             local: false,

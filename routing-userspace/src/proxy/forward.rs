@@ -9,20 +9,17 @@
 
 use http::header::HOST;
 use http::request::Parts;
-use http::{Request, Response, Uri};
-use hyper::body::Incoming;
+use http::{Response, Uri};
 
 use super::context::RequestCtx;
 use super::errors::ApiError;
 use crate::router::{Attempt, Decision};
 use crate::state::Shared;
-use crate::upstream::body::TooLarge;
-use crate::upstream::{Conn, PoolKey, SendError, UpBody};
+use crate::upstream::{PoolKey, SendError, UpBody, UpstreamBody};
 
-/// A response head from the target that served, and the connection its body comes on.
+/// The response of the target that served (its body reads the rest from the connection).
 pub struct Forwarded {
-    pub response: Response<Incoming>,
-    pub conn: Conn,
+    pub response: Response<UpstreamBody>,
 }
 
 /// What connecting to an attempt's target needs.
@@ -99,18 +96,6 @@ fn connect_failed(d: &mut Decision, a: Attempt, error: &dyn std::fmt::Display) -
     error.to_string()
 }
 
-/// Whether a send failed because the streamed request body passed the limit.
-fn too_large(e: &hyper::Error) -> Option<usize> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(t) = err.downcast_ref::<TooLarge>() {
-            return Some(t.limit);
-        }
-        cur = err.source();
-    }
-    None
-}
-
 pub async fn forward(
     shared: &Shared,
     ctx: &mut RequestCtx,
@@ -144,13 +129,18 @@ pub async fn forward(
         head.headers.insert(HOST, host);
         head.uri = target_uri;
         loop {
-            match conn.send(Request::from_parts(head, body)).await {
+            match conn.send(head, body).await {
                 Ok(response) => {
                     ctx.served = Some(attempt);
-                    return Ok(Forwarded { response, conn });
+                    return Ok(Forwarded { response });
                 }
-                Err(SendError::NotSent(req)) => {
-                    (head, body) = req.into_parts();
+                // A pooled connection its server had closed: once more on a fresh one.
+                Err(SendError::Stale {
+                    request: Some(request),
+                    reason,
+                }) => {
+                    tracing::debug!(model = %name, %reason, "pooled upstream connection was closed; resending on a new one");
+                    (head, body) = *request;
                     let d = ctx.decision.as_mut().expect("decided");
                     match upstream.connect(&key).await {
                         Ok(fresh) => conn = fresh,
@@ -160,16 +150,12 @@ pub async fn forward(
                         }
                     }
                 }
-                Err(SendError::Failed(e)) => {
-                    if let Some(limit) = too_large(&e) {
-                        return Err(ApiError::body_too_large(limit));
-                    }
+                Err(SendError::TooLarge(t)) => return Err(ApiError::body_too_large(t.limit)),
+                Err(e) => {
                     let d = ctx.decision.as_ref().expect("decided");
-                    tracing::warn!(model = %name, target = %d.target(attempt), error = %crate::upstream::error_chain(&e), "upstream request failed");
-                    return Err(ApiError::upstream_failed(
-                        &name,
-                        crate::upstream::error_chain(&e),
-                    ));
+                    let detail = crate::upstream::error_chain(&e);
+                    tracing::warn!(model = %name, target = %d.target(attempt), error = %detail, "upstream request failed");
+                    return Err(ApiError::upstream_failed(&name, detail));
                 }
             }
         }

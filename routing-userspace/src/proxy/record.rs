@@ -18,7 +18,7 @@ pub fn record(ctx: &mut RequestCtx) {
         return;
     };
     let m = &d.model.metrics;
-    let now = Instant::now();
+    let now = ctx.end.unwrap_or_else(Instant::now);
     m.requests.inc(status);
     if ctx.active {
         m.active.dec();

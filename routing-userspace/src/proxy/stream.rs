@@ -1,8 +1,8 @@
 //! Phase 6, stream back: the pod's response head (hop-by-hop headers removed) and its body,
 //! frame by frame as they arrive (SSE is never buffered). The body carries the request's
-//! context and its upstream connection: at the end of the body the connection goes back to
-//! its pool and the context ends (the record phase); if the client goes away first, both are
-//! dropped (the connection closes, the context still records).
+//! context: at the end of the body the context ends (the record phase), and the upstream body
+//! gives its connection back to the pool; if the client goes away first, both are dropped (the
+//! connection closes, the context still records).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -11,16 +11,15 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 use super::context::RequestCtx;
 use super::forward::Forwarded;
 use super::headers;
-use crate::upstream::Conn;
+use crate::upstream::h1::response::BodyError;
+use crate::upstream::UpstreamBody;
 
 pub struct ObservedBody {
-    inner: Incoming,
-    conn: Option<Conn>,
+    inner: UpstreamBody,
     ctx: Option<RequestCtx>,
 }
 
@@ -31,7 +30,6 @@ pub fn respond(f: Forwarded, mut ctx: RequestCtx) -> Response<ObservedBody> {
     ctx.status = Some(parts.status.as_u16());
     let mut body = ObservedBody {
         inner,
-        conn: Some(f.conn),
         ctx: Some(ctx),
     };
     if body.inner.is_end_stream() {
@@ -42,43 +40,41 @@ pub fn respond(f: Forwarded, mut ctx: RequestCtx) -> Response<ObservedBody> {
 }
 
 impl ObservedBody {
-    /// The body was read to its end: the connection can serve the next request, and the
-    /// request is over.
+    /// The body was read to its end: the request is over.
     fn finish(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            conn.release();
-        }
         self.ctx.take();
     }
 }
 
 impl Body for ObservedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
+                let end = self.inner.is_end_stream();
                 if let Some(ctx) = self.ctx.as_mut() {
                     if ctx.first_byte.is_none() && frame.is_data() {
-                        ctx.first_byte = Some(Instant::now());
+                        let now = Instant::now();
+                        ctx.first_byte = Some(now);
+                        if end {
+                            ctx.end = Some(now);
+                        }
                     }
                 }
                 // A body of known length ends with its last frame; the server stops polling
                 // then, so this is where the end is seen.
-                if self.inner.is_end_stream() {
+                if end {
                     self.finish();
                 }
             }
             Poll::Ready(None) => self.finish(),
-            Poll::Ready(Some(Err(_))) => {
-                self.conn.take();
-                self.ctx.take();
-            }
+            Poll::Ready(Some(Err(_))) => self.finish(),
             Poll::Pending => {}
         }
         polled

@@ -1,27 +1,29 @@
 //! The upstream side: HTTP/1.1 connections to pods and Services, pooled per target.
 //!
-//! The proxy owns its connections instead of going through a general-purpose client, for two
+//! The proxy owns its connections instead of going through a general-purpose client, for three
 //! reasons. Connecting is a step of its own, before any byte of the request exists on the
 //! wire, so a failed connect can move to the next candidate with the request untouched (no
-//! copy kept for a retry). And the proxy knows which connection carries which request, which
-//! is what a per-connection load gauge needs (each new connection is reported to a
+//! copy kept for a retry). The request's own task drives its connection ([`h1`]): no connection
+//! task, no channels between them. And the proxy knows which connection carries which request,
+//! which is what a per-connection load gauge needs (each new connection is reported to a
 //! [`ConnectionHook`] once, with its socket). A connection goes back to its pool only after
 //! its response body was read to the end; one whose body was abandoned is closed.
 
 pub mod body;
+pub mod h1;
 pub mod pool;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use http::request::Parts;
+use http::Response;
 use tokio::net::TcpStream;
 
+pub use crate::load::ebpf::ConnTrack;
 pub use body::UpBody;
+pub use h1::{H1Conn, SendError, UpstreamBody};
 pub use pool::{Pool, PoolKey};
 
 /// Why a connection could not be made (nothing was sent).
@@ -36,28 +38,12 @@ pub enum ConnectError {
     },
     #[error("resolving {target}: no address")]
     NoAddress { target: String },
-    #[error("HTTP/1.1 handshake with {target}: {source}")]
-    Handshake {
-        target: String,
-        source: hyper::Error,
-    },
-}
-
-/// Why a request on an established connection failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SendError {
-    /// The connection was closed before the request was written (a pooled connection the
-    /// server had just closed); the request comes back untouched.
-    #[error("connection closed before the request was sent")]
-    NotSent(Box<Request<UpBody>>),
-    /// The request failed after it was (or may have been) written.
-    #[error("{}", error_chain(.0))]
-    Failed(hyper::Error),
 }
 
 /// Runs once for every new upstream connection, with its socket, before the first request.
+/// What it returns marks each request on the connection busy and idle (the eBPF gauge).
 pub trait ConnectionHook: Send + Sync + 'static {
-    fn connected(&self, stream: &TcpStream, peer: SocketAddr);
+    fn connected(&self, stream: &TcpStream, peer: SocketAddr) -> Option<ConnTrack>;
 }
 
 /// Upstream settings.
@@ -70,7 +56,8 @@ pub struct UpstreamOptions {
     /// the keep-alive timeout of common model servers, 5 s for uvicorn, so the proxy rarely
     /// reuses a connection the server is closing).
     pub idle_timeout: Duration,
-    /// Idle connections kept per target.
+    /// Idle connections kept per target (well below the 512 connections per pod the eBPF
+    /// gauge tells apart).
     pub max_idle_per_target: usize,
 }
 
@@ -80,7 +67,7 @@ impl Default for UpstreamOptions {
             connect_timeout: Duration::from_secs(2),
             keepalive: true,
             idle_timeout: Duration::from_secs(4),
-            max_idle_per_target: 1024,
+            max_idle_per_target: 256,
         }
     }
 }
@@ -92,14 +79,12 @@ pub struct Upstream {
     hook: Option<Arc<dyn ConnectionHook>>,
 }
 
-/// A connection ready for one request. Give it back with [`Conn::release`] once the response
-/// body has been read to its end; dropping it closes the connection.
+/// A connection ready for one request, and where it goes back to afterwards.
+#[derive(Debug)]
 pub struct Conn {
-    sender: http1::SendRequest<UpBody>,
+    inner: H1Conn,
     key: PoolKey,
     pool: Option<Arc<Pool>>,
-    /// Whether it came from the pool (so a failure may just mean the server closed it).
-    pub reused: bool,
 }
 
 impl Upstream {
@@ -120,7 +105,7 @@ impl Upstream {
         self.pool.idle()
     }
 
-    /// Close idle connections that aged out or were closed by their server.
+    /// Close idle connections that aged out.
     pub fn purge_idle(&self) {
         self.pool.purge();
     }
@@ -128,50 +113,38 @@ impl Upstream {
     /// A connection to `key`: a pooled idle one, else a new one.
     pub async fn acquire(&self, key: &PoolKey) -> Result<Conn, ConnectError> {
         if self.opts.keepalive {
-            if let Some(sender) = self.pool.take(key) {
-                return Ok(Conn {
-                    sender,
-                    key: key.clone(),
-                    pool: Some(Arc::clone(&self.pool)),
-                    reused: true,
-                });
+            if let Some(inner) = self.pool.take(key) {
+                return Ok(self.conn(inner, key));
             }
         }
         self.connect(key).await
     }
 
+    fn conn(&self, inner: H1Conn, key: &PoolKey) -> Conn {
+        Conn {
+            inner,
+            key: key.clone(),
+            pool: self.opts.keepalive.then(|| Arc::clone(&self.pool)),
+        }
+    }
+
     /// A new connection to `key` (never from the pool).
     pub async fn connect(&self, key: &PoolKey) -> Result<Conn, ConnectError> {
         let timeout = self.opts.connect_timeout;
-        let target = || key.to_string();
         let stream = tokio::time::timeout(timeout, dial(key))
             .await
             .map_err(|_| ConnectError::Timeout {
-                target: target(),
+                target: key.to_string(),
                 timeout,
             })??;
         let _ = stream.set_nodelay(true);
-        if let (Some(hook), Ok(peer)) = (&self.hook, stream.peer_addr()) {
-            hook.connected(&stream, peer);
-        }
-        let (sender, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|source| ConnectError::Handshake {
-                target: target(),
-                source,
-            })?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-        });
-        Ok(Conn {
-            sender,
-            key: key.clone(),
-            pool: self.opts.keepalive.then(|| Arc::clone(&self.pool)),
-            reused: false,
-        })
+        let track = match (&self.hook, stream.peer_addr()) {
+            (Some(hook), Ok(peer)) => hook.connected(&stream, peer),
+            _ => None,
+        };
+        let mut inner = H1Conn::new(stream);
+        inner.track = track;
+        Ok(self.conn(inner, key))
     }
 }
 
@@ -201,26 +174,24 @@ async fn dial(key: &PoolKey) -> Result<TcpStream, ConnectError> {
 }
 
 impl Conn {
-    /// Send one request. A pooled connection the server closed in the meantime hands the
-    /// request back ([`SendError::NotSent`]) so it can go out on a fresh connection.
-    pub async fn send(&mut self, req: Request<UpBody>) -> Result<Response<Incoming>, SendError> {
-        if self.sender.ready().await.is_err() {
-            return Err(SendError::NotSent(Box::new(req)));
-        }
-        match self.sender.try_send_request(req).await {
-            Ok(r) => Ok(r),
-            Err(mut e) => match e.take_message() {
-                Some(req) => Err(SendError::NotSent(Box::new(req))),
-                None => Err(SendError::Failed(e.into_error())),
-            },
-        }
+    /// Whether this connection carried requests before (a failure may then just mean its
+    /// server closed it while it was idle).
+    pub fn reused(&self) -> bool {
+        self.inner.served > 0
     }
 
-    /// The response was read to its end: the connection can carry the next request.
-    pub fn release(self) {
-        if let Some(pool) = self.pool {
-            pool.put(self.key, self.sender);
-        }
+    /// Send one request and read its response head; the response body reads the rest and
+    /// returns the connection to its pool at its end.
+    pub async fn send(
+        self,
+        head: Parts,
+        body: UpBody,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let release = self.pool.map(|pool| h1::response::Release {
+            pool,
+            key: self.key,
+        });
+        self.inner.send(head, body, release).await
     }
 }
 

@@ -4,12 +4,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hyper::client::conn::http1::SendRequest;
-
-use super::UpBody;
+use super::h1::H1Conn;
 
 /// Where a connection goes: a pod's address, or a Service's `host:port` (resolved at connect).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -27,15 +26,23 @@ impl fmt::Display for PoolKey {
     }
 }
 
+#[derive(Debug)]
 struct Idle {
-    sender: SendRequest<UpBody>,
-    since: Instant,
+    conn: H1Conn,
+    /// [`Pool::tick`] when it became idle.
+    since: u64,
 }
 
+/// Idle ages are measured in ticks of a coarse clock that [`Pool::purge`] advances (every
+/// second or so), so taking and returning a connection reads no clock.
+#[derive(Debug)]
 pub struct Pool {
     idle: Mutex<HashMap<PoolKey, Vec<Idle>>>,
     max_per_target: usize,
     idle_timeout: Duration,
+    start: Instant,
+    /// Milliseconds since `start`, as of the last purge.
+    tick: AtomicU64,
 }
 
 impl Pool {
@@ -44,49 +51,54 @@ impl Pool {
             idle: Mutex::new(HashMap::new()),
             max_per_target,
             idle_timeout,
+            start: Instant::now(),
+            tick: AtomicU64::new(0),
         }
+    }
+
+    fn young(&self, since: u64, now: u64) -> bool {
+        Duration::from_millis(now.saturating_sub(since)) < self.idle_timeout
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Vec<Idle>>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The most recently used idle connection to `key` that is still open and young enough.
-    pub fn take(&self, key: &PoolKey) -> Option<SendRequest<UpBody>> {
-        let now = Instant::now();
+    /// The most recently used idle connection to `key` that is young enough and that its
+    /// server has not closed. (A close racing this check shows on the connection's next
+    /// request, which then goes out again on a fresh connection.)
+    pub fn take(&self, key: &PoolKey) -> Option<H1Conn> {
+        let now = self.tick.load(Ordering::Relaxed);
         let mut idle = self.lock();
         let list = idle.get_mut(key)?;
         while let Some(c) = list.pop() {
-            if !c.sender.is_closed() && now.saturating_duration_since(c.since) < self.idle_timeout {
-                return Some(c.sender);
+            if self.young(c.since, now) && !c.conn.peer_closed() {
+                return Some(c.conn);
             }
         }
         None
     }
 
-    /// Keep an idle connection (unless it is closed or the target has enough).
-    pub fn put(&self, key: PoolKey, sender: SendRequest<UpBody>) {
-        if sender.is_closed() {
-            return;
-        }
+    /// Keep an idle connection (unless the target has enough).
+    pub fn put(&self, key: PoolKey, conn: H1Conn) {
         let mut idle = self.lock();
         let list = idle.entry(key).or_default();
         if list.len() < self.max_per_target {
             list.push(Idle {
-                sender,
-                since: Instant::now(),
+                conn,
+                since: self.tick.load(Ordering::Relaxed),
             });
         }
     }
 
-    /// Close idle connections that are closed or too old (run every few seconds).
+    /// Advance the clock and close idle connections that are too old or closed by their
+    /// server (run every second or so).
     pub fn purge(&self) {
-        let now = Instant::now();
+        let now = self.start.elapsed().as_millis() as u64;
+        self.tick.store(now, Ordering::Relaxed);
         let mut idle = self.lock();
         idle.retain(|_, list| {
-            list.retain(|c| {
-                !c.sender.is_closed() && now.saturating_duration_since(c.since) < self.idle_timeout
-            });
+            list.retain(|c| self.young(c.since, now) && !c.conn.peer_closed());
             !list.is_empty()
         });
     }

@@ -81,7 +81,8 @@ impl FromScalar for Strategy {
     type Out = Strategy;
     const EXPECTED: &'static str = "a routing strategy";
     fn from_scalar(s: &str) -> Result<Strategy, String> {
-        s.parse().map_err(|e: crate::vocab::UnknownStrategy| e.to_string())
+        s.parse()
+            .map_err(|e: crate::vocab::UnknownStrategy| e.to_string())
     }
 }
 

@@ -1,0 +1,212 @@
+//! Decoding `Transfer-Encoding: chunked` (RFC 9112 section 7.1), incrementally, from the front
+//! of a read buffer. Data is split off the buffer without copying. Extensions and trailers are
+//! read and dropped (the proxy forwards the data; hyper re-frames it for the client). Sizes,
+//! extension and trailer lengths are bounded, so a hostile upstream cannot make it buffer
+//! without end.
+
+use bytes::{Bytes, BytesMut};
+
+/// Longest chunk-size line (size, extensions and CRLF) or trailer section accepted.
+const MAX_LINE: usize = 4096;
+
+/// What the decoder got out of the buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// Chunk data (possibly part of a chunk).
+    Data(Bytes),
+    /// More bytes are needed.
+    NeedMore,
+    /// The last chunk and the trailers were read: the body is over.
+    End,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChunkError {
+    #[error("invalid chunk size line")]
+    BadSize,
+    #[error("chunk size line or trailers longer than {MAX_LINE} bytes")]
+    TooLong,
+    #[error("chunk data not followed by CRLF")]
+    MissingCrlf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// At the start of a chunk-size line.
+    Size,
+    /// Inside chunk data, this much left.
+    Data(u64),
+    /// After chunk data, expecting CRLF.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailers,
+    Done,
+}
+
+#[derive(Debug)]
+pub struct ChunkedDecoder {
+    state: State,
+}
+
+impl Default for ChunkedDecoder {
+    fn default() -> Self {
+        Self { state: State::Size }
+    }
+}
+
+/// The index just past the first CRLF (or bare LF) in `buf`, if there is one.
+fn line_end(buf: &[u8]) -> Option<usize> {
+    memchr::memchr(b'\n', buf).map(|i| i + 1)
+}
+
+fn parse_size(line: &[u8]) -> Result<u64, ChunkError> {
+    let line = line.strip_suffix(b"\n").ok_or(ChunkError::BadSize)?;
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits_end = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    let (digits, rest) = line.split_at(digits_end);
+    if digits.is_empty() || digits.len() > 16 {
+        return Err(ChunkError::BadSize);
+    }
+    // Anything after the size is white space and `;extensions`.
+    let rest = rest.trim_ascii_start();
+    if !rest.is_empty() && rest[0] != b';' {
+        return Err(ChunkError::BadSize);
+    }
+    let text = std::str::from_utf8(digits).map_err(|_| ChunkError::BadSize)?;
+    u64::from_str_radix(text, 16).map_err(|_| ChunkError::BadSize)
+}
+
+impl ChunkedDecoder {
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Decode what `buf` holds from its front, consuming what was decoded.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, ChunkError> {
+        loop {
+            match self.state {
+                State::Done => return Ok(Decoded::End),
+                State::Size => {
+                    let Some(end) = line_end(buf) else {
+                        return if buf.len() > MAX_LINE {
+                            Err(ChunkError::TooLong)
+                        } else {
+                            Ok(Decoded::NeedMore)
+                        };
+                    };
+                    if end > MAX_LINE {
+                        return Err(ChunkError::TooLong);
+                    }
+                    let size = parse_size(&buf[..end])?;
+                    let _ = buf.split_to(end);
+                    self.state = if size == 0 {
+                        State::Trailers
+                    } else {
+                        State::Data(size)
+                    };
+                }
+                State::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(Decoded::NeedMore);
+                    }
+                    let take = left.min(buf.len() as u64) as usize;
+                    let data = buf.split_to(take).freeze();
+                    let left = left - take as u64;
+                    self.state = if left == 0 {
+                        State::DataEnd
+                    } else {
+                        State::Data(left)
+                    };
+                    return Ok(Decoded::Data(data));
+                }
+                State::DataEnd => {
+                    if buf.first() == Some(&b'\n') {
+                        let _ = buf.split_to(1);
+                    } else if buf.len() < 2 {
+                        if buf.first().is_some_and(|&b| b != b'\r') {
+                            return Err(ChunkError::MissingCrlf);
+                        }
+                        return Ok(Decoded::NeedMore);
+                    } else if &buf[..2] == b"\r\n" {
+                        let _ = buf.split_to(2);
+                    } else {
+                        return Err(ChunkError::MissingCrlf);
+                    }
+                    self.state = State::Size;
+                }
+                State::Trailers => {
+                    let Some(end) = line_end(buf) else {
+                        return if buf.len() > MAX_LINE {
+                            Err(ChunkError::TooLong)
+                        } else {
+                            Ok(Decoded::NeedMore)
+                        };
+                    };
+                    if end > MAX_LINE {
+                        return Err(ChunkError::TooLong);
+                    }
+                    let line = buf.split_to(end);
+                    if line.as_ref() == b"\r\n" || line.as_ref() == b"\n" {
+                        self.state = State::Done;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decode `input` fed in pieces of `step` bytes; returns the data and whether it ended.
+    fn run(input: &[u8], step: usize) -> Result<(Vec<u8>, bool, usize), ChunkError> {
+        let mut d = ChunkedDecoder::default();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in input.chunks(step.max(1)) {
+            buf.extend_from_slice(piece);
+            loop {
+                match d.decode(&mut buf)? {
+                    Decoded::Data(b) => out.extend_from_slice(&b),
+                    Decoded::NeedMore => break,
+                    Decoded::End => return Ok((out, true, buf.len())),
+                }
+            }
+        }
+        Ok((out, false, buf.len()))
+    }
+
+    #[test]
+    fn decodes_in_any_split() {
+        let body = b"5\r\nhello\r\n1;ext=1\r\n \r\n6\r\nworld!\r\n0\r\nX-Trailer: t\r\n\r\nNEXT";
+        for step in [1, 2, 3, 7, 100] {
+            let (data, ended, left) = run(body, step).unwrap();
+            assert_eq!(data, b"hello world!", "step {step}");
+            assert!(ended);
+            if step >= 100 {
+                assert_eq!(left, 4, "bytes after the body stay in the buffer");
+            }
+        }
+        let (data, ended, _) = run(b"A\r\n0123456789\r\n0\r\n\r\n", 4).unwrap();
+        assert_eq!((data.as_slice(), ended), (&b"0123456789"[..], true));
+        let (_, ended, _) = run(b"5\r\nhel", 3).unwrap();
+        assert!(!ended, "a cut body has not ended");
+    }
+
+    #[test]
+    fn rejects_broken_framing() {
+        assert_eq!(run(b"zz\r\n", 10), Err(ChunkError::BadSize));
+        assert_eq!(run(b"\r\n", 10), Err(ChunkError::BadSize));
+        assert_eq!(run(b"11111111111111111\r\n", 40), Err(ChunkError::BadSize));
+        assert_eq!(run(b"3\r\nabcXY", 10), Err(ChunkError::MissingCrlf));
+        let long = vec![b'1'; MAX_LINE + 10];
+        assert_eq!(run(&long, 1000), Err(ChunkError::TooLong));
+        let mut long_ext = b"1;".to_vec();
+        long_ext.extend(vec![b'x'; MAX_LINE + 10]);
+        assert_eq!(run(&long_ext, 64), Err(ChunkError::TooLong));
+    }
+}

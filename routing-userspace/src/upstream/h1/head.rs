@@ -1,0 +1,318 @@
+//! HTTP/1.1 message heads, as the upstream side writes and reads them: encoding a request head
+//! into a reused buffer, and parsing a response head (with `httparse`) into `http` types
+//! without copying header values. Pure functions over bytes, so tests and fuzzers can drive
+//! them directly.
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Uri, Version};
+
+/// Largest response head accepted.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most response header fields accepted.
+const MAX_HEADERS: usize = 128;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    #[error("invalid response head: {0}")]
+    Parse(String),
+    #[error("response head larger than {MAX_HEAD} bytes")]
+    TooLarge,
+    #[error("invalid response header {0:?}")]
+    BadHeader(String),
+    #[error("invalid Content-Length {0:?}")]
+    BadLength(String),
+    #[error("the upstream switched protocols (101), which the proxy does not forward")]
+    Upgrade,
+}
+
+/// How a response body is delimited (RFC 9112 section 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (HEAD, 1xx, 204, 304, or `Content-Length: 0`).
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the connection closes.
+    Close,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub framing: Framing,
+    /// Whether the connection may carry another request after this response.
+    pub keep_alive: bool,
+}
+
+/// Append a request head to `out`. `chunked` adds `Transfer-Encoding: chunked` (a streamed body
+/// without a length); hop-by-hop headers were removed by the caller.
+pub fn encode_request(
+    out: &mut Vec<u8>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    chunked: bool,
+) {
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Whether a comma-separated header value lists `token` (case-insensitively).
+fn lists(value: &HeaderValue, token: &str) -> bool {
+    value
+        .as_bytes()
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, HeadError> {
+    let mut found: Option<u64> = None;
+    for v in headers.get_all(header::CONTENT_LENGTH) {
+        // `42, 42` and repeated equal fields are one length; anything else is an error.
+        for part in v.as_bytes().split(|&b| b == b',') {
+            let part = part.trim_ascii();
+            let bad = || HeadError::BadLength(String::from_utf8_lossy(v.as_bytes()).into_owned());
+            if part.is_empty() || !part.iter().all(u8::is_ascii_digit) || part.len() > 19 {
+                return Err(bad());
+            }
+            let n: u64 = std::str::from_utf8(part)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(bad)?;
+            if found.is_some_and(|f| f != n) {
+                return Err(bad());
+            }
+            found = Some(n);
+        }
+    }
+    Ok(found)
+}
+
+/// Parse a response head from the front of `buf`. `Ok(None)`: incomplete, read more. On
+/// success the head's bytes are split off `buf` (what follows is the body); interim 1xx
+/// responses other than 101 are skipped.
+pub fn parse_response(
+    buf: &mut BytesMut,
+    request: &Method,
+) -> Result<Option<ResponseHead>, HeadError> {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut r = httparse::Response::new(&mut fields);
+        let n = match r.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                return Err(HeadError::TooLarge)
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+            Err(e) => return Err(HeadError::Parse(e.to_string())),
+        };
+        if n > MAX_HEAD {
+            return Err(HeadError::TooLarge);
+        }
+        let code = r.code.unwrap_or(0);
+        let status =
+            StatusCode::from_u16(code).map_err(|_| HeadError::Parse(format!("status {code}")))?;
+        let version = if r.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        // Offsets into `buf` of each name and value, so the values can share its memory.
+        let base = buf.as_ptr() as usize;
+        let spans: Vec<(&[u8], std::ops::Range<usize>)> = r
+            .headers
+            .iter()
+            .map(|h| {
+                let start = h.value.as_ptr() as usize - base;
+                (h.name.as_bytes(), start..start + h.value.len())
+            })
+            .collect();
+        let mut headers = HeaderMap::with_capacity(spans.len());
+        let names: Vec<Result<HeaderName, String>> = spans
+            .iter()
+            .map(|(name, _)| {
+                HeaderName::from_bytes(name).map_err(|_| String::from_utf8_lossy(name).into_owned())
+            })
+            .collect();
+        let ranges: Vec<std::ops::Range<usize>> = spans.into_iter().map(|(_, r)| r).collect();
+        let head: Bytes = buf.split_to(n).freeze();
+        for (name, range) in names.into_iter().zip(ranges) {
+            let name = name.map_err(HeadError::BadHeader)?;
+            let value = HeaderValue::from_maybe_shared(head.slice(range))
+                .map_err(|_| HeadError::BadHeader(name.to_string()))?;
+            headers.append(name, value);
+        }
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(HeadError::Upgrade);
+        }
+        if status.is_informational() {
+            continue;
+        }
+        let connection = headers.get_all(header::CONNECTION);
+        let close = connection.iter().any(|v| lists(v, "close"));
+        let keep_alive = match version {
+            Version::HTTP_10 => !close && connection.iter().any(|v| lists(v, "keep-alive")),
+            _ => !close,
+        };
+        let chunked = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .is_some_and(|v| {
+                v.as_bytes()
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+            });
+        let framing = if *request == Method::HEAD
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            Framing::Empty
+        } else if headers.contains_key(header::TRANSFER_ENCODING) {
+            if chunked {
+                Framing::Chunked
+            } else {
+                Framing::Close
+            }
+        } else {
+            match content_length(&headers)? {
+                Some(0) => Framing::Empty,
+                Some(n) => Framing::Length(n),
+                None => Framing::Close,
+            }
+        };
+        // A body delimited by the close, or framed by both headers, ends the connection.
+        let keep_alive = keep_alive
+            && framing != Framing::Close
+            && !(headers.contains_key(header::TRANSFER_ENCODING)
+                && headers.contains_key(header::CONTENT_LENGTH));
+        return Ok(Some(ResponseHead {
+            status,
+            headers,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Option<(ResponseHead, Vec<u8>)>, HeadError> {
+        let mut buf = BytesMut::from(text.as_bytes());
+        Ok(parse_response(&mut buf, &Method::POST)?.map(|h| (h, buf.to_vec())))
+    }
+
+    #[test]
+    fn frames_as_rfc_9112_says() {
+        let (h, rest) = parse("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (h.status, h.framing, h.keep_alive),
+            (StatusCode::OK, Framing::Length(5), true)
+        );
+        assert_eq!(h.headers["x-a"], "b");
+        assert_eq!(rest, b"hello");
+        let (h, _) = parse("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Chunked);
+        let (h, _) = parse("HTTP/1.1 200 OK\r\n\r\n").unwrap().unwrap();
+        assert_eq!((h.framing, h.keep_alive), (Framing::Close, false));
+        let (h, _) = parse("HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Empty);
+        let (h, _) = parse("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive);
+        let (h, _) = parse("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nx")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive, "HTTP/1.0 closes unless it says keep-alive");
+        let (h, _) =
+            parse("HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 1\r\n\r\nx")
+                .unwrap()
+                .unwrap();
+        assert!(h.keep_alive);
+        let (h, _) = parse("HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Framing::Length(3));
+        let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"[..]);
+        let h = parse_response(&mut buf, &Method::HEAD).unwrap().unwrap();
+        assert_eq!(h.framing, Framing::Empty, "a HEAD response has no body");
+    }
+
+    #[test]
+    fn skips_interim_responses_and_waits_for_more() {
+        let (h, rest) =
+            parse("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+                .unwrap()
+                .unwrap();
+        assert_eq!((h.status, h.framing), (StatusCode::CREATED, Framing::Empty));
+        assert!(rest.is_empty());
+        assert!(parse("HTTP/1.1 200 OK\r\nContent-Le").unwrap().is_none());
+    }
+
+    #[test]
+    fn rejects_what_cannot_be_framed() {
+        assert!(matches!(
+            parse("HTTP/1.1 200 OK\r\nContent-Length: 3, 4\r\n\r\n"),
+            Err(HeadError::BadLength(_))
+        ));
+        assert!(matches!(
+            parse("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"),
+            Err(HeadError::BadLength(_))
+        ));
+        assert!(matches!(
+            parse("HTTP/1.1 101 Switching\r\n\r\n"),
+            Err(HeadError::Upgrade)
+        ));
+        assert!(matches!(
+            parse("NOT HTTP\r\n\r\n"),
+            Err(HeadError::Parse(_))
+        ));
+        let huge = format!("HTTP/1.1 200 OK\r\nX: {}", "a".repeat(MAX_HEAD + 1));
+        assert_eq!(parse(&huge).unwrap_err(), HeadError::TooLarge);
+    }
+
+    #[test]
+    fn encodes_origin_form_requests() {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("10.0.0.1:8000"));
+        h.insert("content-length", HeaderValue::from_static("2"));
+        let mut out = Vec::new();
+        encode_request(
+            &mut out,
+            &Method::POST,
+            &"/v1/chat/completions?x=1".parse().unwrap(),
+            &h,
+            false,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 10.0.0.1:8000\r\ncontent-length: 2\r\n\r\n"
+        );
+    }
+}

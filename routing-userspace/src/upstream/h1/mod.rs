@@ -1,0 +1,348 @@
+//! A minimal HTTP/1.1 client connection, driven by the request's own task.
+//!
+//! A general-purpose client runs each connection as a task of its own and passes requests,
+//! responses and body chunks to it through channels: several task wake-ups and allocations per
+//! request. A proxy already has a task per request, so here the request task writes the
+//! request head (and body) to the socket itself, reads and parses the response head, and the
+//! response body reads the same socket as the client's side pulls it. One write and one read
+//! for a small request, as a proxy written in C does. An idle connection sits in the pool
+//! unpolled; one its server closed in the meantime is found on the next write or read and
+//! reported as [`SendError::Stale`], with the request handed back when it can go out again.
+
+pub mod chunked;
+pub mod head;
+pub mod response;
+
+#[cfg(test)]
+mod tests;
+
+use std::io;
+
+use bytes::BytesMut;
+use http::request::Parts;
+use http::{Method, Response};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::body::{TooLarge, UpBody};
+use head::{HeadError, ResponseHead};
+pub use response::UpstreamBody;
+
+/// Bodies up to this size are written together with the head, in one write.
+const INLINE_BODY: usize = 32 * 1024;
+/// Read buffer growth step.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// One HTTP/1.1 connection to an upstream.
+#[derive(Debug)]
+pub struct H1Conn {
+    pub(crate) io: TcpStream,
+    pub(crate) read_buf: BytesMut,
+    write_buf: Vec<u8>,
+    /// Requests this connection has carried.
+    pub(crate) served: u64,
+    /// Its bit in the node-wide gauge, when the kernel counts it (eBPF).
+    pub(crate) track: Option<crate::load::ebpf::ConnTrack>,
+}
+
+impl Drop for H1Conn {
+    fn drop(&mut self) {
+        // Closing: no request on it any more (the kernel clears the bit at the close, too).
+        self.mark_idle();
+    }
+}
+
+impl H1Conn {
+    /// Whether the server closed (or reset) this idle connection: seen from the readiness the
+    /// runtime already recorded for the socket, without a system call.
+    pub fn peer_closed(&self) -> bool {
+        use futures::FutureExt;
+        match self.io.ready(tokio::io::Interest::READABLE).now_or_never() {
+            Some(Ok(r)) => r.is_read_closed() || r.is_error(),
+            Some(Err(_)) => true,
+            None => false,
+        }
+    }
+}
+
+/// Why a request failed on a connection.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The connection was found closed before any response byte arrived, on a connection that
+    /// had carried requests before (its server closed it while idle). The request comes back
+    /// when nothing of its body was consumed, so it can go out on a fresh connection.
+    #[error("the pooled connection was closed by the upstream ({reason})")]
+    Stale {
+        reason: String,
+        request: Option<Box<(Parts, UpBody)>>,
+    },
+    /// The streamed request body passed the limit.
+    #[error(transparent)]
+    TooLarge(TooLarge),
+    #[error("reading the request body: {0}")]
+    ClientBody(String),
+    #[error("writing the request: {0}")]
+    Write(io::Error),
+    #[error("reading the response: {0}")]
+    Read(io::Error),
+    #[error("the upstream closed the connection before the response head")]
+    Closed,
+    #[error(transparent)]
+    Head(HeadError),
+}
+
+/// The next data chunk of a streamed body (`None` at its end).
+async fn next_data(body: &mut UpBody) -> Result<Option<bytes::Bytes>, SendError> {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| match e.downcast::<TooLarge>() {
+            Ok(t) => SendError::TooLarge(*t),
+            Err(e) => SendError::ClientBody(e.to_string()),
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if !data.is_empty() {
+                return Ok(Some(data));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Append `data` to `out`, as a chunk when `chunked`.
+fn chunk(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
+    if chunked {
+        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    }
+    out.extend_from_slice(data);
+    if chunked {
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Up to this much of a streamed body is kept (as the chunks themselves, not copies) so the
+/// request can go out again if its pooled connection turns out closed.
+const REPLAY_LIMIT: usize = 64 * 1024;
+
+/// The chunks of a streamed body sent so far, while they fit in [`REPLAY_LIMIT`].
+#[derive(Default)]
+struct Replay {
+    chunks: Vec<bytes::Bytes>,
+    len: usize,
+    overflowed: bool,
+}
+
+impl Replay {
+    fn push(&mut self, data: bytes::Bytes) {
+        if self.overflowed || self.len + data.len() > REPLAY_LIMIT {
+            self.overflowed = true;
+            self.chunks.clear();
+            return;
+        }
+        self.len += data.len();
+        self.chunks.push(data);
+    }
+
+    /// The request again, with the whole body it sent (now with its length), if it was kept.
+    fn request(self, mut head: Parts) -> Option<(Parts, UpBody)> {
+        if self.overflowed {
+            return None;
+        }
+        let body: bytes::Bytes = match self.chunks.len() {
+            0 => bytes::Bytes::new(),
+            1 => self.chunks.into_iter().next().unwrap_or_default(),
+            _ => self.chunks.concat().into(),
+        };
+        head.headers.insert(
+            http::header::CONTENT_LENGTH,
+            http::HeaderValue::from(body.len()),
+        );
+        Some((head, UpBody::bytes(body)))
+    }
+}
+
+impl H1Conn {
+    pub fn new(io: TcpStream) -> Self {
+        Self {
+            io,
+            read_buf: BytesMut::with_capacity(READ_CHUNK),
+            write_buf: Vec::with_capacity(1024),
+            served: 0,
+            track: None,
+        }
+    }
+
+    /// The response on this connection has ended.
+    pub(crate) fn mark_idle(&self) {
+        if let Some(t) = &self.track {
+            t.idle();
+        }
+    }
+
+    /// Send one request and read its response head. The connection moves into the response
+    /// body, which gives it back through `release` once read to its end (if it can be reused).
+    pub async fn send(
+        mut self,
+        head: Parts,
+        body: UpBody,
+        release: Option<response::Release>,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let reused = self.served > 0;
+        // A request starts here: it counts in flight on the pod, node-wide.
+        if let Some(t) = &self.track {
+            t.busy();
+        }
+        let method = head.method.clone();
+        // A streamed body without a length goes out chunked.
+        let chunked = matches!(body, UpBody::Stream { .. })
+            && !head.headers.contains_key(http::header::CONTENT_LENGTH);
+        self.write_buf.clear();
+        head::encode_request(
+            &mut self.write_buf,
+            &head.method,
+            &head.uri,
+            &head.headers,
+            chunked,
+        );
+        let stale = |reason: String, request: Option<(Parts, UpBody)>| SendError::Stale {
+            reason,
+            request: request.map(Box::new),
+        };
+        match body {
+            UpBody::Bytes(bytes) => {
+                let inline = bytes.as_ref().is_some_and(|b| b.len() <= INLINE_BODY);
+                if let (true, Some(b)) = (inline, &bytes) {
+                    self.write_buf.extend_from_slice(b);
+                }
+                let mut written = self.io.write_all(&self.write_buf).await;
+                if let (false, Some(b), Ok(())) = (inline, &bytes, &written) {
+                    written = self.io.write_all(b).await;
+                }
+                if let Err(e) = written {
+                    return Err(if reused {
+                        stale(e.to_string(), Some((head, UpBody::Bytes(bytes))))
+                    } else {
+                        SendError::Write(e)
+                    });
+                }
+                // Kept until the head arrives, so a stale connection can hand the request back.
+                return self
+                    .read_head(&method, reused, release, move || {
+                        Some((head, UpBody::Bytes(bytes)))
+                    })
+                    .await;
+            }
+            UpBody::Stream { .. } => {
+                let mut body = body;
+                let mut kept = Replay::default();
+                // The first chunk goes out with the head, in one write.
+                let first = next_data(&mut body).await?;
+                let ended = first.is_none() || http_body::Body::is_end_stream(&body);
+                if let Some(data) = first {
+                    chunk(&mut self.write_buf, &data, chunked);
+                    kept.push(data);
+                }
+                if ended && chunked {
+                    self.write_buf.extend_from_slice(b"0\r\n\r\n");
+                }
+                if let Err(e) = self.io.write_all(&self.write_buf).await {
+                    return Err(if reused {
+                        stale(e.to_string(), ended.then(|| kept.request(head)).flatten())
+                    } else {
+                        SendError::Write(e)
+                    });
+                }
+                if !ended {
+                    self.write_stream(&mut body, chunked, &mut kept).await?;
+                }
+                self.read_head(&method, reused, release, move || kept.request(head))
+                    .await
+            }
+        }
+    }
+
+    /// Pass the rest of a streamed body on (chunk-encoding it when it has no length).
+    async fn write_stream(
+        &mut self,
+        body: &mut UpBody,
+        chunked: bool,
+        kept: &mut Replay,
+    ) -> Result<(), SendError> {
+        while let Some(data) = next_data(body).await? {
+            if chunked {
+                self.write_buf.clear();
+                chunk(&mut self.write_buf, &data, true);
+                self.io.write_all(&self.write_buf).await
+            } else {
+                self.io.write_all(&data).await
+            }
+            .map_err(SendError::Write)?;
+            kept.push(data);
+        }
+        if chunked {
+            self.io
+                .write_all(b"0\r\n\r\n")
+                .await
+                .map_err(SendError::Write)?;
+        }
+        Ok(())
+    }
+
+    /// Read until a response head is complete.
+    async fn read_head(
+        mut self,
+        method: &Method,
+        reused: bool,
+        release: Option<response::Release>,
+        request_back: impl FnOnce() -> Option<(Parts, UpBody)>,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let mut request_back = Some(request_back);
+        loop {
+            match head::parse_response(&mut self.read_buf, method) {
+                Ok(Some(h)) => return Ok(self.respond(h, release)),
+                Ok(None) => {}
+                Err(e) => return Err(SendError::Head(e)),
+            }
+            if self.read_buf.capacity() - self.read_buf.len() < READ_CHUNK / 4 {
+                self.read_buf.reserve(READ_CHUNK);
+            }
+            let got_nothing = self.read_buf.is_empty();
+            let failure = match self.io.read_buf(&mut self.read_buf).await {
+                Ok(0) => None,
+                Ok(_) => continue,
+                Err(e) => Some(e),
+            };
+            // Closed (or reset) with no byte of a response: a reused connection its server
+            // had closed; anything else is a failure of this request.
+            if reused && got_nothing {
+                let reason = failure.map_or_else(|| "closed".to_owned(), |e| e.to_string());
+                let back = request_back.take().and_then(|f| f());
+                return Err(SendError::Stale {
+                    reason,
+                    request: back.map(Box::new),
+                });
+            }
+            return Err(match failure {
+                Some(e) => SendError::Read(e),
+                None => SendError::Closed,
+            });
+        }
+    }
+
+    fn respond(
+        mut self,
+        h: ResponseHead,
+        release: Option<response::Release>,
+    ) -> Response<UpstreamBody> {
+        self.served += 1;
+        let ResponseHead {
+            status,
+            headers,
+            framing,
+            keep_alive,
+        } = h;
+        let mut r = Response::new(UpstreamBody::new(self, framing, keep_alive, release));
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        r
+    }
+}
