@@ -30,6 +30,10 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Ful
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if shared.is_ready() => text(StatusCode::OK, "ready\n"),
+        "/readyz" if shared.is_draining() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down: serving the requests in flight\n",
+        ),
         "/readyz" => text(
             StatusCode::SERVICE_UNAVAILABLE,
             "discovery has not synced yet\n",
@@ -76,6 +80,11 @@ pub fn routing_view(shared: &Shared) -> Value {
                         "active": p.slot.map(|_| shared.router.pod_load(p)),
                         "in_flight_here": p.slot.map(|s| shared.inflight.active(s)),
                         "reservations": shared.router.pod_reservations(p, now),
+                        "ejected": shared.router.health().ejected(p.slot, now).map(|e| json!({
+                            "for_seconds": e.for_ms as f64 / 1000.0,
+                            "reason": e.reason,
+                            "ejections_in_a_row": e.ejections,
+                        })),
                     })
                 })
                 .collect();
@@ -119,6 +128,7 @@ pub fn routing_view(shared: &Shared) -> Value {
     let secs = |d: Option<std::time::Duration>| d.map_or(0.0, |d| d.as_secs_f64());
     json!({
         "ready": shared.is_ready(),
+        "draining": shared.is_draining(),
         "gauge": shared.router.gauge().name(),
         "upstream_keepalive": shared.upstream.keepalive(),
         "upstream_idle_connections": shared.upstream.idle_connections(),

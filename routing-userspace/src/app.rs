@@ -21,6 +21,9 @@ use crate::ebpf::EbpfGauge;
 use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
 use crate::metrics::{KeyTracking, Metrics};
+use crate::proxy::retry_budget::RetryBudget;
+use crate::proxy::server::ServeOptions;
+use crate::router::health::EjectionPolicy;
 use crate::router::Router;
 use crate::state::{RequestLimits, Shared};
 use crate::upstream::{ConnTrack, ConnectionHook, Upstream, UpstreamOptions};
@@ -180,14 +183,27 @@ pub async fn serve(
         },
         ebpf.map(|g| Arc::new(RegisterWithGauge(g)) as Arc<dyn ConnectionHook>),
     );
+    let t = &args.timeouts;
+    let r = &args.resilience;
+    let ejection = EjectionPolicy {
+        after_failures: r.eject_after_failures,
+        base_time: r.eject_base_time,
+        max_share: r.max_ejected_share.clamp(0.0, 1.0),
+    };
     let shared = Arc::new(Shared::new(
-        Router::new(gauge, knobs),
+        Router::with_ejection(gauge, knobs, ejection),
         metrics,
         inflight,
         upstream,
         RequestLimits {
             max_body_bytes: args.max_body_bytes,
+            max_header_bytes: args.limits.max_header_bytes,
+            max_json_depth: args.limits.max_json_depth,
+            first_byte_timeout: t.first_byte_timeout,
+            stream_idle_timeout: t.stream_idle_timeout,
+            request_timeout: t.request_timeout,
         },
+        RetryBudget::new(r.retry_budget, r.retry_min_per_second),
     ));
 
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -217,27 +233,45 @@ pub async fn serve(
     let local = |l: &TcpListener| l.local_addr().map_err(ServeError::Serve);
     tracing::info!(listen = %local(&listener)?, admin = %local(&admin_listener)?, "flexinfer-proxy serving");
 
+    // Shutdown: /readyz answers 503 at once while the proxy keeps serving for the shutdown
+    // delay (so Kubernetes takes the endpoint out), then the proxy stops accepting and lets
+    // requests in flight finish for up to the drain timeout; the admin listener (metrics,
+    // /readyz) stays up until then.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let draining = shared.clone();
+    let delay = args.shutdown_delay;
     tokio::spawn(async move {
         shutdown.await;
+        draining
+            .draining
+            .store(true, std::sync::atomic::Ordering::Release);
+        tracing::info!(?delay, "not ready; still serving for the shutdown delay");
+        tokio::time::sleep(delay).await;
+        tracing::info!("no longer accepting; draining requests in flight");
         let _ = stop_tx.send(true);
     });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let (admin_stop_tx, admin_stop_rx) = tokio::sync::watch::channel(false);
     let admin_shared = shared.clone();
     let admin_task = tokio::spawn(proxy::server::serve(
         admin_listener,
         move |req, _peer| admin::handle(admin_shared.clone(), req),
-        stopped(stop_rx.clone()),
-        Duration::from_secs(1),
+        stopped(admin_stop_rx),
+        ServeOptions::default(),
     ));
     let proxy_shared = shared.clone();
     let serving = proxy::server::serve(
         listener,
         move |req, peer| proxy::handle(proxy_shared.clone(), req, peer),
         stopped(stop_rx),
-        args.drain_timeout,
+        ServeOptions {
+            drain: args.drain_timeout,
+            header_read_timeout: t.header_read_timeout,
+            max_head_bytes: args.limits.max_header_bytes,
+            max_connections: args.limits.max_client_connections,
+        },
     );
     tokio::select! {
         served = serving => served.map_err(ServeError::Serve)?,
@@ -249,6 +283,7 @@ pub async fn serve(
             };
         }
     }
+    let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;
     Ok(())
 }

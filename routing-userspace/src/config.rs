@@ -48,14 +48,17 @@ pub enum KeepAlive {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address the proxy listens on.
-    #[arg(long, env = "FLEXINFER_PROXY_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "FLEXINFER_PROXY_LISTEN", default_value = "0.0.0.0:8080", value_parser = parse_listen)]
     pub listen: SocketAddr,
 
-    /// Address of the admin server (/metrics, /healthz, /readyz, /debug/routing).
+    /// Address of the admin server (/metrics, /healthz, /readyz, /debug/routing). Loopback by
+    /// default: the routing view is for the node's operators (the chart binds the pod address
+    /// for Prometheus and the kubelet's probes).
     #[arg(
         long,
         env = "FLEXINFER_PROXY_ADMIN_LISTEN",
-        default_value = "0.0.0.0:9090"
+        default_value = "127.0.0.1:9090",
+        value_parser = parse_listen
     )]
     pub admin_listen: SocketAddr,
 
@@ -123,9 +126,23 @@ pub struct ServeArgs {
     )]
     pub upstream_keepalive: KeepAlive,
 
-    /// How long in-flight requests may finish after SIGTERM.
+    /// How long in-flight requests may finish after SIGTERM (after the shutdown delay).
     #[arg(long, env = "FLEXINFER_PROXY_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+
+    /// After SIGTERM, how long /readyz answers 503 while the proxy still serves, so Kubernetes
+    /// takes the endpoint out before the proxy stops accepting (the pre-stop delay).
+    #[arg(long, env = "FLEXINFER_PROXY_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+
+    #[command(flatten)]
+    pub timeouts: TimeoutArgs,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+
+    #[command(flatten)]
+    pub resilience: ResilienceArgs,
 
     #[command(flatten)]
     pub routing: RoutingArgs,
@@ -153,6 +170,85 @@ pub struct ServeArgs {
     /// Half-life of the hot-key counts (shares describe recent traffic); 0 never decays.
     #[arg(long, env = "FLEXINFER_PROXY_HOT_KEYS_HALF_LIFE", default_value = "60s", value_parser = parse_duration)]
     pub hot_keys_half_life: Duration,
+}
+
+/// How long the proxy waits, for the pod and for the client. Each ends in an OpenAI-shaped
+/// 504 (or, once an SSE stream has started, a final SSE error event and a close).
+#[derive(Debug, Clone, Args)]
+pub struct TimeoutArgs {
+    /// From sending a request to a pod to its response head (long enough for a cold start and
+    /// a long non-streaming generation); 0 waits forever.
+    #[arg(long, env = "FLEXINFER_PROXY_FIRST_BYTE_TIMEOUT", default_value = "300s", value_parser = parse_duration)]
+    pub first_byte_timeout: Duration,
+
+    /// Longest pause between two chunks of a response body; 0 waits forever.
+    #[arg(long, env = "FLEXINFER_PROXY_STREAM_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub stream_idle_timeout: Duration,
+
+    /// A client must send a request's head within this (against slowloris; also how long an
+    /// idle client connection stays open).
+    #[arg(long, env = "FLEXINFER_PROXY_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// Longest a whole request may take, response body included; 0 (the default) is no limit.
+    #[arg(long, env = "FLEXINFER_PROXY_REQUEST_TIMEOUT", default_value = "0", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+}
+
+/// Bounds on what a client may send.
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// Largest request head (request line and headers) in bytes; larger ones get 431.
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_HEADER_BYTES", default_value_t = 64 * 1024,
+          value_parser = parse_header_limit)]
+    pub max_header_bytes: usize,
+
+    /// Client connections served at once; the next ones get 503 with Retry-After.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_MAX_CLIENT_CONNECTIONS",
+        default_value_t = 16_384
+    )]
+    pub max_client_connections: usize,
+
+    /// Deepest JSON nesting the proxy parses in a request body; deeper bodies get 400.
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_JSON_DEPTH", default_value_t = 128)]
+    pub max_json_depth: u32,
+}
+
+/// Retries and passive outlier ejection.
+#[derive(Debug, Clone, Args)]
+pub struct ResilienceArgs {
+    /// Retries (after a reset or a 502/503 from a pod, before any byte reached the client) may
+    /// add at most this share of requests, over a 10 s window (connect failures, which send
+    /// nothing, always move on).
+    #[arg(long, env = "FLEXINFER_PROXY_RETRY_BUDGET", default_value_t = 0.2, value_parser = parse_share)]
+    pub retry_budget: f64,
+
+    /// Retries always allowed per second, whatever the budget (so a quiet model can retry).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_RETRY_MIN_PER_SECOND",
+        default_value_t = 5
+    )]
+    pub retry_min_per_second: u32,
+
+    /// Consecutive failures (connect errors, 5xx answers) that eject a pod; a connect or
+    /// first-byte timeout ejects at once. 0 disables ejection.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_EJECT_AFTER_FAILURES",
+        default_value_t = 5
+    )]
+    pub eject_after_failures: u32,
+
+    /// First ejection's cool-down; each repeat ejection doubles it, up to 32 times.
+    #[arg(long, env = "FLEXINFER_PROXY_EJECT_BASE_TIME", default_value = "10s", value_parser = parse_duration)]
+    pub eject_base_time: Duration,
+
+    /// Largest share of a model's pods ejected at once (at least one may always be).
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_EJECTED_SHARE", default_value_t = 0.5, value_parser = parse_share)]
+    pub max_ejected_share: f64,
 }
 
 /// The spec's routing knobs, as raw text (validated by [`RoutingKnobs::from_raw`]).
@@ -379,9 +475,76 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// A listen address: `host:port`, `[v6]:port`, or a bare IPv6 address before the port
+/// (`fd00::5:9090`, what `$(POD_IP):9090` expands to on an IPv6 pod), read as the last colon.
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let bad = || format!("{s:?} is not an address:port (e.g. 0.0.0.0:8080 or [::]:8080)");
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let ip: std::net::IpAddr = host.parse().map_err(|_| bad())?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// The request-head limit; the HTTP/1 reader needs room for at least 8 KiB.
+pub fn parse_header_limit(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count"))?;
+    if n < 8192 {
+        return Err(format!(
+            "{n} is below the smallest request-head limit, 8192"
+        ));
+    }
+    Ok(n)
+}
+
+/// A share between 0 and 1.
+pub fn parse_share(s: &str) -> Result<f64, String> {
+    let x: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if !(0.0..=1.0).contains(&x) {
+        return Err(format!("{x} is not a share between 0 and 1"));
+    }
+    Ok(x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_addresses_take_bare_ipv6_before_the_port() {
+        assert_eq!(
+            parse_listen("0.0.0.0:80").unwrap().to_string(),
+            "0.0.0.0:80"
+        );
+        assert_eq!(
+            parse_listen("[::1]:9090").unwrap().to_string(),
+            "[::1]:9090"
+        );
+        assert_eq!(
+            parse_listen("fd00::5:9090").unwrap().to_string(),
+            "[fd00::5]:9090"
+        );
+        assert!(parse_listen("localhost:80").is_err());
+        assert!(parse_listen("10.0.0.1").is_err());
+        assert!(parse_listen(":80").is_err());
+    }
+
+    #[test]
+    fn limits_and_shares_reject_what_would_break_the_proxy() {
+        assert!(parse_header_limit("8191").is_err());
+        assert_eq!(parse_header_limit("65536"), Ok(65536));
+        assert!(parse_share("1.5").is_err());
+        assert!(parse_share("-0.1").is_err());
+        assert_eq!(parse_share("0"), Ok(0.0));
+    }
 
     fn raw(e: &str, s: &str, d: &str, ttl: &str, mode: &str) -> RoutingArgs {
         RoutingArgs {

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -19,6 +20,29 @@ use crate::upstream::Upstream;
 pub struct RequestLimits {
     /// Largest request body read or streamed (413 past it).
     pub max_body_bytes: usize,
+    /// Largest request head (431 past it).
+    pub max_header_bytes: usize,
+    /// Deepest JSON nesting parsed (400 past it).
+    pub max_json_depth: u32,
+    /// From a request sent to its response head (0: none).
+    pub first_byte_timeout: Duration,
+    /// Longest pause inside a response body (0: none).
+    pub stream_idle_timeout: Duration,
+    /// A whole request, body included (0: none).
+    pub request_timeout: Duration,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 32 * 1024 * 1024,
+            max_header_bytes: 64 * 1024,
+            max_json_depth: crate::body::DEFAULT_MAX_DEPTH,
+            first_byte_timeout: Duration::from_secs(300),
+            stream_idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::ZERO,
+        }
+    }
 }
 
 pub struct Shared {
@@ -29,8 +53,11 @@ pub struct Shared {
     pub inflight: Arc<UserspaceGauge>,
     pub upstream: Upstream,
     pub limits: RequestLimits,
+    pub retry_budget: crate::proxy::retry_budget::RetryBudget,
     /// Set once discovery delivered its first complete view.
     pub ready: AtomicBool,
+    /// Set when shutdown began: `/readyz` answers 503 from then on.
+    pub draining: AtomicBool,
     discovered: Mutex<(ModelSet, SlotAllocator)>,
 }
 
@@ -41,8 +68,11 @@ impl Shared {
         inflight: Arc<UserspaceGauge>,
         upstream: Upstream,
         limits: RequestLimits,
+        retry_budget: crate::proxy::retry_budget::RetryBudget,
     ) -> Self {
         Self {
+            retry_budget,
+            draining: AtomicBool::new(false),
             table: ArcSwap::from_pointee(RoutingTable::default()),
             router,
             metrics,
@@ -54,8 +84,13 @@ impl Shared {
         }
     }
 
+    /// Discovery has synced and shutdown has not begun.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && !self.draining.load(Ordering::Acquire)
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 
     /// Fold one discovery update in; rebuild and publish the table only on a real change.
@@ -64,9 +99,9 @@ impl Shared {
         let mut guard = self.discovered.lock().expect("discovery lock");
         let (set, slots) = &mut *guard;
         let changed = set.apply(update);
-        if changed || (is_reset && !self.is_ready()) {
+        if changed || (is_reset && !self.ready.load(Ordering::Acquire)) {
             let assigned = slots.sync(&RoutingTable::pod_addrs(set));
-            self.router.gauge().set_pods(&assigned);
+            self.router.pods_changed(&assigned);
             let table = RoutingTable::build(
                 set,
                 slots,

@@ -228,6 +228,32 @@ impl GroupOutcome {
     }
 }
 
+/// Why a request was sent on to the next target (`reason` label of
+/// `upstream_retries_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryReason {
+    /// The connection broke before a response.
+    Reset = 0,
+    Status502 = 1,
+    Status503 = 2,
+}
+
+impl RetryReason {
+    pub const ALL: [RetryReason; 3] = [
+        RetryReason::Reset,
+        RetryReason::Status502,
+        RetryReason::Status503,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryReason::Reset => "reset",
+            RetryReason::Status502 => "status-502",
+            RetryReason::Status503 => "status-503",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -275,6 +275,18 @@ pub fn variants() -> Vec<Value> {
         json!({"proxy": {"ports": {"http": 18080, "admin": 19090}}}),
         json!({"proxy": {"extraEnv": [{"name": "EXTRA", "value": "1"}]}}),
         json!({"hostNetwork": true}),
+        json!({"proxy": {"adminBindAddress": "0.0.0.0"}}),
+        json!({"proxy": {
+            "adminBindAddress": "0.0.0.0",
+            "timeouts": {"connect": "500ms", "firstByte": "2m", "streamIdle": "15s",
+                         "headerRead": "5s", "request": "1h", "upstreamIdle": "1s"},
+            "limits": {"maxBodyBytes": 1048576, "maxHeaderBytes": 16384,
+                       "maxClientConnections": 100, "maxJsonDepth": 32},
+            "resilience": {"maxPodAttempts": 2, "retryBudget": 0.1, "retryMinPerSecond": 1,
+                           "ejectAfterFailures": 0, "ejectBaseTime": "30s",
+                           "maxEjectedShare": 0.25},
+            "shutdown": {"delay": "0", "drain": "2m"},
+        }}),
         // What the container tests render (their ports and paths vary per test).
         json!({
             "hostNetwork": true,

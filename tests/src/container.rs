@@ -255,6 +255,9 @@ impl Mount {
     }
 }
 
+/// The pod address the container tests stand in for `status.podIP` (host network, loopback).
+pub const POD_IP: &str = "127.0.0.1";
+
 /// The proxy container of the rendered DaemonSet, as the kubelet would run it.
 #[derive(Debug, Clone)]
 pub struct PodTemplate {
@@ -287,20 +290,27 @@ impl PodTemplate {
                 .map(|s| s.as_str().expect("a string").to_owned())
                 .collect()
         };
-        let env = c["env"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|e| {
-                (
-                    e["name"].as_str().expect("env name").to_owned(),
-                    e["value"]
+        // As the kubelet does: the downward API's pod IP (the node's address on hostNetwork,
+        // loopback here) and `$(NAME)` references to earlier variables.
+        let mut env: Vec<(String, String)> = Vec::new();
+        for e in c["env"].as_array().into_iter().flatten() {
+            let name = e["name"].as_str().expect("env name").to_owned();
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("status.podIP") => POD_IP.to_owned(),
+                Some(other) => panic!("no stand-in for the downward API field {other}"),
+                None => {
+                    let mut v = e["value"]
                         .as_str()
                         .expect("env values are literal")
-                        .to_owned(),
-                )
-            })
-            .collect();
+                        .to_owned();
+                    for (k, val) in &env {
+                        v = v.replace(&format!("$({k})"), val);
+                    }
+                    v
+                }
+            };
+            env.push((name, value));
+        }
         let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
         let mounts = c["volumeMounts"]
             .as_array()

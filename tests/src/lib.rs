@@ -5,6 +5,8 @@
 //! `flexinfer-test-support` (shared with `cargo xtask bench`) and is re-exported here.
 //! Processes are killed when their handle drops, so a failing test leaves nothing running.
 
+/// Misbehaving backends: fixed 5xx, never answering, dropping SYNs.
+pub mod backends;
 pub mod chart;
 /// The proxy image and pods of the chart's DaemonSet, run with podman.
 pub mod container;

@@ -39,10 +39,14 @@ fn env(docs: &[Value]) -> Vec<(String, String)> {
         .unwrap()
         .iter()
         .map(|e| {
-            let v = e["value"]
-                .as_str()
-                .unwrap_or_else(|| panic!("env values are strings: {e}"));
-            (e["name"].as_str().unwrap().to_owned(), v.to_owned())
+            let v = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some(field) => format!("<{field}>"),
+                None => e["value"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("env values are strings: {e}"))
+                    .to_owned(),
+            };
+            (e["name"].as_str().unwrap().to_owned(), v)
         })
         .collect()
 }
@@ -279,7 +283,19 @@ fn defaults_reach_their_env_vars() {
         ("FLEXINFER_PROXY_NAMESPACE", ""),
         ("FLEXINFER_PROXY_SERVICE_LABEL_KEY", "flexinfer.ai/service"),
         ("FLEXINFER_PROXY_LISTEN", "0.0.0.0:8080"),
-        ("FLEXINFER_PROXY_ADMIN_LISTEN", "0.0.0.0:9090"),
+        ("POD_IP", "<status.podIP>"),
+        ("FLEXINFER_PROXY_ADMIN_LISTEN", "$(POD_IP):9090"),
+        ("FLEXINFER_PROXY_FIRST_BYTE_TIMEOUT", "300s"),
+        ("FLEXINFER_PROXY_STREAM_IDLE_TIMEOUT", "60s"),
+        ("FLEXINFER_PROXY_HEADER_READ_TIMEOUT", "30s"),
+        ("FLEXINFER_PROXY_REQUEST_TIMEOUT", "0"),
+        ("FLEXINFER_PROXY_MAX_HEADER_BYTES", "65536"),
+        ("FLEXINFER_PROXY_MAX_CLIENT_CONNECTIONS", "16384"),
+        ("FLEXINFER_PROXY_RETRY_BUDGET", "0.2"),
+        ("FLEXINFER_PROXY_EJECT_AFTER_FAILURES", "5"),
+        ("FLEXINFER_PROXY_MAX_EJECTED_SHARE", "0.5"),
+        ("FLEXINFER_PROXY_SHUTDOWN_DELAY", "5s"),
+        ("FLEXINFER_PROXY_DRAIN_TIMEOUT", "30s"),
         ("FLEXINFER_PROXY_CGROUP_PATH", "/run/flexinfer/cgroup2"),
         ("RUST_LOG", "info"),
     ] {
@@ -368,7 +384,12 @@ fn every_knob_changes_its_env_var() {
         (
             json!({"proxy": {"ports": {"admin": 19090}}}),
             "FLEXINFER_PROXY_ADMIN_LISTEN",
-            "0.0.0.0:19090",
+            "$(POD_IP):19090",
+        ),
+        (
+            json!({"proxy": {"adminBindAddress": "0.0.0.0"}}),
+            "FLEXINFER_PROXY_ADMIN_LISTEN",
+            "0.0.0.0:9090",
         ),
         (
             json!({"proxy": {"logLevel": "info,flexinfer=debug"}}),

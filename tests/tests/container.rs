@@ -327,8 +327,13 @@ async fn sigterm_drains_the_request_in_flight_and_exits_within_the_grace_period(
     .await;
     assert_eq!(
         pod.template.grace,
-        Duration::from_secs(60),
+        Duration::from_secs(45),
         "the chart's default"
+    );
+    assert_eq!(
+        get(pod.admin, "/readyz").await.unwrap().status,
+        200,
+        "ready before SIGTERM"
     );
 
     // About two seconds of generation, in flight when the pod is deleted.
@@ -340,9 +345,30 @@ async fn sigterm_drains_the_request_in_flight_and_exits_within_the_grace_period(
         wait_for(1, Duration::from_secs(5), || kernel_load(&pins, sim.addr)),
         1
     );
-    let (took, pod) = tokio::task::spawn_blocking(move || (pod.stop(), pod))
-        .await
-        .unwrap();
+    let admin = pod.admin;
+    let stopping = tokio::task::spawn_blocking(move || (pod.stop(), pod));
+    // During the shutdown delay the pod reports not ready (so endpoints drop it) and still
+    // serves what reaches it.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let r = get(admin, "/readyz").await.expect("admin still up");
+        if r.status == 503 {
+            assert!(r.text().contains("shutting down"), "{}", r.text());
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz stayed {}", r.status);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let late = post(
+        addr,
+        "/v1/chat/completions",
+        &[],
+        &chat_body("solo", None, "late", r#"{"max_tokens":2}"#),
+    )
+    .await
+    .expect("served during the shutdown delay");
+    assert_eq!(late.status, 200, "{}", late.text());
+    let (took, pod) = stopping.await.unwrap();
     let reply = in_flight
         .await
         .unwrap()

@@ -35,6 +35,32 @@ fn open(opts: &EbpfOptions) -> EbpfGauge {
     }
 }
 
+/// The pin directories are 0700 and every pinned object 0600: only root reads the loads or
+/// writes the pod table.
+fn assert_pins_are_root_only(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    let mut seen = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        assert_eq!(mode(&d), 0o700, "{}", d.display());
+        for e in std::fs::read_dir(&d).expect("read pin dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                assert_eq!(mode(&p), 0o600, "{}", p.display());
+                seen += 1;
+            }
+        }
+    }
+    assert!(
+        seen >= 4,
+        "maps and the link are pinned under {}",
+        dir.display()
+    );
+}
+
 const SETTLE: Duration = Duration::from_secs(3);
 
 #[test]
@@ -51,6 +77,7 @@ fn counts_connections_to_tracked_pods_only() {
         1,
         "sock_ops attached once to the test cgroup"
     );
+    assert_pins_are_root_only(&pins.opts.pin_dir);
 
     let (_tracked, pod) = listener();
     let (_other, untracked) = listener();

@@ -272,3 +272,113 @@ async fn sigkill_at_any_moment_leaves_no_phantom_load_over_100_rounds() {
         "only {killed_mid_request} of 100 kills hit requests in flight"
     );
 }
+
+/// Timeouts, retries and ejection with the eBPF gauge: a request that timed out, one retried
+/// past a failing pod and one cut off mid-stream each leave the kernel's count at 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn timeouts_retries_and_ejection_leave_no_phantom_load() {
+    if !bpf_or_skip("timeouts_retries_and_ejection_leave_no_phantom_load") {
+        return;
+    }
+    use flexinfer_tests::backends::{fixed_status, hanging};
+    let dir = TempDir::new("ebpf-failures");
+    let cg = test_cgroup();
+    let pins = TestPins::new(&cg);
+    let hang = hanging().await;
+    let bad = fixed_status(503).await;
+    let good = start_sim("good", &[], dir.path()).await;
+    let mut streamer = start_sim("streamer", &["--inter-token-ms", "100"], dir.path()).await;
+    let models = ModelsFile::new()
+        .model(
+            ModelEntry::new("hang")
+                .routing("prefix")
+                .endpoint(hang.addr),
+        )
+        .model(
+            ModelEntry::new("flaky")
+                .routing("least-loaded")
+                .endpoint(bad.addr)
+                .endpoint(good.addr),
+        )
+        .model(
+            ModelEntry::new("stream")
+                .routing("prefix")
+                .endpoint(streamer.addr),
+        );
+    let mut flags = ebpf_flags(&pins);
+    flags.extend(["--first-byte-timeout".into(), "1s".into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let proxy = start_proxy(&models, &flags, &[], dir.path()).await;
+    cg.add_pid(proxy.proc.pid())
+        .expect("move into the test cgroup");
+
+    // The hanging pod: in flight (1) while the proxy waits, 0 once it answered 504.
+    let addr = proxy.addr;
+    let waiting = tokio::spawn(async move {
+        post(
+            addr,
+            "/v1/chat/completions",
+            &[],
+            &chat_body("hang", None, "q", ""),
+        )
+        .await
+    });
+    assert_eq!(
+        wait_for(1, Duration::from_secs(2), || kernel_load(&pins, hang.addr)),
+        1
+    );
+    assert_eq!(waiting.await.unwrap().unwrap().status, 504);
+    assert_eq!(
+        wait_for(0, Duration::from_secs(2), || kernel_load(&pins, hang.addr)),
+        0,
+        "the timed-out request's connection still counts"
+    );
+
+    // The 503 pod: retried past, then ejected.
+    for i in 0..20 {
+        let r = post(
+            proxy.addr,
+            "/v1/chat/completions",
+            &[],
+            &chat_body("flaky", None, &format!("q{i}"), ""),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (r.status.as_u16(), r.pod()),
+            (200, "good".into()),
+            "{}",
+            r.text()
+        );
+    }
+    assert!(bad.requests() >= 1, "least-loaded tried the bad pod");
+
+    // A stream whose pod dies mid-way.
+    let body = chat_body("stream", None, "s", r#"{"stream":true,"max_tokens":50}"#);
+    let addr = proxy.addr;
+    let stream = tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &body).await });
+    assert_eq!(
+        wait_for(1, Duration::from_secs(2), || kernel_load(
+            &pins,
+            streamer.addr
+        )),
+        1
+    );
+    streamer.proc.kill().unwrap();
+    let text = stream.await.unwrap().unwrap().text();
+    assert!(text.contains("upstream_stream_broken"), "{text}");
+
+    for (name, pod) in [
+        ("hang", hang.addr),
+        ("bad", bad.addr),
+        ("good", good.addr),
+        ("streamer", streamer.addr),
+    ] {
+        assert_eq!(
+            wait_for(0, Duration::from_secs(2), || kernel_load(&pins, pod)),
+            0,
+            "phantom load on {name}: {:?}",
+            kernel_pods(&pins)
+        );
+    }
+}

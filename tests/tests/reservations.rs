@@ -78,7 +78,14 @@ async fn each_reservation_is_consumed_or_expired_exactly_once() {
         );
     let proxy = start_proxy(
         &models,
-        &["--label-group-routing", "least-loaded"],
+        // Ejection off: the dead pods stay candidates, so every pick of them is a reservation
+        // that must expire (ejection has its own tests).
+        &[
+            "--label-group-routing",
+            "least-loaded",
+            "--eject-after-failures",
+            "0",
+        ],
         &[],
         dir.path(),
     )

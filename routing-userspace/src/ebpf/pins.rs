@@ -13,6 +13,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap, Map, MapData};
@@ -88,10 +89,23 @@ pub fn prepare_dirs(opts: &EbpfOptions) -> Result<(), EbpfError> {
             })
         })?;
     }
+    // Only root reads or writes the maps: the pin directories are 0700 (the kernel pins the
+    // objects themselves 0600), whatever the umask or an earlier version left.
     let dir = set_dir(&opts.pin_dir);
-    std::fs::create_dir_all(&dir).map_err(|e| {
-        EbpfError::classify("creating the pin directory", e, io_err("creating", &dir))
-    })?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| {
+            EbpfError::classify("creating the pin directory", e, io_err("creating", &dir))
+        })?;
+    for d in [&opts.pin_dir, &dir] {
+        if d == bpffs {
+            continue; // the mount's own mode is the node's business
+        }
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err("restricting", d))?;
+    }
     if !sys::is_bpffs(&opts.pin_dir).map_err(io_err("checking", &opts.pin_dir))? {
         return Err(EbpfError::NoBpffs {
             path: opts.pin_dir.clone(),

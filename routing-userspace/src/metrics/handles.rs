@@ -94,6 +94,10 @@ pub struct ModelMetrics {
     /// `upstream_connect_errors_total` per pod, then the Service.
     pub pod_connect_errors: Vec<IntCounter>,
     pub service_connect_errors: Option<IntCounter>,
+    /// `upstream_retries_total` by reason (in `RetryReason::ALL` order).
+    pub retries: [IntCounter; 3],
+    /// `outlier_ejections_total` per pod.
+    pub pod_ejections: Vec<IntCounter>,
     pub reservations: Arc<ReservationCounters>,
     /// The model's key statistics (cardinality trackers and hot keys).
     pub keys: Arc<std::sync::Mutex<ModelKeys>>,
@@ -138,6 +142,12 @@ impl ModelMetrics {
             service_hits: has_service.then(|| hits(SERVICE_TARGET)),
             pod_connect_errors: pods.iter().map(|p| errors(p)).collect(),
             service_connect_errors: has_service.then(|| errors(SERVICE_TARGET)),
+            retries: crate::vocab::RetryReason::ALL
+                .map(|r| m.upstream_retries_total.with_label_values(&[n, r.as_str()])),
+            pod_ejections: pods
+                .iter()
+                .map(|p| m.outlier_ejections_total.with_label_values(&[n, p]))
+                .collect(),
             reservations: Arc::new(ReservationCounters {
                 made: m.least_loaded_reservations_total.with_label_values(&[n]),
                 consumed: m

@@ -46,6 +46,8 @@ pub struct Metrics {
     pub request_duration_seconds: HistogramVec,
     pub time_to_first_byte_seconds: HistogramVec,
     pub upstream_connect_errors_total: IntCounterVec,
+    pub upstream_retries_total: IntCounterVec,
+    pub outlier_ejections_total: IntCounterVec,
     pub ready_endpoints: IntGaugeVec,
     pub ebpf_enabled: IntGauge,
     /// Cardinality trackers and hot keys per model.
@@ -203,6 +205,16 @@ impl Metrics {
                 "Upstream connection attempts that failed before any byte was sent",
                 &["model", "target"],
             ),
+            upstream_retries_total: f.counter(
+                "flexinfer_proxy_upstream_retries_total",
+                "Requests sent on to the next target after a reset or a 502/503, before any byte reached the client (reason: reset, status-502, status-503)",
+                &["model", "reason"],
+            ),
+            outlier_ejections_total: f.counter(
+                "flexinfer_proxy_outlier_ejections_total",
+                "Pods taken out of the candidates for a cool-down after failing (connect errors, 5xx, timeouts)",
+                &["model", "target"],
+            ),
             ready_endpoints: f.gauge(
                 "flexinfer_proxy_ready_endpoints",
                 "Ready pod endpoints per model",
@@ -284,7 +296,7 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 16, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 18, "{text}");
         m.requests_total.with_label_values(&["m", "200"]).inc();
         let text = m.render();
         assert_eq!(

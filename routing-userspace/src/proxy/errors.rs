@@ -80,6 +80,73 @@ impl ApiError {
         }
     }
 
+    pub fn upstream_timeout(model: &str, target: &str, after: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            kind: "upstream_error",
+            code: "upstream_timeout",
+            message: format!(
+                "The upstream {target} of model `{model}` sent no response within {after:?}."
+            ),
+        }
+    }
+
+    pub fn request_timeout(after: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            kind: "upstream_error",
+            code: "request_timeout",
+            message: format!("The request did not complete within {after:?}."),
+        }
+    }
+
+    pub fn header_too_large(limit: usize) -> Self {
+        Self {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            kind: "invalid_request_error",
+            code: "header_too_large",
+            message: format!("The request head is larger than the proxy's limit of {limit} bytes."),
+        }
+    }
+
+    pub fn method_not_allowed(method: &http::Method) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            kind: "invalid_request_error",
+            code: "method_not_allowed",
+            message: format!("{method} is not served by this proxy (it is not a forward proxy)."),
+        }
+    }
+
+    pub fn absolute_form() -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            code: "absolute_form_not_allowed",
+            message: "The request target names a host: this proxy is not a forward proxy; send the path only (e.g. POST /v1/chat/completions).".into(),
+        }
+    }
+
+    pub fn json_too_deep(limit: u32) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            code: "json_too_deep",
+            message: format!(
+                "The request body nests deeper than the proxy's limit of {limit} levels."
+            ),
+        }
+    }
+
+    pub fn too_many_connections() -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "service_unavailable",
+            code: "too_many_connections",
+            message: "The proxy serves as many client connections as it may; retry shortly.".into(),
+        }
+    }
+
     pub fn body(&self) -> Bytes {
         Bytes::from(
             json!({"error": {"message": self.message, "type": self.kind, "code": self.code}})

@@ -21,6 +21,7 @@ pub mod prepare;
 pub mod read_body;
 pub mod record;
 pub mod resolve;
+pub mod retry_budget;
 pub mod server;
 pub mod stream;
 
@@ -34,7 +35,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use serde_json::json;
 
-use crate::body::BodyFields;
+use crate::body::{BodyError, BodyFields};
 use crate::keys::RequestParts;
 use crate::state::Shared;
 use crate::table::{Route, RoutingTable};
@@ -52,9 +53,29 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: Arc<Peer>,
 ) -> Response<ProxyBody> {
-    let mut ctx = RequestCtx::new(Arc::clone(&shared.metrics), Instant::now());
-    match pipeline(&shared, req, peer, &mut ctx).await {
-        Ok(Answer::Forwarded(f)) => stream::respond(f, ctx).map(Either::Left),
+    let start = Instant::now();
+    let mut ctx = RequestCtx::new(Arc::clone(&shared.metrics), start);
+    let total = shared.limits.request_timeout;
+    let (parts, body) = req.into_parts();
+    // Taken by the phase that reads or forwards it; still here if the request failed first.
+    let mut body = Some(body);
+    let answered = if total.is_zero() {
+        pipeline(&shared, parts, &mut body, peer, &mut ctx).await
+    } else {
+        tokio::time::timeout(total, pipeline(&shared, parts, &mut body, peer, &mut ctx))
+            .await
+            .unwrap_or_else(|_| Err(ApiError::request_timeout(total)))
+    };
+    if let (Err(_), Some(body)) = (&answered, body.take()) {
+        // Let a client that sends its whole body before reading get the error (see linger).
+        read_body::linger(body).await;
+    }
+    let deadlines = stream::Deadlines {
+        idle: shared.limits.stream_idle_timeout,
+        end: (!total.is_zero()).then(|| tokio::time::Instant::from_std(start + total)),
+    };
+    match answered {
+        Ok(Answer::Forwarded(f)) => stream::respond(f, ctx, deadlines).map(Either::Left),
         Ok(Answer::Local(r)) => {
             ctx.local = true;
             r.map(Either::Right)
@@ -75,11 +96,27 @@ enum Answer {
 
 async fn pipeline(
     shared: &Shared,
-    req: Request<Incoming>,
+    parts: http::request::Parts,
+    body: &mut Option<Incoming>,
     peer: Arc<Peer>,
     ctx: &mut RequestCtx,
 ) -> Result<Answer, ApiError> {
-    let (parts, body) = req.into_parts();
+    // Not a forward proxy: no tunnels, no traces, no requests aimed at other hosts.
+    if parts.method == Method::CONNECT || parts.method == Method::TRACE {
+        return Err(ApiError::method_not_allowed(&parts.method));
+    }
+    if parts.version < http::Version::HTTP_2 && parts.uri.scheme().is_some() {
+        return Err(ApiError::absolute_form());
+    }
+    let head_bytes = parts.uri.path_and_query().map_or(0, |p| p.as_str().len())
+        + parts
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>();
+    if head_bytes > shared.limits.max_header_bytes {
+        return Err(ApiError::header_too_large(shared.limits.max_header_bytes));
+    }
     let limit = shared.limits.max_body_bytes;
     let declared_len = parts
         .headers
@@ -108,6 +145,7 @@ async fn pipeline(
     let need = route.as_ref().is_none_or(|r| {
         read_body::route_needs_body(r, &parts.headers, &knobs.limits, knobs.label_group_mode)
     });
+    let body = body.take().expect("the body is taken once");
     let client_body = read_body::read(body, need, limit).await?;
 
     // 3. Decide (the body view lives only as long as this block).
@@ -116,7 +154,15 @@ async fn pipeline(
             ClientBody::Read(b) => Some(b.clone()),
             ClientBody::Streamed(_) => None,
         };
-        let fields = bytes.as_deref().and_then(BodyFields::parse);
+        let depth = shared.limits.max_json_depth;
+        let fields = match bytes
+            .as_deref()
+            .map(|b| BodyFields::parse_with_depth(b, depth))
+        {
+            Some(Ok(f)) => Some(f),
+            Some(Err(BodyError::TooDeep)) => return Err(ApiError::json_too_deep(depth)),
+            Some(Err(BodyError::NotObject)) | None => None,
+        };
         let route = match route {
             Some(r) => r,
             None => match fields.as_ref().and_then(|f| f.model()) {

@@ -5,10 +5,12 @@
 //! through to the pod untouched and unread, as a plain reverse proxy would pass it: the model
 //! came from a header or the path, and the key from a header or is not needed.
 
-use bytes::Bytes;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
+use http_body_util::BodyExt;
+use hyper::body::{Body as _, Incoming};
 
 use super::errors::ApiError;
 use crate::keys::{self, KeyLimits};
@@ -51,11 +53,62 @@ pub async fn read(body: Incoming, need: bool, limit: usize) -> Result<ClientBody
     if !need {
         return Ok(ClientBody::Streamed(body));
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(ClientBody::Read(c.to_bytes())),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ApiError::body_too_large(limit))
+    let mut body = body;
+    if body.size_hint().exact().is_some_and(|n| n > limit as u64) {
+        linger(body).await;
+        return Err(ApiError::body_too_large(limit));
+    }
+    let mut first: Option<Bytes> = None;
+    let mut rest = BytesMut::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(ApiError::bad_body)?.into_data() else {
+            continue; // trailers
+        };
+        total += data.len();
+        if total > limit {
+            linger(body).await;
+            return Err(ApiError::body_too_large(limit));
         }
-        Err(e) => Err(ApiError::bad_body(e)),
+        // One frame (the common case) is kept as is; more are joined.
+        match first.take() {
+            None if rest.is_empty() => first = Some(data),
+            Some(f) => {
+                rest.reserve(total);
+                rest.extend_from_slice(&f);
+                rest.extend_from_slice(&data);
+            }
+            None => rest.extend_from_slice(&data),
+        }
+    }
+    Ok(ClientBody::Read(first.unwrap_or_else(|| rest.freeze())))
+}
+
+/// Most of an oversized body the proxy reads and discards before it answers 413.
+const LINGER_BYTES: usize = 64 << 20;
+/// Longest it waits for that.
+const LINGER_TIME: Duration = Duration::from_secs(10);
+
+/// Reads and discards what is left of an oversized body, so the 413 reaches a client that
+/// writes its whole body before it reads: answering mid-upload closes the connection on
+/// unread data, which resets it and loses the answer. Bounded in bytes and time.
+pub async fn linger(mut body: Incoming) {
+    let deadline = tokio::time::sleep(LINGER_TIME);
+    tokio::pin!(deadline);
+    let mut left = LINGER_BYTES;
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return,
+            frame = body.frame() => match frame {
+                Some(Ok(f)) => {
+                    let n = f.data_ref().map_or(0, Bytes::len);
+                    left = left.saturating_sub(n);
+                    if left == 0 {
+                        return;
+                    }
+                }
+                _ => return,
+            },
+        }
     }
 }

@@ -1,18 +1,26 @@
 //! Accept loops for the proxy and admin listeners, with graceful drain on shutdown.
+//!
+//! Each client connection is served by hyper (HTTP/1.1, or h2c), with a deadline for reading
+//! each request's head (slowloris), a bounded head buffer, and a cap on open connections: past
+//! it, a new connection gets an OpenAI-shaped 503 with `Retry-After` and is closed.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::errors::ApiError;
 
 /// The client end of a connection, with what every request on it forwards (its
 /// `X-Forwarded-For` value is made once per connection, not per request).
@@ -22,13 +30,64 @@ pub struct Peer {
     pub ip_header: http::HeaderValue,
 }
 
+/// How a listener treats its clients.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeOptions {
+    /// After shutdown, how long open connections may finish.
+    pub drain: Duration,
+    /// A request head must arrive within this (0: no limit).
+    pub header_read_timeout: Duration,
+    /// Largest request head hyper buffers (it answers 431 past it).
+    pub max_head_bytes: usize,
+    /// Connections served at once.
+    pub max_connections: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            drain: Duration::from_secs(1),
+            header_read_timeout: Duration::from_secs(30),
+            max_head_bytes: 64 * 1024,
+            max_connections: 16_384,
+        }
+    }
+}
+
+/// Counts a connection as open until dropped.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Answer a connection past the cap: 503, `Retry-After`, closed.
+async fn refuse(mut stream: TcpStream) {
+    let body = ApiError::too_many_connections().body();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes()).await;
+    let _ = stream.write_all(&body).await;
+    let _ = stream.shutdown().await;
+    // Read what the client sent (briefly), so closing does not reset the connection under it.
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
 /// Serve HTTP/1.1 and h2c on `listener` with `handler` until `shutdown` resolves, then let
-/// open connections finish for up to `drain`.
+/// open connections finish for up to `opts.drain`.
 pub async fn serve<H, F, B>(
     listener: TcpListener,
     handler: H,
     shutdown: impl Future<Output = ()>,
-    drain: Duration,
+    opts: ServeOptions,
 ) -> std::io::Result<()>
 where
     H: Fn(Request<Incoming>, Arc<Peer>) -> F + Clone + Send + Sync + 'static,
@@ -37,7 +96,18 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
-    let builder = Arc::new(Builder::new(TokioExecutor::new()));
+    let mut builder = Builder::new(TokioExecutor::new());
+    {
+        let mut h1 = builder.http1();
+        h1.timer(TokioTimer::new())
+            .max_buf_size((opts.max_head_bytes + 16 * 1024).max(8192));
+        h1.header_read_timeout(
+            (!opts.header_read_timeout.is_zero()).then_some(opts.header_read_timeout),
+        );
+    }
+    let builder = Arc::new(builder);
+    let open = Arc::new(AtomicUsize::new(0));
+    let (mut refused, mut last_warned) = (0u64, None);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -53,6 +123,19 @@ where
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        if open.fetch_add(1, Ordering::Relaxed) >= opts.max_connections {
+            open.fetch_sub(1, Ordering::Relaxed);
+            // One line per ten seconds of refusals, not one per refused connection.
+            refused += 1;
+            if last_warned.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(10)) {
+                tracing::warn!(peer = %peer, max = opts.max_connections, refused, "too many client connections; refusing new ones with 503");
+                last_warned = Some(Instant::now());
+                refused = 0;
+            }
+            tokio::spawn(refuse(stream));
+            continue;
+        }
+        let guard = Open(open.clone());
         let handler = handler.clone();
         let client = Arc::new(Peer {
             addr: peer,
@@ -68,6 +151,7 @@ where
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
+            let _guard = guard;
             if let Err(e) = conn.await {
                 tracing::debug!(peer = %peer, error = %e, "connection ended with an error");
             }
@@ -76,7 +160,7 @@ where
     drop(listener);
     tokio::select! {
         _ = graceful.shutdown() => tracing::info!("all connections drained"),
-        _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "drain timeout; closing remaining connections"),
+        _ = tokio::time::sleep(opts.drain) => tracing::warn!(drain = ?opts.drain, "drain timeout; closing remaining connections"),
     }
     Ok(())
 }

@@ -3,14 +3,22 @@
 //! context: at the end of the body the context ends (the record phase), and the upstream body
 //! gives its connection back to the pool; if the client goes away first, both are dropped (the
 //! connection closes, the context still records).
+//!
+//! A body that stops (the pod dies, nothing arrives within the stream idle timeout, or the
+//! request timeout passes) ends an SSE stream with a final `data: {"error": ...}` event, so the
+//! client reads an error instead of a cut stream; any other body is aborted (the client sees a
+//! truncated response, which is all HTTP/1.1 allows once the head is out).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
+use serde_json::json;
+use tokio::time::Sleep;
 
 use super::context::RequestCtx;
 use super::forward::Forwarded;
@@ -18,19 +26,43 @@ use super::headers;
 use crate::upstream::h1::response::BodyError;
 use crate::upstream::UpstreamBody;
 
+/// When a response body gives up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Deadlines {
+    /// Longest pause between frames (zero: none).
+    pub idle: Duration,
+    /// The request's end (none: no limit).
+    pub end: Option<tokio::time::Instant>,
+}
+
 pub struct ObservedBody {
     inner: UpstreamBody,
     ctx: Option<RequestCtx>,
+    sse: bool,
+    deadlines: Deadlines,
+    /// Armed when the body first has to wait (a body that is all there never allocates one).
+    idle: Option<Pin<Box<Sleep>>>,
+    end: Option<Pin<Box<Sleep>>>,
+    done: bool,
 }
 
 /// The client's response for a forwarded request.
-pub fn respond(f: Forwarded, mut ctx: RequestCtx) -> Response<ObservedBody> {
+pub fn respond(f: Forwarded, mut ctx: RequestCtx, deadlines: Deadlines) -> Response<ObservedBody> {
     let (mut parts, inner) = f.response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
     ctx.status = Some(parts.status.as_u16());
+    let sse = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let mut body = ObservedBody {
         inner,
         ctx: Some(ctx),
+        sse,
+        deadlines,
+        idle: None,
+        end: None,
+        done: false,
     };
     if body.inner.is_end_stream() {
         // No body at all (204, HEAD, `content-length: 0`): it is over already.
@@ -39,10 +71,61 @@ pub fn respond(f: Forwarded, mut ctx: RequestCtx) -> Response<ObservedBody> {
     Response::from_parts(parts, body)
 }
 
+/// The final event of an SSE stream that could not finish.
+fn sse_error(code: &str, message: &str) -> Bytes {
+    let event = json!({"error": {"message": message, "type": "upstream_error", "code": code}});
+    Bytes::from(format!("data: {event}\n\n"))
+}
+
 impl ObservedBody {
     /// The body was read to its end: the request is over.
     fn finish(&mut self) {
+        self.done = true;
         self.ctx.take();
+    }
+
+    /// The body cannot finish: an SSE stream gets an error event (then ends); others abort.
+    fn fail(
+        &mut self,
+        code: &str,
+        message: String,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if let Some(ctx) = &self.ctx {
+            if let Some(d) = &ctx.decision {
+                tracing::warn!(model = %d.model.name, code, error = %message, "response stream ended early");
+            }
+        }
+        self.finish();
+        if self.sse {
+            Poll::Ready(Some(Ok(Frame::data(sse_error(code, &message)))))
+        } else {
+            Poll::Ready(Some(Err(BodyError::Io(std::io::Error::other(message)))))
+        }
+    }
+
+    /// Whether a deadline passed while the body waits.
+    fn poll_deadlines(&mut self, cx: &mut Context<'_>) -> Option<(&'static str, String)> {
+        if let Some(end) = self.deadlines.end {
+            let sleep = self
+                .end
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(end)));
+            if sleep.as_mut().poll(cx).is_ready() {
+                return Some(("request_timeout", "the request timeout passed".into()));
+            }
+        }
+        let idle = self.deadlines.idle;
+        if !idle.is_zero() {
+            let sleep = self
+                .idle
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+            if sleep.as_mut().poll(cx).is_ready() {
+                return Some((
+                    "upstream_idle_timeout",
+                    format!("no data from the upstream for {idle:?}"),
+                ));
+            }
+        }
+        None
     }
 }
 
@@ -54,8 +137,10 @@ impl Body for ObservedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let end = self.inner.is_end_stream();
                 if let Some(ctx) = self.ctx.as_mut() {
@@ -67,21 +152,32 @@ impl Body for ObservedBody {
                         }
                     }
                 }
+                // Progress: the idle timer starts over from the next wait.
+                let idle_for = self.deadlines.idle;
+                if let Some(idle) = self.idle.as_mut() {
+                    idle.as_mut().reset(tokio::time::Instant::now() + idle_for);
+                }
                 // A body of known length ends with its last frame; the server stops polling
                 // then, so this is where the end is seen.
                 if end {
                     self.finish();
                 }
+                Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(None) => self.finish(),
-            Poll::Ready(Some(Err(_))) => self.finish(),
-            Poll::Pending => {}
+            Poll::Ready(None) => {
+                self.finish();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => self.fail("upstream_stream_broken", e.to_string()),
+            Poll::Pending => match self.poll_deadlines(cx) {
+                Some((code, message)) => self.fail(code, message),
+                None => Poll::Pending,
+            },
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.done || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

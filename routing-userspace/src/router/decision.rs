@@ -8,7 +8,9 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
+use super::health::Health;
 use super::reservation::Reservation;
 use crate::balance::least_loaded::Ranked;
 use crate::balance::ring::WalkState;
@@ -35,6 +37,29 @@ impl Cursor {
             Cursor::Ranked(r) => r.next(),
         }
     }
+}
+
+/// The cursor's next pod that is not ejected. For the first pick (`or_ejected`), when every
+/// candidate is ejected, the first of them: a pod that may have recovered beats no answer (the
+/// ejection share keeps this to models whose every pod failed, such as a one-pod model).
+/// Retries never go to an ejected pod.
+fn next_healthy(
+    cursor: &mut Cursor,
+    model: &ModelRoute,
+    health: &Health,
+    at: Instant,
+    or_ejected: bool,
+) -> Option<usize> {
+    let mut skipped = None;
+    while let Some(i) = cursor.next(model) {
+        if !health.is_ejected(model.pods[i].slot, at) {
+            return Some(i);
+        }
+        if or_ejected {
+            skipped.get_or_insert(i);
+        }
+    }
+    skipped
 }
 
 /// Where an attempt goes: a pod of the decision's model (by index), or its Service.
@@ -103,9 +128,13 @@ pub struct Decision {
     /// Pod attempts left (the first included).
     pods_left: usize,
     service_left: bool,
+    /// Ejected pods are skipped (as of `at`, the decision's time).
+    health: Arc<Health>,
+    at: Instant,
 }
 
 impl Decision {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         model: Arc<ModelRoute>,
         strategy: Strategy,
@@ -113,8 +142,10 @@ impl Decision {
         ignored: Vec<Ignored>,
         mut cursor: Cursor,
         max_pod_attempts: usize,
+        health: Arc<Health>,
+        at: Instant,
     ) -> Self {
-        let first = cursor.next(&model);
+        let first = next_healthy(&mut cursor, &model, &health, at, true);
         Self {
             outcome: if first.is_some() {
                 Outcome::Pod
@@ -133,6 +164,8 @@ impl Decision {
             ignored,
             pod_reservation: None,
             member_reservation: None,
+            health,
+            at,
         }
     }
 
@@ -151,7 +184,7 @@ impl Decision {
         if self.pods_left > 0 {
             let next = match self.first.take() {
                 Some(i) => Some(i),
-                None => self.cursor.next(&self.model),
+                None => next_healthy(&mut self.cursor, &self.model, &self.health, self.at, false),
             };
             match next {
                 Some(i) => {

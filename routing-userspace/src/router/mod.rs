@@ -9,6 +9,7 @@
 
 pub mod decision;
 pub mod group;
+pub mod health;
 pub mod reservation;
 
 #[cfg(test)]
@@ -27,10 +28,13 @@ use crate::load::LoadGauge;
 use crate::rules::{pod_choice, PodChoice};
 use crate::table::{ModelRoute, Pod, Route};
 pub use decision::{Attempt, Cursor, Decision, GroupChoice, Target};
+use health::{EjectionPolicy, Health};
 use reservation::Ledger;
 
 pub struct Router {
     gauge: Arc<dyn LoadGauge>,
+    /// Passive health: pods ejected for failing are skipped.
+    health: Arc<Health>,
     /// Reservations of pods, keyed by gauge slot (a pod serving several models is one load).
     pods: Arc<Ledger>,
     /// Reservations of label-group members, keyed by the member's name hash.
@@ -40,8 +44,17 @@ pub struct Router {
 
 impl Router {
     pub fn new(gauge: Arc<dyn LoadGauge>, knobs: RoutingKnobs) -> Self {
+        Self::with_ejection(gauge, knobs, EjectionPolicy::default())
+    }
+
+    pub fn with_ejection(
+        gauge: Arc<dyn LoadGauge>,
+        knobs: RoutingKnobs,
+        ejection: EjectionPolicy,
+    ) -> Self {
         Self {
             gauge,
+            health: Arc::new(Health::new(ejection)),
             pods: Ledger::new(knobs.reservation_ttl),
             members: Ledger::new(knobs.reservation_ttl),
             knobs,
@@ -54,6 +67,16 @@ impl Router {
 
     pub fn gauge(&self) -> &Arc<dyn LoadGauge> {
         &self.gauge
+    }
+
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// The pods (and their gauge slots) changed: the gauge and the health records follow.
+    pub fn pods_changed(&self, pods: &[(std::net::SocketAddr, crate::load::Slot)]) {
+        self.gauge.set_pods(pods);
+        self.health.pods_changed(pods);
     }
 
     /// A pod's load as picks see it (gauge only; reservations are apart).
@@ -130,7 +153,11 @@ impl Router {
                     let (order, token) = self.pods.pick(
                         n,
                         |i| m.pods[i].slot.map(u64::from),
-                        |i| self.pod_load(&m.pods[i]),
+                        // An ejected pod ranks last (it is skipped unless nothing else is left).
+                        |i| match self.health.is_ejected(m.pods[i].slot, now) {
+                            true => u64::MAX / 2,
+                            false => self.pod_load(&m.pods[i]),
+                        },
                         |loads| rank(loads, rr, attempts),
                         |order| order.clone().next(),
                         |_| Arc::clone(&m.metrics.reservations),
@@ -148,6 +175,8 @@ impl Router {
             extraction.ignored,
             cursor,
             attempts,
+            Arc::clone(&self.health),
+            now,
         );
         d.pod_reservation = reservation;
         d

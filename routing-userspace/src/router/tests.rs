@@ -13,7 +13,7 @@ use crate::discovery::{ModelSet, ModelSpec, Update};
 use crate::load::slots::SlotAllocator;
 use crate::load::userspace::UserspaceGauge;
 use crate::metrics::Metrics;
-use crate::table::RoutingTable;
+use crate::table::{Route, RoutingTable};
 use crate::vocab::{GroupOutcome, KeySource, LabelGroupMode, Outcome, Strategy};
 
 struct World {
@@ -474,4 +474,55 @@ fn the_rules_cover_every_decision_a_model_makes() {
             }
         }
     }
+}
+
+/// Ejects the pod at port `p` of model `m` with a timeout (which ejects at once).
+fn eject(w: &World, m: &str, p: u16) {
+    let Some(Route::Model(route)) = w.table.lookup(m) else {
+        panic!("{m} is a model");
+    };
+    let pod = route.pods.iter().find(|x| x.addr == addr(p)).unwrap();
+    let verdict = w.router.health().failure(
+        pod.slot,
+        health::Failure::FirstByteTimeout,
+        route.pods.iter().map(|x| x.slot),
+        Instant::now(),
+    );
+    assert!(
+        matches!(verdict, health::Verdict::Ejected(_)),
+        "{verdict:?}"
+    );
+}
+
+#[test]
+fn ejected_pods_leave_the_candidates_and_a_lone_ejected_pod_is_still_tried() {
+    let w = world(
+        vec![
+            model("m", Strategy::Prefix, &[1, 2, 3]),
+            model("one", Strategy::Prefix, &[9]),
+        ],
+        Duration::ZERO,
+    );
+    let first = first_pod(&w.simple("m", SYS_BODY)).unwrap();
+    eject(&w, "m", first.port());
+    let mut d = w.simple("m", SYS_BODY);
+    let after = targets(&mut d);
+    assert!(
+        !after.contains(&T::Pod(first)),
+        "the ejected pod is no candidate: {after:?}"
+    );
+    assert_eq!(
+        after.len(),
+        3,
+        "the two others, then the Service: {after:?}"
+    );
+
+    // Every pod of a model ejected: the first pick still tries it, then the Service.
+    eject(&w, "one", 9);
+    let mut d = w.simple("one", SYS_BODY);
+    assert_eq!(d.outcome, Outcome::Pod);
+    assert_eq!(
+        targets(&mut d),
+        vec![T::Pod(addr(9)), T::Service("http://one.svc:80".into())]
+    );
 }

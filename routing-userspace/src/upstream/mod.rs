@@ -18,12 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::Response;
 use tokio::net::TcpStream;
 
 pub use crate::load::ebpf::ConnTrack;
 pub use body::UpBody;
-pub use h1::{H1Conn, SendError, UpstreamBody};
+pub use h1::{H1Conn, SendError, Sent, UpstreamBody};
 pub use pool::{Pool, PoolKey};
 
 /// Why a connection could not be made (nothing was sent).
@@ -182,11 +181,7 @@ impl Conn {
 
     /// Send one request and read its response head; the response body reads the rest and
     /// returns the connection to its pool at its end.
-    pub async fn send(
-        self,
-        head: Parts,
-        body: UpBody,
-    ) -> Result<Response<UpstreamBody>, SendError> {
+    pub async fn send(self, head: &Parts, body: UpBody) -> Result<Sent, SendError> {
         let release = self.pool.map(|pool| h1::response::Release {
             pool,
             key: self.key,

@@ -107,6 +107,45 @@ pub fn http_request(
     parse_response(&raw)
 }
 
+/// Writes `request` as is (any bytes, any framing) on a new connection and reads until the
+/// server closes it or `wait` passes. `Ok(None)`: the server closed without answering.
+pub fn raw_exchange(
+    addr: SocketAddr,
+    request: &[u8],
+    wait: Duration,
+) -> io::Result<Option<HttpReply>> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(wait))?;
+    s.set_write_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(request)?;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break,
+            // Kept open past `wait`: answer with what arrived (a keep-alive reply is complete).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if raw.is_empty() {
+                    return Err(timed_out(format!("no answer from {addr} within {wait:?}")));
+                }
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    parse_response(&raw).map(Some)
+}
+
 fn bad(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }

@@ -5,7 +5,7 @@
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, StatusCode, Uri, Version};
+use http::{Method, StatusCode, Version};
 
 /// Largest response head accepted.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -47,27 +47,50 @@ pub struct ResponseHead {
     pub keep_alive: bool,
 }
 
-/// Append a request head to `out`. `chunked` adds `Transfer-Encoding: chunked` (a streamed body
-/// without a length); hop-by-hop headers were removed by the caller.
-pub fn encode_request(
-    out: &mut Vec<u8>,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    chunked: bool,
-) {
-    out.extend_from_slice(method.as_str().as_bytes());
+/// How a request body is framed beyond what its headers say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// The headers say it (or there is no body).
+    AsIs,
+    /// Add `Content-Length: n`.
+    Length(usize),
+    /// Add `Transfer-Encoding: chunked` (a streamed body without a length).
+    Chunked,
+}
+
+impl BodyFraming {
+    pub fn of(add_length: Option<usize>, chunked: bool) -> Self {
+        match (add_length, chunked) {
+            (Some(n), _) => BodyFraming::Length(n),
+            (None, true) => BodyFraming::Chunked,
+            (None, false) => BodyFraming::AsIs,
+        }
+    }
+}
+
+/// Append a request head to `out`; hop-by-hop headers were removed by the caller.
+pub fn encode_request(out: &mut Vec<u8>, head: &http::request::Parts, framing: BodyFraming) {
+    out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
+    out.extend_from_slice(
+        head.uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .as_bytes(),
+    );
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
+    for (name, value) in &head.headers {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    if chunked {
-        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    match framing {
+        BodyFraming::AsIs => {}
+        BodyFraming::Length(n) => {
+            out.extend_from_slice(format!("content-length: {n}\r\n").as_bytes());
+        }
+        BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -299,20 +322,23 @@ mod tests {
 
     #[test]
     fn encodes_origin_form_requests() {
-        let mut h = HeaderMap::new();
-        h.insert("host", HeaderValue::from_static("10.0.0.1:8000"));
-        h.insert("content-length", HeaderValue::from_static("2"));
+        let (mut head, ()) = http::Request::post("/v1/chat/completions?x=1")
+            .header("host", "10.0.0.1:8000")
+            .header("content-length", "2")
+            .body(())
+            .unwrap()
+            .into_parts();
         let mut out = Vec::new();
-        encode_request(
-            &mut out,
-            &Method::POST,
-            &"/v1/chat/completions?x=1".parse().unwrap(),
-            &h,
-            false,
-        );
+        encode_request(&mut out, &head, BodyFraming::AsIs);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 10.0.0.1:8000\r\ncontent-length: 2\r\n\r\n"
         );
+        head.headers.remove("content-length");
+        let mut out = Vec::new();
+        encode_request(&mut out, &head, BodyFraming::Length(5));
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .ends_with("content-length: 5\r\n\r\n"));
     }
 }

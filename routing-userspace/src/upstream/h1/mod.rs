@@ -16,11 +16,9 @@ pub mod response;
 #[cfg(test)]
 mod tests;
 
-use std::io;
-
 use bytes::BytesMut;
 use http::request::Parts;
-use http::{Method, Response};
+use http::Response;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -69,27 +67,47 @@ impl H1Conn {
 /// Why a request failed on a connection.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
-    /// The connection was found closed before any response byte arrived, on a connection that
-    /// had carried requests before (its server closed it while idle). The request comes back
-    /// when nothing of its body was consumed, so it can go out on a fresh connection.
-    #[error("the pooled connection was closed by the upstream ({reason})")]
-    Stale {
+    /// The connection broke (a failed write, a reset, or a close) before any byte of a response
+    /// arrived. `reused`: it had carried requests before, so its server most likely closed it
+    /// while it was idle. `replay`: the body again, when it can go out again (a body the proxy
+    /// read, or a streamed one short enough to have been kept).
+    #[error("the upstream connection broke before a response: {reason}")]
+    Broken {
         reason: String,
-        request: Option<Box<(Parts, UpBody)>>,
+        reused: bool,
+        replay: Option<UpBody>,
     },
     /// The streamed request body passed the limit.
     #[error(transparent)]
     TooLarge(TooLarge),
     #[error("reading the request body: {0}")]
     ClientBody(String),
-    #[error("writing the request: {0}")]
-    Write(io::Error),
-    #[error("reading the response: {0}")]
-    Read(io::Error),
-    #[error("the upstream closed the connection before the response head")]
-    Closed,
     #[error(transparent)]
     Head(HeadError),
+}
+
+/// A response head, and the request body again if it can be sent once more (to retry on
+/// another pod after a 502 or 503).
+#[derive(Debug)]
+pub struct Sent {
+    pub response: Response<UpstreamBody>,
+    pub replay: Option<UpBody>,
+}
+
+fn broken(reason: String, reused: bool, replay: Option<UpBody>) -> SendError {
+    SendError::Broken {
+        reason,
+        reused,
+        replay,
+    }
+}
+
+/// Why passing a streamed body on stopped.
+enum WriteFailure {
+    /// The client's body failed (or passed the limit).
+    Body(SendError),
+    /// The upstream connection broke.
+    Io(std::io::Error),
 }
 
 /// The next data chunk of a streamed body (`None` at its end).
@@ -142,8 +160,8 @@ impl Replay {
         self.chunks.push(data);
     }
 
-    /// The request again, with the whole body it sent (now with its length), if it was kept.
-    fn request(self, mut head: Parts) -> Option<(Parts, UpBody)> {
+    /// The whole body it sent, as bytes, if it was kept (sent again, it carries its length).
+    fn body(self) -> Option<UpBody> {
         if self.overflowed {
             return None;
         }
@@ -152,11 +170,7 @@ impl Replay {
             1 => self.chunks.into_iter().next().unwrap_or_default(),
             _ => self.chunks.concat().into(),
         };
-        head.headers.insert(
-            http::header::CONTENT_LENGTH,
-            http::HeaderValue::from(body.len()),
-        );
-        Some((head, UpBody::bytes(body)))
+        Some(UpBody::bytes(body))
     }
 }
 
@@ -182,33 +196,26 @@ impl H1Conn {
     /// body, which gives it back through `release` once read to its end (if it can be reused).
     pub async fn send(
         mut self,
-        head: Parts,
+        head: &Parts,
         body: UpBody,
         release: Option<response::Release>,
-    ) -> Result<Response<UpstreamBody>, SendError> {
+    ) -> Result<Sent, SendError> {
         let reused = self.served > 0;
         // A request starts here: it counts in flight on the pod, node-wide.
         if let Some(t) = &self.track {
             t.busy();
         }
-        let method = head.method.clone();
-        // A streamed body without a length goes out chunked.
-        let chunked = matches!(body, UpBody::Stream { .. })
-            && !head.headers.contains_key(http::header::CONTENT_LENGTH);
+        let has_length = head.headers.contains_key(http::header::CONTENT_LENGTH);
         self.write_buf.clear();
-        head::encode_request(
-            &mut self.write_buf,
-            &head.method,
-            &head.uri,
-            &head.headers,
-            chunked,
-        );
-        let stale = |reason: String, request: Option<(Parts, UpBody)>| SendError::Stale {
-            reason,
-            request: request.map(Box::new),
-        };
-        match body {
+        let replay = match body {
             UpBody::Bytes(bytes) => {
+                // A body sent again after a streamed first attempt has no length header yet.
+                let length = bytes.as_ref().filter(|_| !has_length).map(|b| b.len());
+                head::encode_request(
+                    &mut self.write_buf,
+                    head,
+                    head::BodyFraming::of(length, false),
+                );
                 let inline = bytes.as_ref().is_some_and(|b| b.len() <= INLINE_BODY);
                 if let (true, Some(b)) = (inline, &bytes) {
                     self.write_buf.extend_from_slice(b);
@@ -217,21 +224,20 @@ impl H1Conn {
                 if let (false, Some(b), Ok(())) = (inline, &bytes, &written) {
                     written = self.io.write_all(b).await;
                 }
+                let replay = Some(UpBody::Bytes(bytes));
                 if let Err(e) = written {
-                    return Err(if reused {
-                        stale(e.to_string(), Some((head, UpBody::Bytes(bytes))))
-                    } else {
-                        SendError::Write(e)
-                    });
+                    return Err(broken(e.to_string(), reused, replay));
                 }
-                // Kept until the head arrives, so a stale connection can hand the request back.
-                return self
-                    .read_head(&method, reused, release, move || {
-                        Some((head, UpBody::Bytes(bytes)))
-                    })
-                    .await;
+                replay
             }
             UpBody::Stream { .. } => {
+                // A streamed body without a length goes out chunked.
+                let chunked = !has_length;
+                head::encode_request(
+                    &mut self.write_buf,
+                    head,
+                    head::BodyFraming::of(None, chunked),
+                );
                 let mut body = body;
                 let mut kept = Replay::default();
                 // The first chunk goes out with the head, in one write.
@@ -245,60 +251,29 @@ impl H1Conn {
                     self.write_buf.extend_from_slice(b"0\r\n\r\n");
                 }
                 if let Err(e) = self.io.write_all(&self.write_buf).await {
-                    return Err(if reused {
-                        stale(e.to_string(), ended.then(|| kept.request(head)).flatten())
-                    } else {
-                        SendError::Write(e)
-                    });
+                    let replay = if ended { kept.body() } else { None };
+                    return Err(broken(e.to_string(), reused, replay));
                 }
                 if !ended {
-                    self.write_stream(&mut body, chunked, &mut kept).await?;
+                    if let Err(e) = self.write_stream(&mut body, chunked, &mut kept).await {
+                        return Err(match e {
+                            WriteFailure::Body(e) => e,
+                            WriteFailure::Io(e) => broken(e.to_string(), reused, None),
+                        });
+                    }
                 }
-                self.read_head(&method, reused, release, move || kept.request(head))
-                    .await
+                kept.body()
             }
-        }
-    }
-
-    /// Pass the rest of a streamed body on (chunk-encoding it when it has no length).
-    async fn write_stream(
-        &mut self,
-        body: &mut UpBody,
-        chunked: bool,
-        kept: &mut Replay,
-    ) -> Result<(), SendError> {
-        while let Some(data) = next_data(body).await? {
-            if chunked {
-                self.write_buf.clear();
-                chunk(&mut self.write_buf, &data, true);
-                self.io.write_all(&self.write_buf).await
-            } else {
-                self.io.write_all(&data).await
-            }
-            .map_err(SendError::Write)?;
-            kept.push(data);
-        }
-        if chunked {
-            self.io
-                .write_all(b"0\r\n\r\n")
-                .await
-                .map_err(SendError::Write)?;
-        }
-        Ok(())
-    }
-
-    /// Read until a response head is complete.
-    async fn read_head(
-        mut self,
-        method: &Method,
-        reused: bool,
-        release: Option<response::Release>,
-        request_back: impl FnOnce() -> Option<(Parts, UpBody)>,
-    ) -> Result<Response<UpstreamBody>, SendError> {
-        let mut request_back = Some(request_back);
+        };
+        let method = &head.method;
         loop {
             match head::parse_response(&mut self.read_buf, method) {
-                Ok(Some(h)) => return Ok(self.respond(h, release)),
+                Ok(Some(h)) => {
+                    return Ok(Sent {
+                        response: self.respond(h, release),
+                        replay,
+                    })
+                }
                 Ok(None) => {}
                 Err(e) => return Err(SendError::Head(e)),
             }
@@ -311,21 +286,39 @@ impl H1Conn {
                 Ok(_) => continue,
                 Err(e) => Some(e),
             };
-            // Closed (or reset) with no byte of a response: a reused connection its server
-            // had closed; anything else is a failure of this request.
-            if reused && got_nothing {
-                let reason = failure.map_or_else(|| "closed".to_owned(), |e| e.to_string());
-                let back = request_back.take().and_then(|f| f());
-                return Err(SendError::Stale {
-                    reason,
-                    request: back.map(Box::new),
-                });
-            }
-            return Err(match failure {
-                Some(e) => SendError::Read(e),
-                None => SendError::Closed,
-            });
+            let reason =
+                failure.map_or_else(|| "closed before a response".to_owned(), |e| e.to_string());
+            // Part of a head and then nothing: the request may have been served; do not send
+            // it again.
+            return Err(broken(reason, reused, replay.filter(|_| got_nothing)));
         }
+    }
+
+    /// Pass the rest of a streamed body on (chunk-encoding it when it has no length).
+    async fn write_stream(
+        &mut self,
+        body: &mut UpBody,
+        chunked: bool,
+        kept: &mut Replay,
+    ) -> Result<(), WriteFailure> {
+        while let Some(data) = next_data(body).await.map_err(WriteFailure::Body)? {
+            if chunked {
+                self.write_buf.clear();
+                chunk(&mut self.write_buf, &data, true);
+                self.io.write_all(&self.write_buf).await
+            } else {
+                self.io.write_all(&data).await
+            }
+            .map_err(WriteFailure::Io)?;
+            kept.push(data);
+        }
+        if chunked {
+            self.io
+                .write_all(b"0\r\n\r\n")
+                .await
+                .map_err(WriteFailure::Io)?;
+        }
+        Ok(())
     }
 
     fn respond(

@@ -135,12 +135,13 @@ async fn reads_length_and_chunked_bodies_and_reuses_the_connection() {
     let r = conn(addr)
         .await
         .send(
-            parts(Method::POST, Some(2)),
+            &parts(Method::POST, Some(2)),
             UpBody::bytes(Bytes::from_static(b"{}")),
             release(),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .response;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(body_of(r).await.unwrap(), b"hello");
     assert_eq!(pool.idle(), 1, "read to its end: back in the pool");
@@ -148,12 +149,13 @@ async fn reads_length_and_chunked_bodies_and_reuses_the_connection() {
     assert_eq!(reused.served, 1);
     let r = reused
         .send(
-            parts(Method::GET, None),
+            &parts(Method::GET, None),
             UpBody::bytes(Bytes::new()),
             release(),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .response;
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     assert_eq!(body_of(r).await.unwrap(), b"data: abc");
     let (first, second) = (seen.recv().await.unwrap(), seen.recv().await.unwrap());
@@ -181,12 +183,13 @@ async fn close_delimited_and_connection_close_are_not_pooled() {
     let r = conn(addr)
         .await
         .send(
-            parts(Method::GET, None),
+            &parts(Method::GET, None),
             UpBody::bytes(Bytes::new()),
             release,
         )
         .await
-        .unwrap();
+        .unwrap()
+        .response;
     assert_eq!(body_of(r).await.unwrap(), b"until close");
     assert_eq!(pool.idle(), 0);
 }
@@ -203,7 +206,7 @@ async fn a_pooled_connection_its_server_closed_is_skipped_or_hands_the_request_b
     let r = conn(addr)
         .await
         .send(
-            parts(Method::POST, Some(1)),
+            &parts(Method::POST, Some(1)),
             UpBody::bytes(Bytes::from_static(b"a")),
             Some(Release {
                 pool: pool.clone(),
@@ -211,7 +214,8 @@ async fn a_pooled_connection_its_server_closed_is_skipped_or_hands_the_request_b
             }),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .response;
     body_of(r).await.unwrap();
     assert_eq!(pool.idle(), 1);
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -234,17 +238,17 @@ async fn a_pooled_connection_its_server_closed_is_skipped_or_hands_the_request_b
     c.served = 1;
     match c
         .send(
-            parts(Method::POST, Some(1)),
+            &parts(Method::POST, Some(1)),
             UpBody::bytes(Bytes::from_static(b"b")),
             None,
         )
         .await
     {
-        Err(SendError::Stale {
-            request: Some(req), ..
+        Err(SendError::Broken {
+            reused: true,
+            replay: Some(body),
+            ..
         }) => {
-            let (head, body) = *req;
-            assert_eq!(head.method, Method::POST);
             assert!(matches!(body, UpBody::Bytes(Some(b)) if b == "b"));
         }
         other => panic!("expected a stale connection, got {other:?}"),
@@ -269,12 +273,13 @@ async fn empty_bodies_and_interim_responses() {
     let r = conn(addr)
         .await
         .send(
-            parts(Method::DELETE, None),
+            &parts(Method::DELETE, None),
             UpBody::bytes(Bytes::new()),
             release(),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .response;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     assert!(http_body::Body::is_end_stream(r.body()));
     assert_eq!(pool.idle(), 1, "no body: reusable at once");
@@ -282,12 +287,13 @@ async fn empty_bodies_and_interim_responses() {
         .take(&key)
         .unwrap()
         .send(
-            parts(Method::GET, None),
+            &parts(Method::GET, None),
             UpBody::bytes(Bytes::new()),
             release(),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .response;
     assert_eq!(
         (r.status(), body_of(r).await.unwrap()),
         (StatusCode::OK, b"hi".to_vec())
@@ -303,9 +309,10 @@ async fn a_truncated_body_is_an_error() {
     .await;
     let r = conn(addr)
         .await
-        .send(parts(Method::GET, None), UpBody::bytes(Bytes::new()), None)
+        .send(&parts(Method::GET, None), UpBody::bytes(Bytes::new()), None)
         .await
-        .unwrap();
+        .unwrap()
+        .response;
     assert!(matches!(
         body_of(r).await,
         Err(BodyError::Truncated {
@@ -330,9 +337,10 @@ async fn a_streamed_body_without_length_goes_out_chunked() {
                 head.headers.remove("content-length");
                 let r = conn(up)
                     .await
-                    .send(head, UpBody::stream(incoming, 1 << 20), None)
+                    .send(&head, UpBody::stream(incoming, 1 << 20), None)
                     .await
-                    .unwrap();
+                    .unwrap()
+                    .response;
                 Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
                     Bytes::from(format!("{}", r.status())),
                 )))

@@ -1,0 +1,157 @@
+//! The chart's environment, expanded the way the kubelet does (`fieldRef: status.podIP`,
+//! `$(VAR)` references) and parsed by the proxy's own `serve` argument parser: every value the
+//! chart can render is one the proxy accepts and means what the values file says.
+//!
+//! One test in its own binary, because it sets process environment variables.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use clap::Parser;
+use flexinfer_tests::chart::{chart_dir, documents, render};
+use routing_userspace::config::ServeArgs;
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+struct Serve {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
+/// The proxy container's env as the kubelet hands it to the process.
+fn kubelet_env(docs: &[Value], pod_ip: &str) -> Vec<(String, String)> {
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let c = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "proxy")
+        .unwrap();
+    let mut seen: HashMap<String, String> = HashMap::new();
+    let mut out = Vec::new();
+    for e in c["env"].as_array().unwrap() {
+        let name = e["name"].as_str().unwrap().to_owned();
+        let value = if let Some(v) = e["value"].as_str() {
+            expand(v, &seen)
+        } else {
+            assert_eq!(
+                e["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP",
+                "only the pod IP comes from the downward API: {e}"
+            );
+            pod_ip.to_owned()
+        };
+        seen.insert(name.clone(), value.clone());
+        out.push((name, value));
+    }
+    out
+}
+
+/// `$(NAME)` replaced by an earlier variable, as the kubelet does.
+fn expand(v: &str, seen: &HashMap<String, String>) -> String {
+    let mut out = v.to_owned();
+    for (k, val) in seen {
+        out = out.replace(&format!("$({k})"), val);
+    }
+    assert!(!out.contains("$("), "unresolved reference in {v:?}");
+    out
+}
+
+fn parse(overrides: Value, pod_ip: &str) -> ServeArgs {
+    let text = render(
+        &chart_dir(),
+        "flexinfer-proxy",
+        "flexinfer-system",
+        overrides,
+    )
+    .unwrap();
+    let env = kubelet_env(&documents(&text).unwrap(), pod_ip);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FLEXINFER_PROXY_") || k.starts_with("PROXY_") {
+            std::env::remove_var(k);
+        }
+    }
+    for (k, v) in &env {
+        std::env::set_var(k, v);
+    }
+    let parsed = Serve::try_parse_from(["serve"]).unwrap_or_else(|e| panic!("{env:#?}\n{e}"));
+    for (k, _) in &env {
+        std::env::remove_var(k);
+    }
+    parsed.args
+}
+
+#[test]
+fn every_rendered_env_parses_as_the_proxy_reads_it() {
+    // Defaults: admin on the pod's address; the deadlines and limits the values file states.
+    let a = parse(json!({}), "10.1.2.3");
+    assert_eq!(a.admin_listen.to_string(), "10.1.2.3:9090");
+    assert_eq!(a.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(a.timeouts.first_byte_timeout, Duration::from_secs(300));
+    assert_eq!(a.timeouts.stream_idle_timeout, Duration::from_secs(60));
+    assert_eq!(a.timeouts.header_read_timeout, Duration::from_secs(30));
+    assert_eq!(a.timeouts.request_timeout, Duration::ZERO);
+    assert_eq!(a.connect_timeout, Duration::from_secs(2));
+    assert_eq!(a.upstream_idle_timeout, Duration::from_secs(4));
+    assert_eq!(a.max_body_bytes, 32 << 20);
+    assert_eq!(a.limits.max_header_bytes, 64 << 10);
+    assert_eq!(a.limits.max_client_connections, 16_384);
+    assert_eq!(a.limits.max_json_depth, 128);
+    assert_eq!(a.max_pod_attempts, 3);
+    assert_eq!(a.resilience.retry_budget, 0.2);
+    assert_eq!(a.resilience.retry_min_per_second, 5);
+    assert_eq!(a.resilience.eject_after_failures, 5);
+    assert_eq!(a.resilience.eject_base_time, Duration::from_secs(10));
+    assert_eq!(a.resilience.max_ejected_share, 0.5);
+    assert_eq!(a.shutdown_delay, Duration::from_secs(5));
+    assert_eq!(a.drain_timeout, Duration::from_secs(30));
+
+    // The grace period outlasts the shutdown delay plus the drain, or the kubelet's SIGKILL
+    // would cut streams that were still draining.
+    let values = flexinfer_tests::chart::default_values(&chart_dir()).unwrap();
+    let grace = Duration::from_secs(values["terminationGracePeriodSeconds"].as_u64().unwrap());
+    assert!(
+        grace > a.shutdown_delay + a.drain_timeout,
+        "grace {grace:?} <= delay {:?} + drain {:?}",
+        a.shutdown_delay,
+        a.drain_timeout
+    );
+
+    // An IPv6 pod: "$(POD_IP):9090" expands to a bare address before the port.
+    let a = parse(json!({}), "fd00::5");
+    assert_eq!(a.admin_listen.to_string(), "[fd00::5]:9090");
+
+    // A literal admin host and every knob changed.
+    let a = parse(
+        json!({"proxy": {
+            "adminBindAddress": "0.0.0.0",
+            "timeouts": {"connect": "500ms", "firstByte": "2m", "streamIdle": "15s",
+                         "headerRead": "5s", "request": "1h", "upstreamIdle": "1s"},
+            "limits": {"maxBodyBytes": 1048576, "maxHeaderBytes": 16384,
+                       "maxClientConnections": 100, "maxJsonDepth": 32},
+            "resilience": {"maxPodAttempts": 2, "retryBudget": 0.1, "retryMinPerSecond": 1,
+                           "ejectAfterFailures": 0, "ejectBaseTime": "30s",
+                           "maxEjectedShare": 0.25},
+            "shutdown": {"delay": "0", "drain": "2m"},
+        }}),
+        "10.1.2.3",
+    );
+    assert_eq!(a.admin_listen.to_string(), "0.0.0.0:9090");
+    assert_eq!(a.connect_timeout, Duration::from_millis(500));
+    assert_eq!(a.timeouts.first_byte_timeout, Duration::from_secs(120));
+    assert_eq!(a.timeouts.stream_idle_timeout, Duration::from_secs(15));
+    assert_eq!(a.timeouts.header_read_timeout, Duration::from_secs(5));
+    assert_eq!(a.timeouts.request_timeout, Duration::from_secs(3600));
+    assert_eq!(a.upstream_idle_timeout, Duration::from_secs(1));
+    assert_eq!(a.max_body_bytes, 1 << 20);
+    assert_eq!(a.limits.max_header_bytes, 16 << 10);
+    assert_eq!(a.limits.max_client_connections, 100);
+    assert_eq!(a.limits.max_json_depth, 32);
+    assert_eq!(a.max_pod_attempts, 2);
+    assert_eq!(a.resilience.retry_budget, 0.1);
+    assert_eq!(a.resilience.retry_min_per_second, 1);
+    assert_eq!(a.resilience.eject_after_failures, 0);
+    assert_eq!(a.resilience.eject_base_time, Duration::from_secs(30));
+    assert_eq!(a.resilience.max_ejected_share, 0.25);
+    assert_eq!(a.shutdown_delay, Duration::ZERO);
+    assert_eq!(a.drain_timeout, Duration::from_secs(120));
+}
