@@ -64,8 +64,8 @@ const PROMPT: usize = 10;
 pub struct BodyFields<'a> {
     /// Raw value text of each of [`FIELDS`], when present.
     raw: [Option<&'a [u8]>; FIELDS.len()],
-    /// Whether `messages` reads as a list of messages (computed on first use).
-    messages_ok: OnceLock<bool>,
+    /// `messages` read as a list of messages (on first use); `None` when it does not read so.
+    messages: OnceLock<Option<Vec<Message<'a>>>>,
 }
 
 /// A value that is `null` or absent reads as `None`; a string as its text; anything else is a
@@ -122,6 +122,7 @@ fn struct_fields<'a, const N: usize>(
 }
 
 /// One chat message: its role and raw content (absent when `null`).
+#[derive(Debug)]
 struct Message<'a> {
     role: Option<JsonStr<'a>>,
     content: Option<&'a [u8]>,
@@ -129,10 +130,54 @@ struct Message<'a> {
 
 fn message(raw: &[u8]) -> Option<Message<'_>> {
     let [role, content] = struct_fields(raw, ["role", "content"], 0)?;
+    message_from(role, content)
+}
+
+fn message_from<'a>(role: Option<&'a [u8]>, content: Option<&'a [u8]>) -> Option<Message<'a>> {
     Some(Message {
         role: optional_string(role).ok()?,
         content: content.filter(|c| *c != b"null"),
     })
+}
+
+/// Every message of a validated `messages` value, read in one pass (each content string is
+/// scanned once); `None` unless it is an array of messages. Same reading as `message` on each
+/// element.
+fn parse_messages(raw: &[u8]) -> Option<Vec<Message<'_>>> {
+    let mut s = Scanner::new(raw, u32::MAX);
+    if s.open() != Some(false) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(8);
+    let mut first = true;
+    while s.element_start(first).ok()? {
+        first = false;
+        s.skip_ws();
+        if s.peek() == Some(b'{') {
+            s.open();
+            let (mut role, mut content) = (None, None);
+            let mut first_member = true;
+            while let Some((k, v)) = s.next_member(first_member, 2).ok()? {
+                first_member = false;
+                let key = JsonStr::new(k)?;
+                let slot = if key.eq_str("role") {
+                    &mut role
+                } else if key.eq_str("content") {
+                    &mut content
+                } else {
+                    continue;
+                };
+                if slot.replace(v).is_some() {
+                    return None; // a repeated field
+                }
+            }
+            out.push(message_from(role, content)?);
+        } else {
+            // The sequence form of a struct, or not a message at all.
+            out.push(message(s.value(1).ok()?)?);
+        }
+    }
+    Some(out)
 }
 
 /// Text of a message content: a plain string, or the text parts of an array (parts without a
@@ -190,7 +235,11 @@ impl<'a> BodyFields<'a> {
         while let Some((key, value)) = s.next_member(first, 1).map_err(invalid)? {
             first = false;
             let key = JsonStr::new(key).ok_or(BodyError::NotObject)?;
-            if let Some(i) = FIELDS.iter().position(|f| key.eq_str(f)) {
+            let field = match key.plain() {
+                Some(k) => FIELDS.iter().position(|f| f.as_bytes() == k),
+                None => FIELDS.iter().position(|f| key.eq_str(f)),
+            };
+            if let Some(i) = field {
                 if seen & (1 << i) != 0 {
                     // A repeated field is an error for a typed reading of the body.
                     return Err(BodyError::NotObject);
@@ -205,7 +254,7 @@ impl<'a> BodyFields<'a> {
         }
         Ok(Self {
             raw,
-            messages_ok: OnceLock::new(),
+            messages: OnceLock::new(),
         })
     }
 
@@ -243,17 +292,11 @@ impl<'a> BodyFields<'a> {
     }
 
     /// The messages, if `messages` is a list of well-formed messages (else none at all).
-    fn messages(&self) -> impl Iterator<Item = Message<'a>> {
-        let raw = self.raw[MESSAGES].filter(|_| self.messages_valid());
-        raw.into_iter().flat_map(elements).filter_map(message)
-    }
-
-    fn messages_valid(&self) -> bool {
-        *self.messages_ok.get_or_init(|| {
-            self.raw[MESSAGES].is_some_and(|r| {
-                r.first() == Some(&b'[') && elements(r).all(|m| message(m).is_some())
-            })
-        })
+    fn messages(&self) -> impl Iterator<Item = &Message<'a>> {
+        self.messages
+            .get_or_init(|| self.raw[MESSAGES].and_then(parse_messages))
+            .iter()
+            .flatten()
     }
 
     /// Whether the body carries a non-empty `messages` array (a chat request).
@@ -262,7 +305,7 @@ impl<'a> BodyFields<'a> {
     }
 
     /// The text of every `role: "system"` message, in order (`developer` counts as system).
-    pub fn system_texts(&self) -> impl Iterator<Item = Text<'a>> {
+    pub fn system_texts(&self) -> impl Iterator<Item = Text<'a>> + '_ {
         self.messages()
             .filter(|m| is_role(m.role, &["system", "developer"]))
             .filter_map(|m| m.content.and_then(content_text))

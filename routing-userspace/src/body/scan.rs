@@ -336,17 +336,28 @@ impl<'a> Scanner<'a> {
         Ok(Some((key, value)))
     }
 
-    /// The next element of an array opened with [`Scanner::open`], or `None` at `]`.
-    pub fn next_element(&mut self, first: bool, depth: u32) -> Result<Option<&'a [u8]>, ScanError> {
+    /// Moves to the next element of an array opened with [`Scanner::open`] (past its comma);
+    /// `false` at the closing `]`, which is consumed.
+    pub fn element_start(&mut self, first: bool) -> Result<bool, ScanError> {
         self.skip_ws();
         match self.peek() {
             Some(b']') => {
                 self.i += 1;
-                return Ok(None);
+                Ok(false)
             }
-            Some(b',') if !first => self.i += 1,
-            Some(_) if first => {}
-            _ => return Err(ScanError::Syntax),
+            Some(b',') if !first => {
+                self.i += 1;
+                Ok(true)
+            }
+            Some(_) if first => Ok(true),
+            _ => Err(ScanError::Syntax),
+        }
+    }
+
+    /// The next element of an array opened with [`Scanner::open`], or `None` at `]`.
+    pub fn next_element(&mut self, first: bool, depth: u32) -> Result<Option<&'a [u8]>, ScanError> {
+        if !self.element_start(first)? {
+            return Ok(None);
         }
         self.value(depth).map(Some)
     }

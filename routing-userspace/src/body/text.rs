@@ -31,6 +31,13 @@ impl<'a> JsonStr<'a> {
         Cow::Owned(self.chars().collect())
     }
 
+    /// The text between the quotes when it has no escapes (so it is the decoded text).
+    #[inline]
+    pub fn plain(&self) -> Option<&'a [u8]> {
+        let inner = self.inner();
+        memchr::memchr(b'\\', inner).is_none().then_some(inner)
+    }
+
     /// Whether the decoded text equals `s` (keys are compared this way, escapes and all).
     pub fn eq_str(&self, s: &str) -> bool {
         let inner = self.inner();
@@ -42,8 +49,41 @@ impl<'a> JsonStr<'a> {
 
     pub fn chars(&self) -> StrChars<'a> {
         StrChars {
-            rest: std::str::from_utf8(self.inner()).unwrap_or_default(),
+            rest: self.raw_inner(),
         }
+    }
+
+    /// The text between the quotes, escapes not decoded.
+    pub fn raw_inner(&self) -> &'a str {
+        // The scanner validated UTF-8 for the whole body.
+        std::str::from_utf8(self.inner()).unwrap_or_default()
+    }
+
+    /// Decodes the escape `s` starts with (`\n`, `\u00e9`, a surrogate pair...), returning the
+    /// character and what follows it.
+    pub fn decode_escape(s: &str) -> (char, &str) {
+        let after = &s[1..];
+        let (decoded, used) = match after.as_bytes().first() {
+            Some(b'n') => ('\n', 1),
+            Some(b't') => ('\t', 1),
+            Some(b'r') => ('\r', 1),
+            Some(b'b') => ('\u{8}', 1),
+            Some(b'f') => ('\u{c}', 1),
+            Some(b'u') => {
+                let hi = hex(&after[1..]);
+                if (0xD800..0xDC00).contains(&hi) {
+                    // `\uXXXX\uYYYY`, checked by the scanner.
+                    let lo = hex(after.get(7..).unwrap_or(""));
+                    let cp = 0x10000 + ((hi - 0xD800) << 10) + (lo.wrapping_sub(0xDC00) & 0x3FF);
+                    (char::from_u32(cp).unwrap_or('\u{fffd}'), 11)
+                } else {
+                    (char::from_u32(hi).unwrap_or('\u{fffd}'), 5)
+                }
+            }
+            Some(&b) => (b as char, 1),
+            None => ('\\', 0),
+        };
+        (decoded, after.get(used..).unwrap_or(""))
     }
 }
 
@@ -67,28 +107,12 @@ impl Iterator for StrChars<'_> {
             self.rest = it.as_str();
             return Some(c);
         }
-        let after = it.as_str();
-        let (decoded, used) = match after.as_bytes().first() {
-            Some(b'n') => ('\n', 1),
-            Some(b't') => ('\t', 1),
-            Some(b'r') => ('\r', 1),
-            Some(b'b') => ('\u{8}', 1),
-            Some(b'f') => ('\u{c}', 1),
-            Some(b'u') => {
-                let hi = hex(&after[1..]);
-                if (0xD800..0xDC00).contains(&hi) {
-                    // `\uXXXX\uYYYY`, checked by the scanner.
-                    let lo = hex(&after[7..]);
-                    let cp = 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00);
-                    (char::from_u32(cp).unwrap_or('\u{fffd}'), 11)
-                } else {
-                    (char::from_u32(hi).unwrap_or('\u{fffd}'), 5)
-                }
-            }
-            Some(&b) => (b as char, 1),
-            None => return None,
-        };
-        self.rest = &after[used..];
+        if self.rest.len() < 2 {
+            self.rest = "";
+            return None;
+        }
+        let (decoded, after) = JsonStr::decode_escape(self.rest);
+        self.rest = after;
         Some(decoded)
     }
 }
@@ -102,7 +126,7 @@ pub enum Text<'a> {
 }
 
 impl<'a> Text<'a> {
-    fn pieces(&self) -> &[JsonStr<'a>] {
+    pub fn pieces(&self) -> &[JsonStr<'a>] {
         match self {
             Text::One(s) => std::slice::from_ref(s),
             Text::Parts(v) => v,

@@ -9,6 +9,7 @@
 //! A `/v1/completions` request has no messages; its `prompt` then stands in for the system
 //! segment (cut to the same length), so shared prompt prefixes route together there too.
 
+use super::normalize::Normalizer;
 use super::{KeyLimits, KeySource, RequestParts, RoutingKey};
 use crate::body::Text;
 
@@ -58,9 +59,7 @@ pub fn normalize_chars(
 
 /// [`normalize_prefix`] of a body text.
 fn normalize_text(t: &Text<'_>, max: usize) -> String {
-    let mut out = String::new();
-    normalize_chars(t.chars(), max, |c| out.push(c));
-    out
+    super::normalize::text_prefix(t, max)
 }
 
 /// The first `max` characters of `s`.
@@ -82,37 +81,39 @@ pub fn context_text(req: &RequestParts<'_, '_>, limits: &KeyLimits) -> Option<St
         limits.system_segment_max_length,
         limits.document_segment_max_length,
     );
-    let system = if body.has_messages() {
-        let mut joined = String::new();
+    let mut system = String::with_capacity(sys_max.min(4096) + 8);
+    if body.has_messages() {
+        // Each message normalized straight into the joined text, `\n` between them.
         let mut chars = 0usize;
         for text in body.system_texts() {
             // Whatever follows the first `sys_max` characters is cut away below.
             if chars >= sys_max {
                 break;
             }
-            let segment = normalize_text(&text, sys_max);
-            if segment.is_empty() {
+            let mark = system.len();
+            if mark > 0 {
+                system.push('\n');
+            }
+            let mut n = Normalizer::new(sys_max);
+            n.feed_text(&text, &mut system);
+            if n.emitted() == 0 {
+                system.truncate(mark);
                 continue;
             }
-            if !joined.is_empty() {
-                joined.push('\n');
-                chars += 1;
-            }
-            chars += segment.chars().count();
-            joined.push_str(&segment);
+            chars += n.emitted() + usize::from(mark > 0);
         }
-        joined
-    } else {
-        body.prompt_text()
-            .map(|p| normalize_text(&Text::One(p), sys_max))
-            .unwrap_or_default()
-    };
+        if chars > sys_max {
+            let keep = cut(&system, sys_max).len();
+            system.truncate(keep);
+        }
+    } else if let Some(p) = body.prompt_text() {
+        Normalizer::new(sys_max).feed_json(&p, &mut system);
+    }
+    // At most `doc_max` characters come out: nothing to cut.
     let document = body
         .document_context()
         .map(|d| normalize_text(&Text::One(d), doc_max))
         .unwrap_or_default();
-    let system = cut(&system, sys_max);
-    let document = cut(&document, doc_max);
     if system.is_empty() && document.is_empty() {
         return None;
     }

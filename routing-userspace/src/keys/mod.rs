@@ -8,6 +8,7 @@
 
 pub mod canonical;
 pub mod explicit;
+pub mod normalize;
 pub mod session;
 
 use http::{HeaderMap, HeaderName};
@@ -48,6 +49,13 @@ pub struct KeyHasher {
     len: usize,
 }
 
+impl normalize::Sink for KeyHasher {
+    #[inline]
+    fn put(&mut self, s: &str) {
+        self.push_str(s);
+    }
+}
+
 impl Default for KeyHasher {
     fn default() -> Self {
         Self {
@@ -73,10 +81,20 @@ impl KeyHasher {
     }
 
     pub fn push_str(&mut self, s: &str) {
-        s.chars().for_each(|c| self.push(c));
+        let b = s.as_bytes();
+        if self.len + b.len() > self.buf.len() {
+            self.flush();
+            if b.len() > self.buf.len() {
+                self.state.update(b);
+                return;
+            }
+        }
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
     }
 
     pub fn finish(mut self) -> u64 {
+        // (xxh3's streaming digest depends only on the bytes, not on how they were split.)
         self.flush();
         self.state.digest()
     }

@@ -9,7 +9,7 @@
 //! Two conversations that open identically share a pod, which is what their shared prompt prefix
 //! wants anyway.
 
-use super::canonical::normalize_chars;
+use super::normalize::Normalizer;
 use super::{
     header, KeyHasher, KeySource, RequestParts, RoutingKey, HEADER_CONVERSATION_ID,
     HEADER_SESSION_ID,
@@ -46,11 +46,11 @@ pub fn implicit(req: &RequestParts<'_, '_>) -> Option<RoutingKey> {
     let mut h = KeyHasher::default();
     h.push_str("implicit\x1f");
     for s in body.system_texts() {
-        normalize_chars(s.chars(), usize::MAX, |c| h.push(c));
+        Normalizer::new(usize::MAX).feed_text(&s, &mut h);
         h.push('\x1e');
     }
     h.push('\x1f');
-    normalize_chars(first_user.chars(), usize::MAX, |c| h.push(c));
+    Normalizer::new(usize::MAX).feed_text(&first_user, &mut h);
     Some(RoutingKey {
         hash: h.finish(),
         source: KeySource::ImplicitSession,
