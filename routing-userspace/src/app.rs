@@ -153,6 +153,10 @@ pub async fn serve(
     args: ServeArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    // What a user gets wrong is reported before anything touches the node (eBPF, ports).
+    if args.discovery == DiscoveryKind::File && args.config.is_none() {
+        return Err(ServeError::NoModelsFile);
+    }
     let (mut knobs, warnings) = RoutingKnobs::from_raw(&args.routing);
     knobs.max_pod_attempts = usize::from(args.max_pod_attempts);
     for w in &warnings {
