@@ -4,6 +4,7 @@
 mod bench;
 mod bench_overhead;
 mod ebpf;
+mod fuzz;
 mod image;
 mod setup;
 mod test;
@@ -30,6 +31,8 @@ enum Task {
     Test(test::Test),
     /// Build the container image the Helm chart deploys (docker or podman).
     Image(image::Image),
+    /// Run the cargo-fuzz targets under tests/fuzz, one after the other (needs nightly).
+    Fuzz(fuzz::Fuzz),
 }
 
 fn main() -> Result<()> {
@@ -39,5 +42,6 @@ fn main() -> Result<()> {
         Task::Bench(args) => bench::run(&args),
         Task::Test(args) => test::run(&args),
         Task::Image(args) => image::run(&args),
+        Task::Fuzz(args) => fuzz::run(&args),
     }
 }
