@@ -7,6 +7,7 @@ mod ebpf;
 mod fuzz;
 mod image;
 mod setup;
+mod soak;
 mod test;
 
 use anyhow::Result;
@@ -33,6 +34,9 @@ enum Task {
     Image(image::Image),
     /// Run the cargo-fuzz targets under tests/fuzz, one after the other (needs nightly).
     Fuzz(fuzz::Fuzz),
+    /// Clients through one proxy while pods are added, removed and killed; every request
+    /// accounted for.
+    Soak(soak::Soak),
 }
 
 fn main() -> Result<()> {
@@ -43,5 +47,6 @@ fn main() -> Result<()> {
         Task::Test(args) => test::run(&args),
         Task::Image(args) => image::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),
+        Task::Soak(args) => soak::run(&args),
     }
 }
