@@ -49,14 +49,18 @@ pub fn headers_and_body(data: &[u8]) -> (HeaderMap, &[u8]) {
     }
 }
 
-/// Lines as YAML counts them: a line break is LF, CRLF or a lone CR.
+/// Lines as libyaml counts them: a line break is LF, CRLF, a lone CR, NEL (U+0085), or
+/// the line and paragraph separators (U+2028, U+2029).
 pub fn yaml_lines(text: &str) -> usize {
-    let b = text.as_bytes();
-    let breaks = b
-        .iter()
-        .enumerate()
-        .filter(|&(i, &c)| c == b'\n' || (c == b'\r' && b.get(i + 1) != Some(&b'\n')))
-        .count();
+    let mut breaks = 0;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\r' if chars.peek() == Some(&'\n') => {}
+            '\n' | '\r' | '\u{85}' | '\u{2028}' | '\u{2029}' => breaks += 1,
+            _ => {}
+        }
+    }
     breaks + 1
 }
 
@@ -120,6 +124,7 @@ mod tests {
         assert_eq!(yaml_lines("a"), 1);
         assert_eq!(yaml_lines("a\nb\r\nc\rd"), 4);
         assert_eq!(yaml_lines("\r\r\n"), 3);
+        assert_eq!(yaml_lines("a\u{85}b\u{2028}c"), 3);
     }
 
     #[test]
