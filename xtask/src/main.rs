@@ -4,8 +4,10 @@
 mod bench;
 mod bench_overhead;
 mod ebpf;
+mod fuzz;
 mod image;
 mod setup;
+mod soak;
 mod test;
 
 use anyhow::Result;
@@ -30,6 +32,11 @@ enum Task {
     Test(test::Test),
     /// Build the container image the Helm chart deploys (docker or podman).
     Image(image::Image),
+    /// Run the cargo-fuzz targets under tests/fuzz, one after the other (needs nightly).
+    Fuzz(fuzz::Fuzz),
+    /// Clients through one proxy while pods are added, removed and killed; every request
+    /// accounted for.
+    Soak(soak::Soak),
 }
 
 fn main() -> Result<()> {
@@ -39,5 +46,7 @@ fn main() -> Result<()> {
         Task::Bench(args) => bench::run(&args),
         Task::Test(args) => test::run(&args),
         Task::Image(args) => image::run(&args),
+        Task::Fuzz(args) => fuzz::run(&args),
+        Task::Soak(args) => soak::run(&args),
     }
 }

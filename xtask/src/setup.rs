@@ -61,7 +61,7 @@ fn rustup() -> Command {
     c
 }
 
-fn ensure_nightly() -> Result<()> {
+pub fn ensure_nightly() -> Result<()> {
     let nightly = nightly();
     let list = output(rustup().args(["toolchain", "list"]))?;
     if list.lines().any(|l| l.starts_with(&nightly)) {
