@@ -7,6 +7,7 @@
 //! in memory, labels or logs.
 
 pub mod canonical;
+pub mod chain;
 pub mod explicit;
 pub mod session;
 
@@ -77,6 +78,11 @@ impl KeyHasher {
     }
 
     pub fn finish(mut self) -> u64 {
+        self.digest()
+    }
+
+    /// The hash of everything pushed so far; more can be pushed after it.
+    pub fn digest(&mut self) -> u64 {
         self.flush();
         self.state.digest()
     }
@@ -131,8 +137,30 @@ pub fn extract(strategy: Strategy, req: &RequestParts<'_, '_>, limits: &KeyLimit
         Strategy::Prefix => explicit::key(req, limits, &mut ignored)
             .or_else(|| canonical::key(req, limits))
             .or_else(|| session::key(req)),
+        Strategy::CacheAware => return extract_with_chain(req, limits).0,
     };
     Extraction { key, ignored }
+}
+
+/// Cache-aware extraction: an explicit key (as prefix routing reads it) wins; else the prompt
+/// chain, whose first link is the key. The chain comes back too, for the index lookup.
+pub fn extract_with_chain(
+    req: &RequestParts<'_, '_>,
+    limits: &KeyLimits,
+) -> (Extraction, Option<chain::PromptChain>) {
+    let mut ignored = Vec::new();
+    if let Some(key) = explicit::key(req, limits, &mut ignored) {
+        return (
+            Extraction {
+                key: Some(key),
+                ignored,
+            },
+            None,
+        );
+    }
+    let chain = chain::chain(req);
+    let key = chain.as_ref().map(chain::PromptChain::key);
+    (Extraction { key, ignored }, chain)
 }
 
 /// Whether key extraction for `strategy` would read the body, given these headers: false when
@@ -141,7 +169,7 @@ pub fn extract(strategy: Strategy, req: &RequestParts<'_, '_>, limits: &KeyLimit
 pub fn needs_body(strategy: Strategy, headers: &HeaderMap, limits: &KeyLimits) -> bool {
     match strategy {
         Strategy::Default | Strategy::LeastLoaded => false,
-        Strategy::SessionAffinity | Strategy::Prefix => {
+        Strategy::SessionAffinity | Strategy::Prefix | Strategy::CacheAware => {
             let parts = RequestParts {
                 headers,
                 body: None,

@@ -54,7 +54,9 @@ pub async fn handle(
 ) -> Response<ProxyBody> {
     let mut ctx = RequestCtx::new(Arc::clone(&shared.metrics), Instant::now());
     match pipeline(&shared, req, peer, &mut ctx).await {
-        Ok(Answer::Forwarded(f)) => stream::respond(f, ctx).map(Either::Left),
+        Ok(Answer::Forwarded(f)) => {
+            stream::respond(f, ctx, shared.router.knobs().route_header).map(Either::Left)
+        }
         Ok(Answer::Local(r)) => {
             ctx.local = true;
             r.map(Either::Right)
