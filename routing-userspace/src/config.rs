@@ -215,7 +215,7 @@ pub struct BalanceArgs {
     #[arg(
         long,
         env = "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
-        default_value = "1.25"
+        default_value = "1.2"
     )]
     pub hash_balance_factor: String,
 
@@ -241,7 +241,7 @@ pub struct BalanceArgs {
 
 /// The default hash-balance factor (thousandths) and floor: see `docs/routing-quality.md`.
 pub const DEFAULT_HASH_BALANCE: HashBalance = HashBalance {
-    factor_milli: 1250,
+    factor_milli: 1200,
     floor: 2,
 };
 
@@ -437,7 +437,7 @@ impl BalanceArgs {
     /// The defaults, as if no flag or variable were set.
     pub fn defaults() -> Self {
         Self {
-            hash_balance_factor: "1.25".into(),
+            hash_balance_factor: DEFAULT_HASH_BALANCE.factor().to_string(),
             hash_balance_floor: DEFAULT_HASH_BALANCE.floor.to_string(),
             cache_aware_index_budget: "16MiB".into(),
             route_header: false,
@@ -459,7 +459,7 @@ impl BalanceArgs {
             warn(
                 "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
                 &self.hash_balance_factor,
-                "1.25".into(),
+                d.factor().to_string(),
             );
             d.factor_milli
         });

@@ -2,13 +2,14 @@
 //! (by the proxy's own index of what it sent where), among the pods under the hash-balance
 //! bound.
 //!
-//! Ties are common: a shared system prompt is on every pod that served it. They break by the
-//! bounded ring walk of the first link that did *not* match everywhere it could (the link after
-//! the matched run), so a new conversation behind a shared system prompt lands where the hash of
-//! its own first message says, the same on every proxy, and conversations spread like session
-//! affinity instead of piling on whichever pod saw the system prompt first. With no match at all
-//! this is the bounded ring pick of the chain's first link, so proxies that share no state still
-//! place new prefixes alike. Alternates continue that same walk.
+//! Ties are common: a shared system prompt is on every pod that served it. Matches within
+//! [`TIE_LINKS`] of the longest count as equal, and among tied pods the least loaded wins, then
+//! the first in the bounded ring walk of the link after the longest matched run. So new
+//! conversations behind a shared system prompt spread by load instead of piling on whichever
+//! pods saw the system prompt first (and starving the ones that did not), which keeps the pods
+//! even and so spares later turns a spill. With no match at all the pick is the bounded ring
+//! pick of the chain's first link, so proxies that share no state still place new prefixes
+//! alike. Alternates continue the same walk.
 //!
 //! Pure: the matched depths come from the index, the loads from the gauge, both read once.
 
@@ -52,6 +53,12 @@ pub struct CacheAwareChoice {
     pub order: CacheAwareOrder,
 }
 
+/// Links by which a match must beat another to count as longer: about 512 tokens of prompt.
+/// A pod that lacks only a short shared prefix (a system prompt most pods hold) is as good as
+/// one that has it, so such pods are not starved of new conversations; a document or an earlier
+/// turn is many links long and still decides.
+pub const TIE_LINKS: u32 = 2;
+
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
 /// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
 /// hash-balance bound (`None` = off).
@@ -64,30 +71,38 @@ pub fn choose(
 ) -> CacheAwareChoice {
     let n = ring.members();
     let depth = |i: usize| depths.get(i).copied().unwrap_or(0);
-    let limit = bound.unwrap_or(u64::MAX);
     let load = |i: usize| loads.get(i).copied().unwrap_or(0);
-    let under = |i: usize| load(i) < limit;
     // With c >= 1 some pod is always under the bound; if loads say otherwise, ignore it.
-    let any_under = (0..n).any(under);
-    let eligible = |i: usize| !any_under || under(i);
-    let best = (0..n)
-        .filter(|&i| eligible(i))
-        .map(depth)
-        .max()
-        .unwrap_or(0);
-    let tie_link = |d: u32| chain[(d as usize).min(chain.len().saturating_sub(1))];
-
-    let walk_limit = if any_under { limit } else { u64::MAX };
-    let walk = BoundedWalk::new(ring, tie_link(best), loads, walk_limit);
-    let pick = walk
-        .clone()
-        .iter(ring)
-        .find(|&i| eligible(i) && depth(i) == best);
-    // Where the longest match would go without the bound.
-    let best_all = (0..n).map(depth).max().unwrap_or(0);
-    let preferred = ring
-        .walk(tie_link(best_all))
-        .find(|&i| depth(i) == best_all);
+    let limit = bound
+        .filter(|&b| (0..n).any(|i| load(i) < b))
+        .unwrap_or(u64::MAX);
+    // The candidates a walk of the best run's next link takes first, under `limit`.
+    let best_under = |limit: u64| -> (Option<usize>, u32, BoundedWalk) {
+        let eligible = |i: usize| load(i) < limit;
+        let best = (0..n)
+            .filter(|&i| eligible(i))
+            .map(depth)
+            .max()
+            .unwrap_or(0);
+        let tie_link = chain[(best as usize).min(chain.len().saturating_sub(1))];
+        let walk = BoundedWalk::new(ring, tie_link, loads, limit);
+        let tied = walk
+            .clone()
+            .iter(ring)
+            .filter(|&i| eligible(i) && depth(i) + TIE_LINKS >= best);
+        let pick = if best == 0 {
+            // No match anywhere: the bounded ring pick, the same on every proxy.
+            tied.take(1).next()
+        } else {
+            // Among the tied holders of a match, the least loaded, then the first in the walk.
+            tied.enumerate()
+                .min_by_key(|&(k, i)| (load(i), k))
+                .map(|(_, i)| i)
+        };
+        (pick, best, walk)
+    };
+    let (pick, _, walk) = best_under(limit);
+    let (preferred, _, _) = best_under(u64::MAX);
     let spilled_from = match (preferred, pick) {
         (Some(p), Some(q)) if p != q => Some(p),
         _ => None,
@@ -133,13 +148,13 @@ mod tests {
     #[test]
     fn the_longest_match_wins_and_a_full_pod_spills_to_the_next_longest() {
         let r = ring(4);
-        let chain = [1, 2, 3, 4];
-        let depths = [1, 3, 2, 1];
+        let chain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        let depths = [1, 9, 5, 1];
         let c = choose(&r, &chain, &depths, &[0; 4], Some(5));
-        assert_eq!((c.pick, c.depth, c.spilled_from), (Some(1), 3, None));
+        assert_eq!((c.pick, c.depth, c.spilled_from), (Some(1), 9, None));
         // Pod 1 at the bound: pod 2 holds the next longest run.
         let c = choose(&r, &chain, &depths, &[0, 5, 0, 0], Some(5));
-        assert_eq!((c.pick, c.depth, c.spilled_from), (Some(2), 2, Some(1)));
+        assert_eq!((c.pick, c.depth, c.spilled_from), (Some(2), 5, Some(1)));
         let order = all(&r, c);
         assert_eq!(order[0], 2);
         assert_eq!(*order.last().unwrap(), 1, "the full pod comes last");
@@ -156,18 +171,34 @@ mod tests {
         let c = choose(&r, &chain, &[1; 6], &[0; 6], None);
         assert_eq!(c.pick, r.pick(0xfeed_beef));
         assert_eq!(c.depth, 1);
+        // Tied holders: the least loaded wins; no match: the ring, whatever the loads.
+        let c = choose(&r, &chain, &[1; 6], &[3, 1, 2, 3, 3, 3], Some(10));
+        assert_eq!(c.pick, Some(1));
+        let c = choose(&r, &chain, &[0; 6], &[3, 1, 2, 3, 3, 3], Some(10));
+        assert_eq!(c.pick, r.pick(7));
+        // A pod lacking only a short shared prefix ties with those that hold it, so it is not
+        // starved of new conversations: with equal loads the walk decides.
+        for hash in [0xfeed_beef_u64, 0x1234, 0xdead, 0xabcdef] {
+            let chain = [7, 8, hash, 9];
+            let mut depths = [2; 6];
+            let skipped = r.pick(hash).unwrap();
+            depths[skipped] = 0;
+            let c = choose(&r, &chain, &depths, &[0; 6], None);
+            assert_eq!(c.pick, Some(skipped), "{hash:x}");
+        }
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
-        /// The pick holds the longest run among the pods under the bound, and it is under the
-        /// bound whenever any pod is; every pod appears once in the order.
+        /// The pick holds the longest run among the pods under the bound (within the tie margin),
+        /// a run longer than every other by more than the margin always wins, the pick is under
+        /// the bound whenever any pod is, and every pod appears once in the order.
         #[test]
         fn the_longest_match_among_pods_under_the_bound_wins(
             n in 1usize..12,
-            chain in proptest::collection::vec(any::<u64>(), 1..8),
-            raw_depths in proptest::collection::vec(0u32..8, 12),
+            chain in proptest::collection::vec(any::<u64>(), 1..16),
+            raw_depths in proptest::collection::vec(0u32..16, 12),
             raw_loads in proptest::collection::vec(0u64..6, 12),
             bound in 1u64..6,
         ) {
@@ -180,8 +211,15 @@ mod tests {
             if !under.is_empty() {
                 prop_assert!(loads[pick] < bound);
                 let best = under.iter().map(|&i| depths[i]).max().unwrap();
-                prop_assert_eq!(depths[pick], best);
-                prop_assert_eq!(c.depth, best);
+                prop_assert!(depths[pick] + TIE_LINKS >= best);
+                prop_assert_eq!(c.depth, depths[pick]);
+                let clear_winner = under
+                    .iter()
+                    .filter(|&&i| depths[i] + TIE_LINKS >= best)
+                    .count() == 1;
+                if clear_winner {
+                    prop_assert_eq!(depths[pick], best);
+                }
             }
             let order = all(&r, c);
             prop_assert_eq!(order[0], pick);

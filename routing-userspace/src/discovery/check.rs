@@ -37,7 +37,7 @@ pub struct CheckArgs {
     #[arg(
         long,
         env = "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
-        default_value = "1.25"
+        default_value = "1.2"
     )]
     pub hash_balance_factor: String,
 
