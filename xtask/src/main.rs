@@ -5,6 +5,7 @@ mod bench;
 mod bench_overhead;
 mod ebpf;
 mod image;
+mod replay;
 mod setup;
 mod test;
 
@@ -30,6 +31,9 @@ enum Task {
     Test(test::Test),
     /// Build the container image the Helm chart deploys (docker or podman).
     Image(image::Image),
+    /// Replay a request trace through the real router in simulated time (builds the release
+    /// binary, then runs `flexinfer-proxy replay` with these arguments).
+    Replay(replay::Replay),
 }
 
 fn main() -> Result<()> {
@@ -39,5 +43,6 @@ fn main() -> Result<()> {
         Task::Bench(args) => bench::run(&args),
         Task::Test(args) => test::run(&args),
         Task::Image(args) => image::run(&args),
+        Task::Replay(args) => replay::run(&args),
     }
 }
