@@ -221,7 +221,7 @@ pub struct BalanceArgs {
 
     /// The least bound of --hash-balance-factor: a pod with fewer requests in flight always
     /// takes its keys, so light traffic routes exactly as the plain ring does.
-    #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value = "2")]
+    #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value = "4")]
     pub hash_balance_floor: String,
 
     /// Memory the cache-aware prefix index may use (all models and pods of this proxy): bytes,
@@ -242,7 +242,7 @@ pub struct BalanceArgs {
 /// The default hash-balance factor (thousandths) and floor: see `docs/routing-quality.md`.
 pub const DEFAULT_HASH_BALANCE: HashBalance = HashBalance {
     factor_milli: 1200,
-    floor: 2,
+    floor: 4,
 };
 
 /// The default memory budget of the cache-aware index.

@@ -29,7 +29,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run a simulated OpenAI-compatible model server (one GPU replica stand-in).
     Sim(SimArgs),
-    /// Run the Chat-with-Doc demo: simulated replicas, a proxy, default vs prefix routing.
+    /// Run the Chat-with-Doc demo: simulated replicas, a proxy, default vs prefix vs cache-aware
+    /// routing, the spec's three phases and a hot-prompt phase.
     Demo(DemoArgs),
     /// Replay a request trace (Mooncake format) through the real router against a simulated
     /// fleet, in simulated time; print block hit ratio, load spread and TTFT per strategy.

@@ -264,7 +264,7 @@ pub fn variants() -> Vec<Value> {
         json!({"proxy": {"routing": {"leastLoadedReservationTTL": "2500ms"}}}),
         json!({"proxy": {"routing": {"hashBalanceFactor": 1.5}}}),
         json!({"proxy": {"routing": {"hashBalanceFactor": 0}}}),
-        json!({"proxy": {"routing": {"hashBalanceFloor": 4}}}),
+        json!({"proxy": {"routing": {"hashBalanceFloor": 8}}}),
         json!({"proxy": {"routing": {"cacheAwareIndexBudget": "64MiB"}}}),
         json!({"proxy": {"routing": {"routeHeader": true}}}),
         json!({"proxy": {"ebpf": {"gauge": "ebpf"}}}),

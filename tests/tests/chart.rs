@@ -274,7 +274,7 @@ fn defaults_reach_their_env_vars() {
         ("FLEXINFER_PROXY_LABEL_GROUP_ROUTING", "round-robin"),
         ("PROXY_LEAST_LOADED_RESERVATION_TTL", "10s"),
         ("FLEXINFER_PROXY_HASH_BALANCE_FACTOR", "1.2"),
-        ("FLEXINFER_PROXY_HASH_BALANCE_FLOOR", "2"),
+        ("FLEXINFER_PROXY_HASH_BALANCE_FLOOR", "4"),
         ("FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET", "16MiB"),
         ("FLEXINFER_PROXY_ROUTE_HEADER", "false"),
         ("FLEXINFER_PROXY_GAUGE", "auto"),
@@ -340,9 +340,9 @@ fn every_knob_changes_its_env_var() {
             "0",
         ),
         (
-            json!({"proxy": {"routing": {"hashBalanceFloor": 4}}}),
+            json!({"proxy": {"routing": {"hashBalanceFloor": 8}}}),
             "FLEXINFER_PROXY_HASH_BALANCE_FLOOR",
-            "4",
+            "8",
         ),
         (
             json!({"proxy": {"routing": {"cacheAwareIndexBudget": "64MiB"}}}),

@@ -7,7 +7,9 @@
 //! the first in the bounded ring walk of the link after the longest matched run. So new
 //! conversations behind a shared system prompt spread by load instead of piling on whichever
 //! pods saw the system prompt first (and starving the ones that did not), which keeps the pods
-//! even and so spares later turns a spill. With no match at all the pick is the bounded ring
+//! even and so spares later turns a spill. A run most pods already hold counts as held by all
+//! (one more copy costs one prefill; without this, pods that never got a long shared system
+//! prompt would never get a new conversation). With no match at all the pick is the bounded ring
 //! pick of the chain's first link, so proxies that share no state still place new prefixes
 //! alike. Alternates continue the same walk.
 //!
@@ -46,7 +48,7 @@ impl CacheAwareOrder {
 pub struct CacheAwareChoice {
     /// The pick (`None` only for an empty ring).
     pub pick: Option<usize>,
-    /// Links of the chain the pick holds.
+    /// Links of the chain the pick holds (as the index says, before any common run is counted).
     pub depth: u32,
     /// The pod the longest match prefers when the bound turned it away.
     pub spilled_from: Option<usize>,
@@ -59,6 +61,18 @@ pub struct CacheAwareChoice {
 /// turn is many links long and still decides.
 pub const TIE_LINKS: u32 = 2;
 
+/// The longest run held by a strict majority of the `n` pods: a prefix that most pods already
+/// hold counts as held by all, since one more copy costs one prefill and keeps the last pods
+/// from starving (a long shared system prompt would otherwise keep new conversations off every
+/// pod that never got one).
+pub fn common_depth(depths: &[u32], n: usize) -> u32 {
+    let mut sorted: Vec<u32> = depths.to_vec();
+    sorted.resize(n, 0);
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    // The (n/2 + 1)-th longest run is held by a strict majority.
+    sorted.get(n / 2).copied().unwrap_or(0)
+}
+
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
 /// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
 /// hash-balance bound (`None` = off).
@@ -70,7 +84,9 @@ pub fn choose(
     bound: Option<u64>,
 ) -> CacheAwareChoice {
     let n = ring.members();
-    let depth = |i: usize| depths.get(i).copied().unwrap_or(0);
+    let common = common_depth(&depths[..n.min(depths.len())], n);
+    let held = |i: usize| depths.get(i).copied().unwrap_or(0);
+    let depth = |i: usize| held(i).max(common);
     let load = |i: usize| loads.get(i).copied().unwrap_or(0);
     // With c >= 1 some pod is always under the bound; if loads say otherwise, ignore it.
     let limit = bound
@@ -109,7 +125,7 @@ pub fn choose(
     };
     CacheAwareChoice {
         pick,
-        depth: pick.map_or(0, depth),
+        depth: pick.map_or(0, held),
         spilled_from,
         order: CacheAwareOrder {
             pick,
@@ -132,6 +148,18 @@ mod tests {
 
     fn all(ring: &Ring, mut c: CacheAwareChoice) -> Vec<usize> {
         std::iter::from_fn(|| c.order.next(ring)).collect()
+    }
+
+    #[test]
+    fn a_run_most_pods_hold_counts_as_held_by_all() {
+        assert_eq!(common_depth(&[6, 6, 6, 0], 4), 6);
+        assert_eq!(common_depth(&[6, 6, 0, 0], 4), 0, "half is not most");
+        assert_eq!(common_depth(&[9, 6, 7, 0, 1], 5), 6);
+        // The idle pod without the shared system prompt is not starved.
+        let r = ring(4);
+        let chain = [1, 2, 3, 4, 5, 6, 7];
+        let c = choose(&r, &chain, &[6, 6, 6, 0], &[3, 3, 3, 0], Some(10));
+        assert_eq!((c.pick, c.depth), (Some(3), 0));
     }
 
     #[test]
@@ -207,18 +235,21 @@ mod tests {
             let loads = &raw_loads[..n];
             let c = choose(&r, &chain, &depths, loads, Some(bound));
             let pick = c.pick.unwrap();
+            prop_assert_eq!(c.depth, depths[pick]);
+            // A run most pods hold counts as held by all.
+            let common = common_depth(&depths, n);
+            let eff = |i: usize| depths[i].max(common);
             let under: Vec<usize> = (0..n).filter(|&i| loads[i] < bound).collect();
             if !under.is_empty() {
                 prop_assert!(loads[pick] < bound);
-                let best = under.iter().map(|&i| depths[i]).max().unwrap();
-                prop_assert!(depths[pick] + TIE_LINKS >= best);
-                prop_assert_eq!(c.depth, depths[pick]);
+                let best = under.iter().map(|&i| eff(i)).max().unwrap();
+                prop_assert!(eff(pick) + TIE_LINKS >= best);
                 let clear_winner = under
                     .iter()
-                    .filter(|&&i| depths[i] + TIE_LINKS >= best)
+                    .filter(|&&i| eff(i) + TIE_LINKS >= best)
                     .count() == 1;
                 if clear_winner {
-                    prop_assert_eq!(depths[pick], best);
+                    prop_assert_eq!(eff(pick), best);
                 }
             }
             let order = all(&r, c);

@@ -42,7 +42,7 @@ pub struct CheckArgs {
     pub hash_balance_factor: String,
 
     /// The hash-balance floor `serve` will run with.
-    #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value = "2")]
+    #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value = "4")]
     pub hash_balance_floor: String,
 }
 
@@ -414,7 +414,7 @@ models:
         )
         .unwrap();
         for line in [
-            "  hash balance:      factor 1.5 (this model), floor 2 (proxy): a pod at max(ceil(factor x mean load), floor) requests in flight passes its keys on",
+            "  hash balance:      factor 1.5 (this model), floor 4 (proxy): a pod at max(ceil(factor x mean load), floor) requests in flight passes its keys on",
             "  hash balance:      off, the plain ring (this model)",
         ] {
             assert!(report.lines().any(|l| l == line), "missing {line:?} in\n{report}");

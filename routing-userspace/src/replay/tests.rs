@@ -91,7 +91,7 @@ fn two_conversations() -> Vec<TraceRequest> {
 fn greedy_and_limit_by_hand() {
     // Greedy: r0 ties at 0 cached blocks everywhere -> fewest in flight, lowest index: pod 0.
     // r1 finds block 0 on pod 0 (1 block) and nothing on pod 1, pod 0 is under the bound (1 in
-    // flight, floor 2) -> pod 0. The second turns find 3 blocks each on pod 0. Hits
+    // flight, floor 4) -> pod 0. The second turns find 3 blocks each on pod 0. Hits
     // 0 + 1 + 3 + 3 = 7 of 14 blocks; all four on pod 0.
     let f = fleet(2, 100, 4);
     let g = run(Row::Greedy, &two_conversations(), &f);

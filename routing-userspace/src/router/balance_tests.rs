@@ -132,8 +132,8 @@ fn long(text: &str) -> String {
 
 #[test]
 fn the_default_bound_keeps_light_traffic_on_the_plain_ring() {
-    // Sequential traffic (at most the one request before still in flight) routes as the plain
-    // ring does: the floor of 2 keeps a key's pod while it holds fewer than two requests.
+    // Light traffic routes as the plain ring does: the floor of 4 keeps a key's pod while it
+    // holds fewer than four requests (sequential requests, or the demo's four in flight).
     let plain = world(vec![model("m", Strategy::Prefix, 1..5)], HashBalance::OFF);
     let bounded = world(
         vec![model("m", Strategy::Prefix, 1..5)],
@@ -143,7 +143,7 @@ fn the_default_bound_keeps_light_traffic_on_the_plain_ring() {
         let body = chat(&format!("{SYS} tenant {i}"), &["q"]);
         let p = plain.decide("m", &body);
         let port = pod_port(&p);
-        let _lingering = bounded.busy(port, 1);
+        let _lingering = bounded.busy(port, 3);
         let b = bounded.decide("m", &body);
         assert_eq!((pod_port(&b), b.outcome), (port, Outcome::Pod), "{i}");
     }
@@ -158,7 +158,7 @@ fn a_hot_key_spills_along_its_walk_and_says_so() {
     let body = chat(SYS, &["q"]);
     let plain: Vec<u16> = order(&mut w.decide("m", &body));
     // The key's pod holds 4 requests, the others none: 5 in flight with this one over 4 pods,
-    // bound max(ceil(1.2 * 5 / 4), 2) = 2.
+    // bound max(ceil(1.2 * 5 / 4), 4) = 4.
     let _held = w.busy(plain[0], 4);
     let mut d = w.decide("m", &body);
     assert_eq!(d.outcome, Outcome::Spill);
@@ -169,7 +169,7 @@ fn a_hot_key_spills_along_its_walk_and_says_so() {
             spill.load,
             spill.bound
         ),
-        (plain[0], 4, 2)
+        (plain[0], 4, 4)
     );
     assert_eq!(d.key_source(), KeySource::Canonical);
     assert!(d
@@ -207,7 +207,7 @@ fn a_models_own_factor_overrides_the_proxys() {
         w.router.balance_for(&w.model("off")),
         HashBalance {
             factor_milli: 0,
-            floor: 2
+            floor: 4
         }
     );
 }
