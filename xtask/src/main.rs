@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_overhead;
+mod bench_real_llm;
 mod ebpf;
 mod image;
 mod replay;

@@ -113,10 +113,12 @@ impl Placement for RouterPlacement {
             // No pod was picked (no key and no Service cannot happen here): the first pod.
             _ => 0,
         };
-        // The request starts on its pod now: its reservation is consumed, the gauge counts it.
+        // The request starts on its pod now: its reservation is consumed, its pick is no longer
+        // pending, the gauge counts it.
         if let Some(token) = d.pod_reservation.take() {
             token.consume();
         }
+        d.pending_pick = None;
         if let Some(slot) = d.model.pods[pod].slot {
             self.in_flight[index] = Some(self.gauge.enter(slot));
         }

@@ -395,3 +395,31 @@ fn the_index_forgets_pods_that_leave_the_table() {
     assert_eq!(w.router.index().entries_of(slot), 0);
     assert!(w.router.index().is_empty());
 }
+
+#[test]
+fn a_burst_of_bounded_picks_sees_itself_before_the_gauge_moves() {
+    // Twelve requests for one key decided before any starts upstream: the gauge shows nothing,
+    // the pending picks do, so the burst spreads along the walk instead of stampeding one pod.
+    let w = world(
+        vec![model("m", Strategy::Prefix, 1..5)],
+        DEFAULT_HASH_BALANCE,
+    );
+    let body = chat(SYS, &["q"]);
+    let held: Vec<Decision> = (0..12).map(|_| w.decide("m", &body)).collect();
+    let mut per_pod = std::collections::BTreeMap::new();
+    for d in &held {
+        *per_pod.entry(pod_port(d)).or_insert(0) += 1;
+        assert!(d.pending_pick.is_some());
+    }
+    assert!(per_pod.len() >= 3, "{per_pod:?}");
+    assert!(per_pod.values().all(|&n| n <= 4), "{per_pod:?}");
+    // The spec's counters are untouched: these are not least-loaded reservations.
+    assert!(held.iter().all(|d| d.pod_reservation.is_none()));
+    // Started (or gone) requests stop counting as pending.
+    let slot = held[0].picked_pod().unwrap().slot.unwrap();
+    drop(held);
+    assert_eq!(w.router.pending.get(slot), 0);
+    // The plain ring reads no load and holds nothing.
+    let plain = world(vec![model("m", Strategy::Prefix, 1..5)], HashBalance::OFF);
+    assert!(plain.decide("m", &body).pending_pick.is_none());
+}

@@ -9,6 +9,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::pending::PendingPick;
 use super::reservation::Reservation;
 use crate::balance::bounded::BoundedWalk;
 use crate::balance::cache_aware::CacheAwareOrder;
@@ -114,6 +115,9 @@ pub struct Decision {
     pub pod_reservation: Option<Reservation>,
     /// The pick's reservation of a label-group member (least-loaded mode).
     pub member_reservation: Option<Reservation>,
+    /// A bounded (or cache-aware) pick counts on its pod until the request starts upstream;
+    /// the forward phase drops this when it does.
+    pub pending_pick: Option<PendingPick>,
     /// The pod the key preferred, when the hash-balance bound moved the pick off it (the
     /// outcome is then [`Outcome::Spill`]).
     pub spill: Option<Spill>,
@@ -158,6 +162,7 @@ impl Decision {
             ignored,
             pod_reservation: None,
             member_reservation: None,
+            pending_pick: None,
             spill: None,
             match_depth: None,
         }

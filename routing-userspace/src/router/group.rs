@@ -147,6 +147,11 @@ fn member_load(router: &Router, m: &crate::table::ModelRoute) -> u64 {
     m.pods.iter().map(|p| router.pod_load(p)).sum()
 }
 
+/// A member's load for the bound: its pods' gauge and their pending bounded picks.
+fn member_bounded_load(router: &Router, m: &crate::table::ModelRoute) -> u64 {
+    m.pods.iter().map(|p| router.bounded_load(p)).sum()
+}
+
 /// The bounded walk of the group ring over the tier: members outside the tier never qualify,
 /// the bound is taken over the tier's loads (pods' gauge plus member reservations).
 fn bounded_member(
@@ -161,7 +166,7 @@ fn bounded_member(
     let loads = router.members.loads(
         n,
         |i| Some(g.members[i].name_hash),
-        |i| member_load(router, &g.members[i]),
+        |i| member_bounded_load(router, &g.members[i]),
         now,
     );
     let mut loads = loads.as_slice().to_vec();

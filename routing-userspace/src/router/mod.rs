@@ -10,6 +10,7 @@
 
 pub mod decision;
 pub mod group;
+pub mod pending;
 pub mod prefix_index;
 pub mod reservation;
 
@@ -35,6 +36,7 @@ use crate::rules::{pod_choice, PodChoice};
 use crate::table::{ModelRoute, Pod, Route, RoutingTable};
 use crate::vocab::Strategy;
 pub use decision::{Attempt, Cursor, Decision, GroupChoice, Spill, Target};
+use pending::PendingPicks;
 use prefix_index::PrefixIndex;
 use reservation::{Ledger, Loads};
 
@@ -46,6 +48,8 @@ pub struct Router {
     members: Arc<Ledger>,
     /// What cache-aware picks sent where (all cache-aware models; chains carry the model).
     index: PrefixIndex,
+    /// Bounded and cache-aware picks whose requests have not started upstream yet.
+    pending: Arc<PendingPicks>,
     knobs: RoutingKnobs,
 }
 
@@ -56,6 +60,7 @@ impl Router {
             pods: Ledger::new(knobs.reservation_ttl),
             members: Ledger::new(knobs.reservation_ttl),
             index: PrefixIndex::new(knobs.cache_aware_index_budget),
+            pending: PendingPicks::new(),
             knobs,
         }
     }
@@ -79,12 +84,19 @@ impl Router {
         self.knobs.hash_balance.overridden(&m.spec.hash_balance)
     }
 
-    /// Every pod's load as a bounded pick reads it: gauge plus unexpired reservations.
+    /// A pod's load as a bounded pick reads it, reservations apart: the gauge plus the bounded
+    /// picks of it whose requests have not started yet.
+    pub fn bounded_load(&self, pod: &Pod) -> u64 {
+        self.pod_load(pod) + pod.slot.map_or(0, |s| self.pending.get(s))
+    }
+
+    /// Every pod's load as a bounded pick reads it: gauge, pending picks and unexpired
+    /// reservations.
     pub fn pod_loads(&self, m: &ModelRoute, now: Instant) -> Loads {
         self.pods.loads(
             m.pods.len(),
             |i| m.pods[i].slot.map(u64::from),
-            |i| self.pod_load(&m.pods[i]),
+            |i| self.bounded_load(&m.pods[i]),
             now,
         )
     }
@@ -162,6 +174,7 @@ impl Router {
         let mut reservation = None;
         let mut spill = None;
         let mut match_depth = None;
+        let mut counted = false;
         let cursor = if n == 0 {
             Cursor::None
         } else {
@@ -183,6 +196,7 @@ impl Router {
                             load: loads[p],
                             bound,
                         });
+                        counted = true;
                         Cursor::Bounded(BoundedWalk::new(&m.ring, hash, loads, bound))
                     } else {
                         Cursor::Walk(WalkState::new(&m.ring, hash))
@@ -193,6 +207,7 @@ impl Router {
                     let (cursor, s, depth) = self.cache_aware(m, chain, now);
                     spill = s;
                     match_depth = Some(depth);
+                    counted = true;
                     cursor
                 }
                 PodChoice::LeastLoaded => {
@@ -221,6 +236,12 @@ impl Router {
         );
         d.pod_reservation = reservation;
         d.match_depth = match_depth;
+        if counted {
+            d.pending_pick = d
+                .picked_pod()
+                .and_then(|p| p.slot)
+                .map(|s| self.pending.hold(s));
+        }
         if let Some(s) = spill {
             d.spilled(s);
         }

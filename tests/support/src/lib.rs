@@ -19,7 +19,9 @@ pub use bpffs::{bpffs_root, PinDir};
 pub use cgroup::{cgroup2_root, Cgroup};
 pub use cpu::pin_to_cpu;
 pub use models::{ModelEntry, ModelsFile};
-pub use net::{free_port, http_request, loopback, wait_http_ok, wait_port, HttpReply};
+pub use net::{
+    free_port, http_request, loopback, parse_response, wait_http_ok, wait_port, HttpReply,
+};
 pub use process::Proc;
 pub use scratch::TempDir;
 
