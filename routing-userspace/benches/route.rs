@@ -3,7 +3,10 @@
 //! - `keys/*`: body view + key extraction on chat bodies of 1 KB to 1 MB (target: 2 us at 4 KB);
 //! - `ring/*`: a key's pick and two alternates on rings of 8 to 1,000 pods (target: 100 ns);
 //! - `least_loaded/*`: a reserved least-loaded pick over 100 pods, its token consumed;
-//! - `decide/*`: the whole decision per strategy, as the request path runs it.
+//! - `decide/*`: the whole decision per strategy, as the request path runs it (ring strategies
+//!   under the default hash-balance bound, and prefix on the plain ring for comparison;
+//!   cache-aware on an index that learns every request, as the proxy's does);
+//! - `keys/prompt chain`: the cache-aware chain of a chat body.
 //!
 //! `cargo xtask bench route` (or `cargo bench -p routing-userspace --bench route`).
 
@@ -15,10 +18,11 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use http::{HeaderMap, HeaderValue};
 
+use routing_userspace::balance::bounded::HashBalance;
 use routing_userspace::body::BodyFields;
 use routing_userspace::config::RoutingKnobs;
 use routing_userspace::discovery::{ModelSet, ModelSpec, Update};
-use routing_userspace::keys::{extract, KeyLimits, RequestParts};
+use routing_userspace::keys::{chain, extract, KeyLimits, RequestParts};
 use routing_userspace::load::slots::SlotAllocator;
 use routing_userspace::load::userspace::UserspaceGauge;
 use routing_userspace::metrics::Metrics;
@@ -93,6 +97,17 @@ fn keys(c: &mut Criterion) {
                 })
             });
         }
+        g.bench_with_input(BenchmarkId::new("prompt chain", size), &body, |b, body| {
+            b.iter(|| {
+                let fields = BodyFields::parse(black_box(body.as_bytes()));
+                let parts = RequestParts {
+                    headers: &headers,
+                    body: fields.as_ref(),
+                    model: Some("m"),
+                };
+                black_box(chain::chain(&parts).map(|c| c.links().len()))
+            })
+        });
     }
     g.finish();
 }
@@ -122,8 +137,13 @@ fn ring(c: &mut Criterion) {
 }
 
 fn router(strategy: Strategy, pods: u16) -> (RoutingTable, Router) {
+    router_with(strategy, pods, RoutingKnobs::default().hash_balance)
+}
+
+fn router_with(strategy: Strategy, pods: u16, balance: HashBalance) -> (RoutingTable, Router) {
     let knobs = RoutingKnobs {
         reservation_ttl: Duration::from_secs(10),
+        hash_balance: balance,
         ..RoutingKnobs::default()
     };
     (
@@ -160,33 +180,52 @@ fn decide(c: &mut Criterion) {
         h
     };
     let small = chat_body(400);
-    for (name, strategy, headers, body) in [
+    let bounded = RoutingKnobs::default().hash_balance;
+    for (name, strategy, balance, headers, body) in [
         (
             "session header",
             Strategy::SessionAffinity,
+            bounded,
             session_header,
             small.clone(),
         ),
         (
             "prefix canonical 4 KB",
             Strategy::Prefix,
+            bounded,
+            HeaderMap::new(),
+            chat_body(4 << 10),
+        ),
+        (
+            "prefix canonical 4 KB, plain ring",
+            Strategy::Prefix,
+            HashBalance::OFF,
             HeaderMap::new(),
             chat_body(4 << 10),
         ),
         (
             "session implicit",
             Strategy::SessionAffinity,
+            bounded,
             HeaderMap::new(),
             small.clone(),
         ),
         (
+            "cache-aware 4 KB",
+            Strategy::CacheAware,
+            bounded,
+            HeaderMap::new(),
+            chat_body(4 << 10),
+        ),
+        (
             "least-loaded",
             Strategy::LeastLoaded,
+            bounded,
             HeaderMap::new(),
             small,
         ),
     ] {
-        let (t, r) = router(strategy, 16);
+        let (t, r) = router_with(strategy, 16, balance);
         let route = t.lookup("m").expect("route");
         g.bench_function(BenchmarkId::new(name, "16 pods"), |b| {
             b.iter(|| {

@@ -150,6 +150,52 @@ pub fn routing_view(shared: &Shared) -> Value {
         },
         "models": models,
         "label_groups": groups,
+        "balance": balance_view(shared),
+    })
+}
+
+/// Hash balance and the cache-aware index: the proxy's bound settings, each model's own, and
+/// the index's budget, fill and entries per pod of every cache-aware model.
+fn balance_view(shared: &Shared) -> Value {
+    let router = &shared.router;
+    let ix = router.index();
+    let table = shared.table.load();
+    let b = router.knobs().hash_balance;
+    let models: Vec<Value> = table
+        .models()
+        .map(|m| {
+            let own = router.balance_for(m);
+            let pods: Option<Vec<Value>> = (m.spec.routing == crate::vocab::Strategy::CacheAware)
+                .then(|| {
+                    m.pods
+                        .iter()
+                        .map(|p| {
+                            json!({
+                                "address": &*p.label,
+                                "index_entries": p.slot.map_or(0, |s| ix.entries_of(s)),
+                            })
+                        })
+                        .collect()
+                });
+            json!({
+                "name": &*m.name,
+                "hash_balance_factor": own.factor(),
+                "hash_balance_floor": own.floor,
+                "cache_index_pods": pods,
+            })
+        })
+        .collect();
+    json!({
+        "hash_balance_factor": b.factor(),
+        "hash_balance_floor": b.floor,
+        "route_header": router.knobs().route_header,
+        "cache_index": {
+            "budget_bytes": ix.budget_bytes(),
+            "capacity_entries": ix.capacity(),
+            "entries": ix.len(),
+            "memory_bytes": ix.memory_bytes(),
+        },
+        "models": models,
     })
 }
 

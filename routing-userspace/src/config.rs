@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::balance::bounded::{parse_factor, parse_floor, HashBalance};
 use crate::balance::least_loaded::MAX_RANKED;
 use crate::keys::KeyLimits;
 use crate::vocab::LabelGroupMode;
@@ -293,6 +294,81 @@ pub struct RoutingArgs {
         default_value = "round-robin"
     )]
     pub label_group_routing: String,
+
+    #[command(flatten)]
+    pub balance: BalanceArgs,
+}
+
+/// Bounded-load hashing, the cache-aware index and the route header (beyond the spec), as raw
+/// text where the spec's knobs are raw text (validated by [`RoutingKnobs::from_raw`]).
+#[derive(Debug, Clone, Args)]
+pub struct BalanceArgs {
+    /// Bounded-load factor c for session-affinity, prefix, cache-aware and the prefix/session
+    /// label-group modes: a pod takes a new request only while its load is under
+    /// max(ceil(c x mean load), floor), where mean load = (requests in flight + reservations
+    /// over the candidate pods + 1) / pods; else the next pod on the ring under the bound takes
+    /// it. 0 turns the bound off (the spec's plain ring).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
+        default_value = "1.2"
+    )]
+    pub hash_balance_factor: String,
+
+    /// The least bound of --hash-balance-factor: a pod with fewer requests in flight always
+    /// takes its keys, so light traffic routes exactly as the plain ring does.
+    #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value = "4")]
+    pub hash_balance_floor: String,
+
+    /// Memory the cache-aware prefix index may use (all models and pods of this proxy): bytes,
+    /// or with a unit (KiB, MiB, GiB, KB, MB, GB); about 64 bytes per (prefix link, pod).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET",
+        default_value = "16MiB"
+    )]
+    pub cache_aware_index_budget: String,
+
+    /// Add an `x-flexinfer-route` header to routed responses: strategy, key source, outcome,
+    /// matched depth (cache-aware) and spill. Never key text.
+    #[arg(long, env = "FLEXINFER_PROXY_ROUTE_HEADER", default_value_t = false)]
+    pub route_header: bool,
+}
+
+/// The default hash-balance factor (thousandths) and floor: see `docs/routing-quality.md`.
+pub const DEFAULT_HASH_BALANCE: HashBalance = HashBalance {
+    factor_milli: 1200,
+    floor: 4,
+};
+
+/// The default memory budget of the cache-aware index.
+pub const DEFAULT_CACHE_AWARE_INDEX_BUDGET: usize = 16 << 20;
+
+/// A byte size that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid size {0:?} (use e.g. 16MiB, 512KiB, 1GB, or bytes)")]
+pub struct SizeError(String);
+
+/// "16MiB", "512KiB", "1GB", "1048576": a size in bytes.
+pub fn parse_bytes(s: &str) -> Result<usize, SizeError> {
+    let t = s.trim();
+    let bad = || SizeError(s.to_owned());
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim());
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let scale: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" | "ki" => 1 << 10,
+        "mib" | "mi" => 1 << 20,
+        "gib" | "gi" => 1 << 30,
+        "kb" | "k" => 1_000,
+        "mb" | "m" => 1_000_000,
+        "gb" | "g" => 1_000_000_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(scale)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(bad)
 }
 
 /// eBPF gauge options.
@@ -347,6 +423,12 @@ pub struct RoutingKnobs {
     pub label_group_mode: LabelGroupMode,
     /// Pods a request tries before the Service (the pick and its alternates).
     pub max_pod_attempts: usize,
+    /// Bounded-load hashing of every ring (models may override it).
+    pub hash_balance: HashBalance,
+    /// Memory budget of the cache-aware prefix index, in bytes.
+    pub cache_aware_index_budget: usize,
+    /// Whether routed responses carry `x-flexinfer-route`.
+    pub route_header: bool,
 }
 
 impl Default for RoutingKnobs {
@@ -356,6 +438,9 @@ impl Default for RoutingKnobs {
             reservation_ttl: DEFAULT_RESERVATION_TTL,
             label_group_mode: LabelGroupMode::RoundRobin,
             max_pod_attempts: DEFAULT_MAX_POD_ATTEMPTS,
+            hash_balance: DEFAULT_HASH_BALANCE,
+            cache_aware_index_budget: DEFAULT_CACHE_AWARE_INDEX_BUDGET,
+            route_header: false,
         }
     }
 }
@@ -428,14 +513,74 @@ impl RoutingKnobs {
                 d.label_group_mode
             }
         };
+        let (hash_balance, cache_aware_index_budget) = raw.balance.validate(&mut warnings);
         (
             Self {
                 limits,
                 reservation_ttl,
                 label_group_mode,
                 max_pod_attempts: d.max_pod_attempts,
+                hash_balance,
+                cache_aware_index_budget,
+                route_header: raw.balance.route_header,
             },
             warnings,
+        )
+    }
+}
+
+impl BalanceArgs {
+    /// The defaults, as if no flag or variable were set.
+    pub fn defaults() -> Self {
+        Self {
+            hash_balance_factor: DEFAULT_HASH_BALANCE.factor().to_string(),
+            hash_balance_floor: DEFAULT_HASH_BALANCE.floor.to_string(),
+            cache_aware_index_budget: "16MiB".into(),
+            route_header: false,
+        }
+    }
+
+    /// The hash balance and index budget; an unusable value falls back to its default, with
+    /// a warning, as the spec's knobs do.
+    fn validate(&self, warnings: &mut Vec<KnobWarning>) -> (HashBalance, usize) {
+        let d = DEFAULT_HASH_BALANCE;
+        let mut warn = |knob: &'static str, value: &str, used: String| {
+            warnings.push(KnobWarning {
+                knob,
+                value: value.to_owned(),
+                used,
+            })
+        };
+        let factor_milli = parse_factor(&self.hash_balance_factor).unwrap_or_else(|_| {
+            warn(
+                "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
+                &self.hash_balance_factor,
+                d.factor().to_string(),
+            );
+            d.factor_milli
+        });
+        let floor = parse_floor(&self.hash_balance_floor).unwrap_or_else(|_| {
+            warn(
+                "FLEXINFER_PROXY_HASH_BALANCE_FLOOR",
+                &self.hash_balance_floor,
+                d.floor.to_string(),
+            );
+            d.floor
+        });
+        let budget = parse_bytes(&self.cache_aware_index_budget).unwrap_or_else(|_| {
+            warn(
+                "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET",
+                &self.cache_aware_index_budget,
+                "16MiB".into(),
+            );
+            DEFAULT_CACHE_AWARE_INDEX_BUDGET
+        });
+        (
+            HashBalance {
+                factor_milli,
+                floor,
+            },
+            budget,
         )
     }
 }
@@ -553,6 +698,7 @@ mod tests {
             document_segment_max_length: d.into(),
             least_loaded_reservation_ttl: ttl.into(),
             label_group_routing: mode.into(),
+            balance: BalanceArgs::defaults(),
         }
     }
 
@@ -599,5 +745,54 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("10 parsecs").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn hash_balance_and_index_knobs_validate_like_the_others() {
+        let mut r = raw("128", "512", "256", "10s", "round-robin");
+        let (k, w) = RoutingKnobs::from_raw(&r);
+        assert!(w.is_empty());
+        assert_eq!(k.hash_balance, DEFAULT_HASH_BALANCE);
+        assert_eq!(k.cache_aware_index_budget, 16 << 20);
+        r.balance = BalanceArgs {
+            hash_balance_factor: "1.5".into(),
+            hash_balance_floor: "0".into(),
+            cache_aware_index_budget: "512KiB".into(),
+            route_header: true,
+        };
+        let (k, w) = RoutingKnobs::from_raw(&r);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(
+            (k.hash_balance.factor_milli, k.hash_balance.floor),
+            (1500, 0)
+        );
+        assert_eq!(k.cache_aware_index_budget, 512 << 10);
+        assert!(k.route_header);
+        r.balance.hash_balance_factor = "0".into();
+        assert!(
+            !RoutingKnobs::from_raw(&r).0.hash_balance.is_on(),
+            "0 = off"
+        );
+        r.balance = BalanceArgs {
+            hash_balance_factor: "0.5".into(),
+            hash_balance_floor: "-1".into(),
+            cache_aware_index_budget: "lots".into(),
+            route_header: false,
+        };
+        let (k, w) = RoutingKnobs::from_raw(&r);
+        assert_eq!(k, RoutingKnobs::default());
+        let names: Vec<_> = w.iter().map(|w| w.knob).collect();
+        assert_eq!(
+            names,
+            [
+                "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
+                "FLEXINFER_PROXY_HASH_BALANCE_FLOOR",
+                "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET"
+            ]
+        );
+        assert_eq!(parse_bytes("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_bytes("1 GB"), Ok(1_000_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("-1").is_err() && parse_bytes("1.5MiB").is_err());
     }
 }

@@ -5,7 +5,8 @@
 //! are ordered) over the immutable [`table`] that [`discovery`] updates rebuild, following the
 //! [`rules`]. [`upstream`] owns the pooled connections to pods, [`load`] the gauges,
 //! [`metrics`] the spec's metric families. [`vocab`] holds the words they all share; [`app`]
-//! wires everything for `serve`.
+//! wires everything for `serve`. [`replay`] runs request traces through the same router in
+//! simulated time.
 
 pub mod admin;
 pub mod app;
@@ -19,6 +20,7 @@ pub mod keys;
 pub mod load;
 pub mod metrics;
 pub mod proxy;
+pub mod replay;
 pub mod router;
 pub mod rules;
 pub mod sim;

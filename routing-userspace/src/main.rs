@@ -9,6 +9,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use routing_userspace::config::{EbpfArgs, ServeArgs};
 use routing_userspace::demo::DemoArgs;
+use routing_userspace::replay::ReplayArgs;
 use routing_userspace::sim::SimArgs;
 
 #[derive(Parser)]
@@ -28,8 +29,12 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run a simulated OpenAI-compatible model server (one GPU replica stand-in).
     Sim(SimArgs),
-    /// Run the Chat-with-Doc demo: simulated replicas, a proxy, default vs prefix routing.
+    /// Run the Chat-with-Doc demo: simulated replicas, a proxy, default vs prefix vs cache-aware
+    /// routing, the spec's three phases and a hot-prompt phase.
     Demo(DemoArgs),
+    /// Replay a request trace (Mooncake format) through the real router against a simulated
+    /// fleet, in simulated time; print block hit ratio, load spread and TTFT per strategy.
+    Replay(Box<ReplayArgs>),
     /// Inspect or remove the pinned eBPF data plane.
     Ebpf {
         #[command(subcommand)]
@@ -97,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Sim(args) => runtime(None)?.block_on(routing_userspace::sim::run(args)),
         Command::Demo(args) => runtime(None)?.block_on(routing_userspace::demo::run(args)),
+        Command::Replay(args) => routing_userspace::replay::run(&args),
         Command::Ebpf { action } => match action {
             EbpfAction::Status(args) => routing_userspace::ebpf::cli::status(&args.options()),
             EbpfAction::Detach(args) => routing_userspace::ebpf::cli::detach(&args.options()),

@@ -17,7 +17,18 @@ pub fn sources_for(strategy: Strategy) -> &'static [KeySource] {
             ImplicitSession,
             None,
         ],
-        Strategy::Prefix => &KeySource::ALL,
+        Strategy::Prefix => &[
+            ExplicitHeader,
+            ExplicitBody,
+            PrefixField,
+            Canonical,
+            SessionHeader,
+            ConversationHeader,
+            SessionBody,
+            ImplicitSession,
+            None,
+        ],
+        Strategy::CacheAware => &[ExplicitHeader, ExplicitBody, PrefixField, PromptChain, None],
     }
 }
 
@@ -30,32 +41,50 @@ pub enum PodChoice {
     RoundRobin,
     /// Fewest active requests plus reservations.
     LeastLoaded,
-    /// The consistent-hash ring walked from the key.
+    /// The consistent-hash ring walked from the key, passing over pods at the hash-balance
+    /// bound when it is on.
     Ring,
+    /// The pod whose prefix index matches the longest run of the prompt chain, among the pods
+    /// under the hash-balance bound; ties and no match go by the bounded ring.
+    CacheAware,
     /// A random pod (spec: "Session ID not found -> Random pod selection"; also a keyless
     /// prefix request with no Service, where any pod beats none).
     Random,
 }
 
-/// The rule for a model with `strategy`, for a request with or without a key.
-pub fn pod_choice(strategy: Strategy, has_key: bool, has_service: bool) -> PodChoice {
+/// The rule for a model with `strategy`, for a request whose key came from `source`
+/// ([`KeySource::None`] when it has no key).
+pub fn pod_choice(strategy: Strategy, source: KeySource, has_service: bool) -> PodChoice {
+    let has_key = source != KeySource::None;
     match strategy {
         Strategy::Default if has_service => PodChoice::Service,
         Strategy::Default => PodChoice::RoundRobin,
         Strategy::LeastLoaded => PodChoice::LeastLoaded,
-        Strategy::SessionAffinity | Strategy::Prefix if has_key => PodChoice::Ring,
+        Strategy::CacheAware if source == KeySource::PromptChain => PodChoice::CacheAware,
+        Strategy::SessionAffinity | Strategy::Prefix | Strategy::CacheAware if has_key => {
+            PodChoice::Ring
+        }
         Strategy::SessionAffinity => PodChoice::Random,
-        Strategy::Prefix if has_service => PodChoice::Service,
-        Strategy::Prefix => PodChoice::Random,
+        Strategy::Prefix | Strategy::CacheAware if has_service => PodChoice::Service,
+        Strategy::Prefix | Strategy::CacheAware => PodChoice::Random,
     }
 }
 
-/// The outcomes a pod choice can end in: a pod, or the Service when there is no pod.
+/// The outcomes a pod choice can end in: a pod (or, for the choices a hash-balance bound
+/// applies to, a spill past a pod at the bound), or the Service when there is no pod.
 pub fn outcomes(choice: PodChoice) -> &'static [Outcome] {
     match choice {
         PodChoice::Service => &[Outcome::ServiceFallback],
+        PodChoice::Ring | PodChoice::CacheAware => {
+            &[Outcome::Pod, Outcome::Spill, Outcome::ServiceFallback]
+        }
         _ => &[Outcome::Pod, Outcome::ServiceFallback],
     }
+}
+
+/// Whether a strategy can spill (it walks a ring with some key source).
+pub fn can_spill(strategy: Strategy, has_service: bool) -> bool {
+    possible_decisions(strategy, has_service).any(|(_, o)| o == Outcome::Spill)
 }
 
 /// Every `(key source, outcome)` a model can report.
@@ -64,7 +93,7 @@ pub fn possible_decisions(
     has_service: bool,
 ) -> impl Iterator<Item = (KeySource, Outcome)> {
     sources_for(strategy).iter().flat_map(move |&source| {
-        let choice = pod_choice(strategy, source != KeySource::None, has_service);
+        let choice = pod_choice(strategy, source, has_service);
         outcomes(choice).iter().map(move |&o| (source, o))
     })
 }
@@ -86,6 +115,31 @@ mod tests {
                 (KeySource::None, Outcome::Pod),
                 (KeySource::None, Outcome::ServiceFallback)
             ]
+        );
+    }
+
+    #[test]
+    fn ring_choices_can_spill_and_only_cache_aware_reports_the_prompt_chain() {
+        for s in [
+            Strategy::SessionAffinity,
+            Strategy::Prefix,
+            Strategy::CacheAware,
+        ] {
+            assert!(can_spill(s, true), "{s}");
+        }
+        for s in [Strategy::Default, Strategy::LeastLoaded] {
+            assert!(!can_spill(s, true) && !can_spill(s, false), "{s}");
+        }
+        let pairs: Vec<_> = possible_decisions(Strategy::CacheAware, true).collect();
+        assert!(pairs.contains(&(KeySource::PromptChain, Outcome::Spill)));
+        assert!(pairs.contains(&(KeySource::ExplicitHeader, Outcome::Spill)));
+        assert!(!pairs.contains(&(KeySource::None, Outcome::Pod)));
+        for s in [Strategy::Prefix, Strategy::SessionAffinity] {
+            assert!(!sources_for(s).contains(&KeySource::PromptChain), "{s}");
+        }
+        assert_eq!(
+            pod_choice(Strategy::CacheAware, KeySource::None, false),
+            PodChoice::Random
         );
     }
 }

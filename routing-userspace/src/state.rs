@@ -109,6 +109,7 @@ impl Shared {
                 self.router.knobs().label_group_mode,
             );
             self.metrics.table_rebuilt(&table);
+            self.router.table_rebuilt(&table);
             let pods: usize = table.models().map(|m| m.pods.len()).sum();
             tracing::info!(models = set.len(), pods, "routing table updated");
             self.table.store(Arc::new(table));

@@ -105,6 +105,8 @@ pub struct ModelRoute {
     pub ring: Ring,
     pub service: Option<ServiceTarget>,
     pub metrics: ModelMetrics,
+    /// `(gauge slot, pod index)`, sorted by slot: the cache-aware index names pods by slot.
+    slot_index: Vec<(Slot, usize)>,
     ticket: AtomicUsize,
 }
 
@@ -127,7 +129,14 @@ impl ModelRoute {
                     None
                 }
             });
+        let mut slot_index: Vec<(Slot, usize)> = pods
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| Some((p.slot?, i)))
+            .collect();
+        slot_index.sort_unstable();
         Self {
+            slot_index,
             metrics: ModelMetrics::resolve(
                 metrics,
                 &name,
@@ -149,6 +158,14 @@ impl ModelRoute {
     /// A round-robin ticket for this model.
     pub fn next_ticket(&self) -> usize {
         self.ticket.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The index of the pod in gauge slot `slot`, if it is one of this model's.
+    pub fn pod_of_slot(&self, slot: Slot) -> Option<usize> {
+        self.slot_index
+            .binary_search_by_key(&slot, |&(s, _)| s)
+            .ok()
+            .map(|k| self.slot_index[k].1)
     }
 }
 

@@ -18,14 +18,18 @@ pub enum Strategy {
     SessionAffinity,
     Prefix,
     LeastLoaded,
+    /// Beyond the spec: the pod whose approximate prompt-prefix index matches the longest
+    /// chain of the request's prompt, among the pods under the hash-balance bound.
+    CacheAware,
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 4] = [
+    pub const ALL: [Strategy; 5] = [
         Strategy::Default,
         Strategy::SessionAffinity,
         Strategy::Prefix,
         Strategy::LeastLoaded,
+        Strategy::CacheAware,
     ];
 
     /// The spelling used in annotations, the file and metric labels.
@@ -35,6 +39,7 @@ impl Strategy {
             Strategy::SessionAffinity => "session-affinity",
             Strategy::Prefix => "prefix",
             Strategy::LeastLoaded => "least-loaded",
+            Strategy::CacheAware => "cache-aware",
         }
     }
 }
@@ -48,7 +53,7 @@ impl fmt::Display for Strategy {
 /// A strategy name that is not one of ours.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown routing strategy {0:?} (expected default, session-affinity, prefix or least-loaded)"
+    "unknown routing strategy {0:?} (expected default, session-affinity, prefix, least-loaded or cache-aware)"
 )]
 pub struct UnknownStrategy(pub String);
 
@@ -60,6 +65,7 @@ impl FromStr for Strategy {
             "session-affinity" | "session" => Ok(Strategy::SessionAffinity),
             "prefix" => Ok(Strategy::Prefix),
             "least-loaded" => Ok(Strategy::LeastLoaded),
+            "cache-aware" => Ok(Strategy::CacheAware),
             other => Err(UnknownStrategy(other.to_owned())),
         }
     }
@@ -129,12 +135,14 @@ pub enum KeySource {
     SessionBody,
     /// Hash of the conversation's opening messages.
     ImplicitSession,
+    /// The prompt's chain of prefix hashes (cache-aware; the key is its first link).
+    PromptChain,
     /// No key.
     None,
 }
 
 impl KeySource {
-    pub const ALL: [KeySource; 9] = [
+    pub const ALL: [KeySource; 10] = [
         KeySource::ExplicitHeader,
         KeySource::ExplicitBody,
         KeySource::PrefixField,
@@ -143,6 +151,7 @@ impl KeySource {
         KeySource::ConversationHeader,
         KeySource::SessionBody,
         KeySource::ImplicitSession,
+        KeySource::PromptChain,
         KeySource::None,
     ];
 
@@ -161,6 +170,7 @@ impl KeySource {
             KeySource::ConversationHeader => "conversation-header",
             KeySource::SessionBody => "session-body",
             KeySource::ImplicitSession => "implicit-session",
+            KeySource::PromptChain => "prompt-chain",
             KeySource::None => "none",
         }
     }
@@ -177,10 +187,13 @@ impl fmt::Display for KeySource {
 pub enum Outcome {
     Pod,
     ServiceFallback,
+    /// A pod, but not the one the key prefers: that pod was at the hash-balance bound, so the
+    /// walk went on to the next pod under it.
+    Spill,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 2] = [Outcome::Pod, Outcome::ServiceFallback];
+    pub const ALL: [Outcome; 3] = [Outcome::Pod, Outcome::ServiceFallback, Outcome::Spill];
 
     /// Position in [`Outcome::ALL`].
     pub fn index(self) -> usize {
@@ -191,6 +204,7 @@ impl Outcome {
         match self {
             Outcome::Pod => "pod",
             Outcome::ServiceFallback => "service-fallback",
+            Outcome::Spill => "spill",
         }
     }
 }

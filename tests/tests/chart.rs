@@ -277,6 +277,10 @@ fn defaults_reach_their_env_vars() {
         ("PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH", "256"),
         ("FLEXINFER_PROXY_LABEL_GROUP_ROUTING", "round-robin"),
         ("PROXY_LEAST_LOADED_RESERVATION_TTL", "10s"),
+        ("FLEXINFER_PROXY_HASH_BALANCE_FACTOR", "1.2"),
+        ("FLEXINFER_PROXY_HASH_BALANCE_FLOOR", "4"),
+        ("FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET", "16MiB"),
+        ("FLEXINFER_PROXY_ROUTE_HEADER", "false"),
         ("FLEXINFER_PROXY_GAUGE", "auto"),
         ("FLEXINFER_PROXY_REQUIRE_EBPF", "false"),
         ("FLEXINFER_PROXY_DISCOVERY", "kubernetes"),
@@ -340,6 +344,31 @@ fn every_knob_changes_its_env_var() {
             json!({"proxy": {"routing": {"leastLoadedReservationTTL": "2500ms"}}}),
             "PROXY_LEAST_LOADED_RESERVATION_TTL",
             "2500ms",
+        ),
+        (
+            json!({"proxy": {"routing": {"hashBalanceFactor": 1.5}}}),
+            "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
+            "1.5",
+        ),
+        (
+            json!({"proxy": {"routing": {"hashBalanceFactor": 0}}}),
+            "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
+            "0",
+        ),
+        (
+            json!({"proxy": {"routing": {"hashBalanceFloor": 8}}}),
+            "FLEXINFER_PROXY_HASH_BALANCE_FLOOR",
+            "8",
+        ),
+        (
+            json!({"proxy": {"routing": {"cacheAwareIndexBudget": "64MiB"}}}),
+            "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET",
+            "64MiB",
+        ),
+        (
+            json!({"proxy": {"routing": {"routeHeader": true}}}),
+            "FLEXINFER_PROXY_ROUTE_HEADER",
+            "true",
         ),
         (
             json!({"proxy": {"ebpf": {"gauge": "ebpf"}}}),

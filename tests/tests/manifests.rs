@@ -419,6 +419,22 @@ fn values_schema_rejects_mistyped_values() {
             json!({"proxy": {"ebpf": {"cgroup2HostPath": "sys/fs/cgroup"}}}),
             "proxy/ebpf/cgroup2HostPath: 'sys/fs/cgroup' does not match",
         ),
+        (
+            json!({"proxy": {"routing": {"hashBalanceFactor": 0.5}}}),
+            "proxy/routing/hashBalanceFactor: 0.5 is not valid under any of the given schemas",
+        ),
+        (
+            json!({"proxy": {"routing": {"hashBalanceFloor": -1}}}),
+            "proxy/routing/hashBalanceFloor: -1 is less than the minimum of 0",
+        ),
+        (
+            json!({"proxy": {"routing": {"cacheAwareIndexBudget": "lots"}}}),
+            "proxy/routing/cacheAwareIndexBudget: 'lots' does not match",
+        ),
+        (
+            json!({"proxy": {"routing": {"routeHeader": "yes"}}}),
+            "proxy/routing/routeHeader: 'yes' is not of type 'boolean'",
+        ),
     ];
     let instances: Vec<Value> = cases
         .iter()

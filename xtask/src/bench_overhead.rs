@@ -898,7 +898,7 @@ backend be
 
 /// smg from PyPI in a venv of its own under the target dir: `pip download --no-deps smg`, then
 /// the wheel is installed with its (small, pure-Python or prebuilt) dependencies. Idempotent.
-fn install_smg(base: &Path) -> Result<PathBuf> {
+pub(crate) fn install_smg(base: &Path) -> Result<PathBuf> {
     let root = base.join("smg");
     let venv = root.join("venv");
     let smg = venv.join("bin").join("smg");

@@ -3,9 +3,11 @@
 
 mod bench;
 mod bench_overhead;
+mod bench_real_llm;
 mod ebpf;
 mod fuzz;
 mod image;
+mod replay;
 mod setup;
 mod soak;
 mod test;
@@ -37,6 +39,9 @@ enum Task {
     /// Clients through one proxy while pods are added, removed and killed; every request
     /// accounted for.
     Soak(soak::Soak),
+    /// Replay a request trace through the real router in simulated time (builds the release
+    /// binary, then runs `flexinfer-proxy replay` with these arguments).
+    Replay(replay::Replay),
 }
 
 fn main() -> Result<()> {
@@ -48,5 +53,6 @@ fn main() -> Result<()> {
         Task::Image(args) => image::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),
         Task::Soak(args) => soak::run(&args),
+        Task::Replay(args) => replay::run(&args),
     }
 }

@@ -8,6 +8,8 @@
 //! Every strategy value is built per request from its inputs (a key hash, loads, a round-robin
 //! ticket), which keeps each one a pure function that tests can call directly.
 
+pub mod bounded;
+pub mod cache_aware;
 pub mod least_loaded;
 pub mod priority;
 pub mod random;

@@ -180,6 +180,20 @@ fn parse_messages(raw: &[u8]) -> Option<Vec<Message<'_>>> {
     Some(out)
 }
 
+/// One chat message as [`BodyFields::chat_messages`] hands it out.
+#[derive(Debug, Clone)]
+pub struct ChatMessage<'a> {
+    pub role: Option<JsonStr<'a>>,
+    pub text: Option<Text<'a>>,
+}
+
+impl ChatMessage<'_> {
+    /// A `system` (or `developer`) message, as [`BodyFields::system_texts`] counts them.
+    pub fn is_system(&self) -> bool {
+        is_role(self.role, &["system", "developer"])
+    }
+}
+
 /// Text of a message content: a plain string, or the text parts of an array (parts without a
 /// type, or of type `text` / `input_text`) joined by spaces. Any malformed part hides them all.
 fn content_text(raw: &[u8]) -> Option<Text<'_>> {
@@ -309,6 +323,15 @@ impl<'a> BodyFields<'a> {
         self.messages()
             .filter(|m| is_role(m.role, &["system", "developer"]))
             .filter_map(|m| m.content.and_then(content_text))
+    }
+
+    /// Every message in order: its role and its text (`None` when it has none), for keys that
+    /// follow the whole conversation (the cache-aware prompt chain).
+    pub fn chat_messages(&self) -> impl Iterator<Item = ChatMessage<'a>> + '_ {
+        self.messages().map(|m| ChatMessage {
+            role: m.role,
+            text: m.content.and_then(content_text),
+        })
     }
 
     /// The text of the first `role: "user"` message.

@@ -5,7 +5,8 @@
 //! `serde_json`, iteratively, so deep nesting cannot overflow the stack) and hands out the raw
 //! text of the values it was asked for. Strings are skipped with `memchr`, which makes a long
 //! prompt cost little more than a memory scan. Escapes, including surrogate pairs, are checked
-//! here, so decoding a string that passed the scan cannot fail.
+//! here, so decoding a string that passed the scan cannot fail (an unpaired surrogate decodes
+//! to U+FFFD).
 
 /// Why a body is not a JSON document the router can read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,22 +158,17 @@ impl<'a> Scanner<'a> {
             Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(i + 2),
             Some(b'u') => {
                 let hi = hex4(&self.b[i + 2..]).ok_or(ScanError::Syntax)?;
-                match hi {
-                    0xD800..=0xDBFF => {
-                        // A leading surrogate must be followed by an escaped trailing one.
-                        let j = i + 6;
-                        if self.b.get(j..j + 2) != Some(b"\\u") {
-                            return Err(ScanError::Syntax);
-                        }
-                        let lo = hex4(&self.b[j + 2..]).ok_or(ScanError::Syntax)?;
-                        if !(0xDC00..=0xDFFF).contains(&lo) {
-                            return Err(ScanError::Syntax);
-                        }
-                        Ok(j + 6)
+                let j = i + 6;
+                // A surrogate pair is one escape. An unpaired surrogate is accepted, as
+                // `serde_json` accepts it in strings it skips and Python's json (vLLM, SGLang)
+                // everywhere; it decodes to U+FFFD (clients cutting a string inside a pair make
+                // these, and refusing one would hide the body's model).
+                if (0xD800..=0xDBFF).contains(&hi) && self.b.get(j..j + 2) == Some(b"\\u") {
+                    if let Some(0xDC00..=0xDFFF) = hex4(&self.b[j + 2..]) {
+                        return Ok(j + 6);
                     }
-                    0xDC00..=0xDFFF => Err(ScanError::Syntax),
-                    _ => Ok(i + 6),
                 }
+                Ok(j)
             }
             _ => Err(ScanError::Syntax),
         }
@@ -462,9 +458,6 @@ mod tests {
             r#"{"a":tru}"#,
             "{\"a\":\"x\ny\"}",
             r#"{"a":"\x"}"#,
-            r#"{"a":"\ud800"}"#,
-            r#"{"a":"\udc00"}"#,
-            r#"{"a":"\ud800\u0041"}"#,
             r#"{} {}"#,
             r#"{'a':1}"#,
         ] {
@@ -475,6 +468,24 @@ mod tests {
             );
         }
         assert!(validate(b"{\"a\":\"\xff\"}", DEFAULT_MAX_DEPTH).is_err());
+    }
+
+    #[test]
+    fn accepts_unpaired_surrogates() {
+        // `serde_json::Value` refuses these, but serde skips them and Python's json (the model
+        // servers') takes them; a client cutting a string inside a pair must keep its model.
+        for s in [
+            r#"{"a":"\ud800"}"#,
+            r#"{"a":"\udc00"}"#,
+            r#"{"a":"\ud800\u0041"}"#,
+            r#"{"a":"cut \ud83d"}"#,
+            r#"{"a":"\ude00\ud83d"}"#,
+        ] {
+            assert!(ok(s), "{s}");
+        }
+        for s in [r#"{"a":"\ud800\u00"}"#, r#"{"a":"\ud800\"}"#] {
+            assert!(!ok(s), "{s}");
+        }
     }
 
     #[test]

@@ -71,12 +71,15 @@ impl<'a> JsonStr<'a> {
             Some(b'f') => ('\u{c}', 1),
             Some(b'u') => {
                 let hi = hex(&after[1..]);
-                if (0xD800..0xDC00).contains(&hi) {
-                    // `\uXXXX\uYYYY`, checked by the scanner.
-                    let lo = hex(after.get(7..).unwrap_or(""));
-                    let cp = 0x10000 + ((hi - 0xD800) << 10) + (lo.wrapping_sub(0xDC00) & 0x3FF);
+                let lo = match after.get(5..7) {
+                    Some("\\u") => hex(after.get(7..).unwrap_or("")),
+                    _ => 0,
+                };
+                if (0xD800..0xDC00).contains(&hi) && (0xDC00..0xE000).contains(&lo) {
+                    let cp = 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00);
                     (char::from_u32(cp).unwrap_or('\u{fffd}'), 11)
                 } else {
+                    // A lone surrogate is no character: U+FFFD.
                     (char::from_u32(hi).unwrap_or('\u{fffd}'), 5)
                 }
             }
@@ -165,6 +168,21 @@ mod tests {
         let plain = JsonStr::new(br#""model""#).unwrap();
         assert!(matches!(plain.decode(), Cow::Borrowed("model")));
         assert!(JsonStr::new(br#""mod\u0065l""#).unwrap().eq_str("model"));
+    }
+
+    #[test]
+    fn unpaired_surrogates_decode_to_the_replacement_character() {
+        for (raw, want) in [
+            (r#""cut \ud83d""#, "cut \u{fffd}"),
+            (r#""\udc00x""#, "\u{fffd}x"),
+            (r#""\ud800\u0041""#, "\u{fffd}A"),
+            (r#""\ude00\ud83d\ude00""#, "\u{fffd}\u{1f600}"),
+        ] {
+            let s = JsonStr::new(raw.as_bytes()).unwrap();
+            assert_eq!(s.decode(), want, "{raw}");
+            assert!(s.eq_str(want), "{raw}");
+            assert_eq!(s.chars().collect::<String>(), want, "{raw}");
+        }
     }
 
     #[test]

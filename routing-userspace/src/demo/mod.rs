@@ -2,10 +2,11 @@
 //!
 //! It starts simulated replicas (this binary's `sim`), a per-connection round-robin balancer
 //! standing in for the Kubernetes Service, and a real proxy process whose models file has the
-//! same replicas twice: `chat-default` (default routing: the Service) and `chat-prefix`
-//! (`routing: prefix`). Each strategy runs the three phases on freshly started replicas (cold
-//! caches), and a table compares them. Nothing here is mocked: every request crosses real
-//! sockets through the proxy.
+//! same replicas three times: `chat-default` (default routing: the Service), `chat-prefix`
+//! (`routing: prefix`) and `chat-cache-aware` (`routing: cache-aware`). Each strategy runs the
+//! spec's three phases and a hot-prompt phase (one shared system prompt, many users, more
+//! requests in flight) on freshly started replicas (cold caches), and a table compares them.
+//! Nothing here is mocked: every request crosses real sockets through the proxy.
 
 mod balancer;
 pub mod scenario;
@@ -20,7 +21,7 @@ use clap::Args;
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 
-use scenario::{documents, run_phase, Phase, PhaseReport};
+use scenario::{documents, hot_system_prompt, run_phase, Phase, PhaseReport};
 
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
@@ -33,6 +34,12 @@ pub struct DemoArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
+    /// Requests in flight at once in the hot-prompt phase.
+    #[arg(long, default_value_t = 16)]
+    pub hot_concurrency: usize,
+    /// Words of the hot-prompt phase's shared system prompt (about one token each).
+    #[arg(long, default_value_t = 1000)]
+    pub hot_prompt_words: usize,
     /// Tenant documents (explicit keys tenant-a/doc-1..N).
     #[arg(long, default_value_t = 12)]
     pub documents: usize,
@@ -128,10 +135,17 @@ async fn start_replicas(
     Ok(kids)
 }
 
+/// The demo's strategies: the row label and the model that runs it.
+const STRATEGIES: [(&str, &str); 3] = [
+    ("default", "chat-default"),
+    ("prefix", "chat-prefix"),
+    ("cache-aware", "chat-cache-aware"),
+];
+
 fn models_yaml(service: SocketAddr, pods: &[SocketAddr]) -> String {
     let eps: Vec<String> = pods.iter().map(|p| p.to_string()).collect();
     format!(
-        "models:\n  - name: chat-default\n    service: http://{service}\n    endpoints: [{eps}]\n  - name: chat-prefix\n    routing: prefix\n    service: http://{service}\n    endpoints: [{eps}]\n",
+        "models:\n  - name: chat-default\n    service: http://{service}\n    endpoints: [{eps}]\n  - name: chat-prefix\n    routing: prefix\n    service: http://{service}\n    endpoints: [{eps}]\n  - name: chat-cache-aware\n    routing: cache-aware\n    service: http://{service}\n    endpoints: [{eps}]\n",
         eps = eps.join(", ")
     )
 }
@@ -139,7 +153,7 @@ fn models_yaml(service: SocketAddr, pods: &[SocketAddr]) -> String {
 fn row(strategy: &str, r: &PhaseReport) -> String {
     let pods: Vec<String> = r.pods().iter().map(|(p, n)| format!("{p}:{n}")).collect();
     format!(
-        "{strategy:<9} {:<18} {:>3}/{:<3} {:>7.3}s {:>7.3}s {:>8.1}%   {}",
+        "{strategy:<11} {:<18} {:>3}/{:<3} {:>7.3}s {:>7.3}s {:>8.1}%   {}",
         r.phase.name(),
         r.ok(),
         r.samples.len(),
@@ -233,19 +247,37 @@ async fn run_in(args: &DemoArgs, dir: &Path) -> anyhow::Result<()> {
         args.concurrency,
         (args.cache_blocks * 16) / (args.document_words + 40).max(1)
     );
-    println!("default = Kubernetes Service round-robin baseline; prefix = flexinfer.ai/routing: prefix\n");
     println!(
-        "{:<9} {:<18} {:>7} {:>8} {:>8} {:>9}   pods served",
+        "hot-prompt: one ~{}-token system prompt, a different user per request, {} in flight",
+        args.hot_prompt_words, args.hot_concurrency
+    );
+    println!("default = Kubernetes Service round-robin baseline; prefix = flexinfer.ai/routing: prefix; cache-aware = flexinfer.ai/routing: cache-aware\n");
+    println!(
+        "{:<11} {:<18} {:>7} {:>8} {:>8} {:>9}   pods served",
         "routing", "phase", "ok", "p50", "p95", "cache-hit"
     );
 
+    let hot_system = hot_system_prompt(args.hot_prompt_words);
     let mut failed = 0;
-    for (strategy, model) in [("default", "chat-default"), ("prefix", "chat-prefix")] {
+    for (strategy, model) in STRATEGIES {
         // Fresh replicas (cold caches) for each strategy, on the same addresses.
         let replicas = start_replicas(args, &pods, dir).await?;
-        for phase in Phase::ALL {
-            let report =
-                run_phase(listen, model, phase, &docs, args.requests, args.concurrency).await;
+        for phase in Phase::ALL.into_iter().chain([Phase::HotPrompt]) {
+            let concurrency = if phase == Phase::HotPrompt {
+                args.hot_concurrency
+            } else {
+                args.concurrency
+            };
+            let report = run_phase(
+                listen,
+                model,
+                phase,
+                &docs,
+                &hot_system,
+                args.requests,
+                concurrency,
+            )
+            .await;
             failed += report.samples.len() - report.ok();
             println!("{}", row(strategy, &report));
         }
@@ -275,6 +307,14 @@ async fn run_in(args: &DemoArgs, dir: &Path) -> anyhow::Result<()> {
         if n > 0.0 {
             println!("  {source:<18} {n}");
         }
+    }
+    for model in ["chat-prefix", "chat-cache-aware"] {
+        let spills = counter_sum(
+            &m,
+            "flexinfer_proxy_routing_spills_total",
+            &[("model", model)],
+        );
+        println!("  {model}: spills past a pod at the load bound: {spills}");
     }
     let fallback = counter_sum(
         &m,

@@ -1,5 +1,7 @@
 //! The spec's Chat-with-Doc scenario: three phases against one model, with per-phase latency,
-//! cache-hit share and the pods that served.
+//! cache-hit share and the pods that served; and a hot-prompt phase beyond the spec (one long
+//! system prompt shared by many users, several requests in flight), where affinity alone
+//! makes one replica the hot spot.
 //!
 //! The documents are long (about a thousand tokens each) and there are more of them than one
 //! replica's prefix cache holds, as in a multi-tenant RAG fleet: routing that keeps a document
@@ -18,15 +20,18 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-/// The three phases of the spec's test profile.
+/// The three phases of the spec's test profile, and the hot-prompt phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     ExplicitStable,
     CanonicalContext,
     MalformedKey,
+    /// Beyond the spec: one shared system prompt, a different user per request.
+    HotPrompt,
 }
 
 impl Phase {
+    /// The spec's three phases.
     pub const ALL: [Phase; 3] = [
         Phase::ExplicitStable,
         Phase::CanonicalContext,
@@ -38,6 +43,7 @@ impl Phase {
             Phase::ExplicitStable => "explicit-stable",
             Phase::CanonicalContext => "canonical-context",
             Phase::MalformedKey => "malformed-key",
+            Phase::HotPrompt => "hot-prompt",
         }
     }
 }
@@ -125,6 +131,27 @@ impl PhaseReport {
     }
 }
 
+/// The hot-prompt phase's shared system prompt: about `words` words.
+pub fn hot_system_prompt(words: usize) -> String {
+    let mut s = String::from("You are the support assistant of the FlexInfer fleet. Rules:");
+    for i in 0..words {
+        s.push_str(if i % 9 == 8 { " rule." } else { " answer" });
+    }
+    s
+}
+
+fn hot_body(model: &str, system: &str, user: usize) -> String {
+    json!({
+        "model": model,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": format!("User {user} asks: how do I route request {user}?")}
+        ],
+        "max_tokens": 16
+    })
+    .to_string()
+}
+
 fn body(model: &str, doc: &Doc) -> String {
     json!({
         "model": model,
@@ -139,11 +166,13 @@ fn body(model: &str, doc: &Doc) -> String {
 }
 
 /// Run one phase: `requests` requests for `model` through `proxy`, `concurrency` at a time.
+/// The hot-prompt phase sends `hot_system` as every request's system prompt.
 pub async fn run_phase(
     proxy: SocketAddr,
     model: &str,
     phase: Phase,
     docs: &[Doc],
+    hot_system: &str,
     requests: usize,
     concurrency: usize,
 ) -> PhaseReport {
@@ -156,13 +185,17 @@ pub async fn run_phase(
             .header("content-type", "application/json");
         match phase {
             Phase::ExplicitStable => req = req.header("x-flexinfer-cache-key", doc.key.as_str()),
-            Phase::CanonicalContext => {}
+            Phase::CanonicalContext | Phase::HotPrompt => {}
             Phase::MalformedKey => {
                 req = req.header("x-flexinfer-cache-key", format!("bad key with spaces {i}"))
             }
         }
+        let text = match phase {
+            Phase::HotPrompt => hot_body(model, hot_system, i),
+            _ => body(model, doc),
+        };
         let req = req
-            .body(Full::new(Bytes::from(body(model, doc))))
+            .body(Full::new(Bytes::from(text)))
             .expect("valid request");
         let client = client.clone();
         let permit = gate.clone().acquire_owned().await.expect("semaphore open");

@@ -15,6 +15,8 @@ use clap::Args;
 
 use super::file::{parse, ParseError};
 use super::{ModelSet, ModelSpec, Strategy, Update};
+use crate::balance::bounded::{parse_factor, parse_floor, HashBalance};
+use crate::config::DEFAULT_HASH_BALANCE;
 use crate::vocab::LabelGroupMode;
 
 /// `flexinfer-proxy config check` options.
@@ -30,6 +32,18 @@ pub struct CheckArgs {
         default_value = "round-robin"
     )]
     pub label_group_routing: String,
+
+    /// The hash-balance factor `serve` will run with (shown per model; models may override it).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
+        default_value = "1.2"
+    )]
+    pub hash_balance_factor: String,
+
+    /// The hash-balance floor `serve` will run with.
+    #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value = "4")]
+    pub hash_balance_floor: String,
 }
 
 /// A file that does not pass: `FILE:LINE:COLUMN: message`.
@@ -58,11 +72,31 @@ fn located(path: &Path, e: &ParseError) -> String {
 
 /// Check `text` (read from `path`) and describe it; `Err` when the proxy would refuse it.
 pub fn check(path: &Path, text: &str, group_mode: &str) -> Result<String, CheckError> {
+    check_with(path, text, group_mode, DEFAULT_HASH_BALANCE)
+}
+
+/// [`check`], describing hash balance as a proxy with `balance` would run it.
+pub fn check_with(
+    path: &Path,
+    text: &str,
+    group_mode: &str,
+    balance: HashBalance,
+) -> Result<String, CheckError> {
     let models = parse(text).map_err(|error| CheckError {
         path: path.to_owned(),
         error,
     })?;
-    Ok(describe(path, models, group_mode))
+    Ok(describe(path, models, group_mode, balance))
+}
+
+/// The proxy's hash balance from the command line, as `serve` validates it (a bad value is the
+/// default there too).
+fn balance_of(args: &CheckArgs) -> HashBalance {
+    HashBalance {
+        factor_milli: parse_factor(&args.hash_balance_factor)
+            .unwrap_or(DEFAULT_HASH_BALANCE.factor_milli),
+        floor: parse_floor(&args.hash_balance_floor).unwrap_or(DEFAULT_HASH_BALANCE.floor),
+    }
 }
 
 /// Run the command: the report on stdout and `Ok(true)`, or the error on stderr and
@@ -71,7 +105,12 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
     use anyhow::Context as _;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
-    match check(&args.file, &text, &args.label_group_routing) {
+    match check_with(
+        &args.file,
+        &text,
+        &args.label_group_routing,
+        balance_of(args),
+    ) {
         Ok(report) => {
             print!("{report}");
             Ok(true)
@@ -83,7 +122,7 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
     }
 }
 
-fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str) -> String {
+fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str, balance: HashBalance) -> String {
     let listed: BTreeMap<String, usize> = models
         .iter()
         .map(|m| (m.name.clone(), m.endpoints.len()))
@@ -115,6 +154,9 @@ fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str) -> String {
     for m in set.models() {
         let _ = writeln!(out, "\nmodel {}", m.name);
         let _ = writeln!(out, "  routing:           {}", routing(m));
+        if let Some(line) = hash_balance(m, balance) {
+            let _ = writeln!(out, "  hash balance:      {line}");
+        }
         let pods: Vec<String> = m.endpoints.iter().map(ToString::to_string).collect();
         let _ = writeln!(
             out,
@@ -233,6 +275,32 @@ fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str) -> String {
     out
 }
 
+/// The hash-balance line of a model whose strategy walks a ring, with where each value comes
+/// from.
+fn hash_balance(m: &ModelSpec, proxy: HashBalance) -> Option<String> {
+    if !matches!(
+        m.routing,
+        Strategy::SessionAffinity | Strategy::Prefix | Strategy::CacheAware
+    ) {
+        return None;
+    }
+    let b = proxy.overridden(&m.hash_balance);
+    let from = |own: bool| if own { "this model" } else { "proxy" };
+    if !b.is_on() {
+        return Some(format!(
+            "off, the plain ring ({})",
+            from(m.hash_balance.factor_milli.is_some())
+        ));
+    }
+    Some(format!(
+        "factor {} ({}), floor {} ({}): a pod at max(ceil(factor x mean load), floor) requests in flight passes its keys on",
+        b.factor(),
+        from(m.hash_balance.factor_milli.is_some()),
+        b.floor,
+        from(m.hash_balance.floor.is_some()),
+    ))
+}
+
 fn plural(n: usize) -> &'static str {
     if n == 1 {
         ""
@@ -266,6 +334,15 @@ fn routing(m: &ModelSpec) -> String {
         Strategy::LeastLoaded => format!(
             "fewest active connections plus reservations among {n} pod{}, ties round-robin",
             plural(n)
+        ),
+        Strategy::CacheAware => format!(
+            "longest prompt-prefix match in the proxy's index among {n} pod{} under the load bound; no match or an explicit key: the ring; no key: {}",
+            plural(n),
+            if service {
+                "the service"
+            } else {
+                "a random pod (no service)"
+            }
         ),
     };
     let failover = if n > 0 && service {
@@ -328,6 +405,22 @@ models:
             assert!(report.lines().any(|l| l == line), "missing {line:?} in\n{report}");
         }
         assert!(!report.contains("warning"), "{report}");
+    }
+
+    #[test]
+    fn hash_balance_is_shown_with_where_it_comes_from() {
+        let report = run_check(
+            "models:\n  - name: a\n    routing: cache-aware\n    hashBalanceFactor: 1.5\n    endpoints: [127.0.0.1:1]\n  - name: b\n    routing: prefix\n    hashBalanceFactor: 0\n    endpoints: [127.0.0.1:2]\n  - name: c\n    routing: least-loaded\n    endpoints: [127.0.0.1:3]\n",
+        )
+        .unwrap();
+        for line in [
+            "  hash balance:      factor 1.5 (this model), floor 4 (proxy): a pod at max(ceil(factor x mean load), floor) requests in flight passes its keys on",
+            "  hash balance:      off, the plain ring (this model)",
+        ] {
+            assert!(report.lines().any(|l| l == line), "missing {line:?} in\n{report}");
+        }
+        assert_eq!(report.matches("hash balance:").count(), 2, "{report}");
+        assert!(report.contains("longest prompt-prefix match"), "{report}");
     }
 
     #[test]

@@ -8,11 +8,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::{ModelSpec, Strategy, Update};
+use super::{BalanceOverride, ModelSpec, Strategy, Update};
 
 mod fields;
 pub use fields::ParseError;
-use fields::{Checked, HttpUrl, NonEmpty};
+use fields::{BalanceFactor, BalanceFloor, Checked, HttpUrl, NonEmpty};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,6 +41,10 @@ struct FileModel {
     service: Option<Checked<HttpUrl>>,
     #[serde(default)]
     endpoints: Vec<Checked<SocketAddr>>,
+    #[serde(default)]
+    hash_balance_factor: Option<Checked<BalanceFactor>>,
+    #[serde(default)]
+    hash_balance_floor: Option<Checked<BalanceFloor>>,
 }
 
 fn yes() -> bool {
@@ -62,6 +66,10 @@ pub fn parse(text: &str) -> Result<Vec<ModelSpec>, ParseError> {
             ready: m.ready,
             service: m.service.map(|s| s.0),
             endpoints: m.endpoints.into_iter().map(|e| e.0).collect(),
+            hash_balance: BalanceOverride {
+                factor_milli: m.hash_balance_factor.map(|f| f.0),
+                floor: m.hash_balance_floor.map(|f| f.0),
+            },
         })
         .collect())
 }
@@ -164,6 +172,33 @@ models:
         assert_eq!(m[0].endpoints[1], "[::1]:9002".parse().unwrap());
         assert_eq!(m[1].routing, Strategy::Default);
         assert!(m[1].ready);
+    }
+
+    #[test]
+    fn hash_balance_overrides_parse_and_bad_ones_point_at_the_value() {
+        let m = parse(
+            "models:\n  - name: a\n    routing: prefix\n    hashBalanceFactor: 1.5\n    hashBalanceFloor: 3\n  - name: b\n    hashBalanceFactor: 0\n  - name: c\n",
+        )
+        .unwrap();
+        assert_eq!(
+            m[0].hash_balance,
+            BalanceOverride {
+                factor_milli: Some(1500),
+                floor: Some(3)
+            }
+        );
+        assert_eq!(m[1].hash_balance.factor_milli, Some(0));
+        assert_eq!(m[2].hash_balance, BalanceOverride::default());
+        let e = parse("models:\n  - name: a\n    hashBalanceFactor: 0.5\n").unwrap_err();
+        assert!(
+            e.message
+                .contains("must be 0 (off) or a number from 1 to 100"),
+            "{e}"
+        );
+        assert_eq!((e.line, e.column), (Some(3), Some(24)));
+        let e = parse("models:\n  - name: a\n    hashBalanceFloor: -2\n").unwrap_err();
+        assert!(e.message.contains("whole number"), "{e}");
+        assert_eq!((e.line, e.column), (Some(3), Some(23)));
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod kube;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+pub use crate::balance::bounded::BalanceOverride;
 pub use crate::vocab::Strategy;
 
 /// Everything the router needs to know about one model.
@@ -31,6 +32,9 @@ pub struct ModelSpec {
     pub service: Option<String>,
     /// Ready (and not terminating) pod endpoints.
     pub endpoints: Vec<SocketAddr>,
+    /// The model's own hash-balance factor and floor (`hashBalanceFactor` / `hashBalanceFloor`,
+    /// `flexinfer.ai/hash-balance-factor` / `-floor`); unset = the proxy's.
+    pub hash_balance: BalanceOverride,
 }
 
 impl ModelSpec {
@@ -45,6 +49,7 @@ impl ModelSpec {
             ready: true,
             service: None,
             endpoints: Vec::new(),
+            hash_balance: BalanceOverride::default(),
         }
     }
 }

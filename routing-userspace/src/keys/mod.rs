@@ -7,6 +7,7 @@
 //! in memory, labels or logs.
 
 pub mod canonical;
+pub mod chain;
 pub mod explicit;
 pub mod normalize;
 pub mod session;
@@ -94,6 +95,11 @@ impl KeyHasher {
     }
 
     pub fn finish(mut self) -> u64 {
+        self.digest()
+    }
+
+    /// The hash of everything pushed so far; more can be pushed after it.
+    pub fn digest(&mut self) -> u64 {
         // (xxh3's streaming digest depends only on the bytes, not on how they were split.)
         self.flush();
         self.state.digest()
@@ -149,23 +155,51 @@ pub fn extract(strategy: Strategy, req: &RequestParts<'_, '_>, limits: &KeyLimit
         Strategy::Prefix => explicit::key(req, limits, &mut ignored)
             .or_else(|| canonical::key(req, limits))
             .or_else(|| session::key(req)),
+        Strategy::CacheAware => return extract_with_chain(req, limits).0,
     };
     Extraction { key, ignored }
 }
 
+/// Cache-aware extraction: an explicit key (as prefix routing reads it) wins; else the prompt
+/// chain, whose first link is the key. The chain comes back too, for the index lookup.
+pub fn extract_with_chain(
+    req: &RequestParts<'_, '_>,
+    limits: &KeyLimits,
+) -> (Extraction, Option<chain::PromptChain>) {
+    let mut ignored = Vec::new();
+    if let Some(key) = explicit::key(req, limits, &mut ignored) {
+        return (
+            Extraction {
+                key: Some(key),
+                ignored,
+            },
+            None,
+        );
+    }
+    let chain = chain::chain(req);
+    let key = chain.as_ref().map(chain::PromptChain::key);
+    (Extraction { key, ignored }, chain)
+}
+
 /// Whether key extraction for `strategy` would read the body, given these headers: false when
-/// the strategy uses no key or a header already supplies it (headers come first in every
-/// precedence list). The proxy then streams the body through without reading it.
+/// the strategy uses no key or a header that beats every body source supplies it (session
+/// headers for session affinity; only `X-Flexinfer-Cache-Key` for prefix and cache-aware). The proxy then streams the body through without reading it.
 pub fn needs_body(strategy: Strategy, headers: &HeaderMap, limits: &KeyLimits) -> bool {
     match strategy {
         Strategy::Default | Strategy::LeastLoaded => false,
-        Strategy::SessionAffinity | Strategy::Prefix => {
+        Strategy::SessionAffinity | Strategy::Prefix | Strategy::CacheAware => {
             let parts = RequestParts {
                 headers,
                 body: None,
                 model: None,
             };
-            extract(strategy, &parts, limits).key.is_none()
+            match strategy {
+                // Session headers come before every body source.
+                Strategy::SessionAffinity => session::key(&parts).is_none(),
+                // Only the explicit header beats the body: body keys and the canonical
+                // context (or the prompt chain) come before the session headers.
+                _ => explicit::key(&parts, limits, &mut Vec::new()).is_none(),
+            }
         }
     }
 }

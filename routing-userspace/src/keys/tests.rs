@@ -501,3 +501,43 @@ fn completions_prompt_stands_in_for_the_system_segment() {
         ))
     );
 }
+
+/// `needs_body` must say "read the body" whenever a body could change the key: for every
+/// strategy and header set, a key found without the body must equal the key found with a
+/// body full of keyed fields.
+#[test]
+fn needs_body_is_false_only_when_the_body_cannot_change_the_key() {
+    let limits = KeyLimits::default();
+    let body = r#"{"model":"m","cache_key":"tenant-a","prefix":"p","session_id":"s",
+        "messages":[{"role":"system","content":"S"},{"role":"user","content":"u"}]}"#;
+    let header_sets: [&[(&str, &str)]; 5] = [
+        &[],
+        &[("x-session-id", "3")],
+        &[("x-conversation-id", "c")],
+        &[("x-flexinfer-cache-key", "tenant-h")],
+        &[("x-flexinfer-cache-key", "bad key!"), ("x-session-id", "3")],
+    ];
+    for strategy in Strategy::ALL {
+        for hdrs in header_sets {
+            if needs_body(strategy, &headers(hdrs), &limits) {
+                continue;
+            }
+            assert_eq!(
+                run(strategy, hdrs, "", &limits).key,
+                run(strategy, hdrs, body, &limits).key,
+                "{strategy:?} {hdrs:?}"
+            );
+        }
+    }
+    // The fuzzer's finding: prefix routing with a session header still reads body keys.
+    assert!(needs_body(
+        Strategy::Prefix,
+        &headers(&[("x-session-id", "3")]),
+        &limits
+    ));
+    assert!(!needs_body(
+        Strategy::SessionAffinity,
+        &headers(&[("x-session-id", "3")]),
+        &limits
+    ));
+}

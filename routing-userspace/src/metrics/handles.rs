@@ -11,7 +11,7 @@ use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
 use super::keys::ModelKeys;
 use super::Metrics;
 use crate::router::reservation::ReservationCounters;
-use crate::rules::possible_decisions;
+use crate::rules::{can_spill, possible_decisions};
 use crate::vocab::{GroupOutcome, KeySource, LabelGroupMode, Outcome, Strategy};
 
 /// `requests_total{model,status}`: `200` resolved up front (a series at zero, so `rate()` works
@@ -87,7 +87,11 @@ pub struct ModelMetrics {
     pub duration: Histogram,
     /// `routing_decisions_total` by `[key source][outcome]`; `None` where the rules say the
     /// pair cannot occur.
-    decisions: [[Option<IntCounter>; 2]; 9],
+    decisions: [[Option<IntCounter>; Outcome::ALL.len()]; KeySource::ALL.len()],
+    /// `routing_spills_total`, for strategies that walk a ring.
+    pub spills: Option<IntCounter>,
+    /// The cache-aware series, for cache-aware models.
+    pub cache_aware: Option<CacheAwareMetrics>,
     /// `routing_target_hits_total` per pod (indexed like the model's pods), then the Service.
     pub pod_hits: Vec<IntCounter>,
     pub service_hits: Option<IntCounter>,
@@ -114,7 +118,8 @@ impl ModelMetrics {
         now: Instant,
     ) -> Self {
         let n = &**name;
-        let mut decisions: [[Option<IntCounter>; 2]; 9] = Default::default();
+        let mut decisions: [[Option<IntCounter>; Outcome::ALL.len()]; KeySource::ALL.len()] =
+            Default::default();
         for (source, outcome) in possible_decisions(strategy, has_service) {
             decisions[source.index()][outcome.index()] =
                 Some(m.routing_decisions_total.with_label_values(&[
@@ -138,6 +143,15 @@ impl ModelMetrics {
             ttfb: m.time_to_first_byte_seconds.with_label_values(&[n]),
             duration: m.request_duration_seconds.with_label_values(&[n]),
             decisions,
+            spills: can_spill(strategy, has_service).then(|| {
+                m.routing_spills_total
+                    .with_label_values(&[n, strategy.as_str()])
+            }),
+            cache_aware: (strategy == Strategy::CacheAware).then(|| CacheAwareMetrics {
+                depth: m.cache_aware_match_depth.with_label_values(&[n]),
+                matched: m.cache_aware_lookups_total.with_label_values(&[n, "match"]),
+                missed: m.cache_aware_lookups_total.with_label_values(&[n, "miss"]),
+            }),
             pod_hits: pods.iter().map(|p| hits(p)).collect(),
             service_hits: has_service.then(|| hits(SERVICE_TARGET)),
             pod_connect_errors: pods.iter().map(|p| errors(p)).collect(),
@@ -167,6 +181,26 @@ impl ModelMetrics {
     }
 }
 
+/// What a cache-aware model records per decision that consulted its index.
+#[derive(Debug)]
+pub struct CacheAwareMetrics {
+    pub depth: Histogram,
+    pub matched: IntCounter,
+    pub missed: IntCounter,
+}
+
+impl CacheAwareMetrics {
+    /// One lookup whose chosen pod held `depth` leading links.
+    pub fn observe(&self, depth: u32) {
+        self.depth.observe(f64::from(depth));
+        if depth > 0 {
+            self.matched.inc();
+        } else {
+            self.missed.inc();
+        }
+    }
+}
+
 /// The `target` label of the Service fallback.
 pub const SERVICE_TARGET: &str = "service-dns";
 
@@ -177,6 +211,8 @@ pub struct GroupMetrics {
     decisions: [IntCounter; 3],
     /// `label_group_route_target_hits_total` per member (indexed like the members).
     pub member_hits: Vec<IntCounter>,
+    /// `routing_spills_total{model=<label>,strategy=<mode>}` for the hashing modes.
+    pub spills: Option<IntCounter>,
 }
 
 impl GroupMetrics {
@@ -188,8 +224,13 @@ impl GroupMetrics {
                 o.as_str(),
             ])
         });
+        let hashing = matches!(mode, LabelGroupMode::Prefix | LabelGroupMode::Session);
         Self {
             decisions,
+            spills: hashing.then(|| {
+                m.routing_spills_total
+                    .with_label_values(&[label, mode.as_str()])
+            }),
             member_hits: members
                 .iter()
                 .map(|member| {

@@ -23,6 +23,11 @@ use prometheus::{
 
 pub use keys::{KeyStats, KeyTracking};
 
+/// Buckets of the cache-aware matched depth (prompt-chain links).
+const DEPTH_BUCKETS: &[f64] = &[
+    0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
 /// Latency buckets (seconds) sized for LLM requests: milliseconds to minutes.
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -50,6 +55,12 @@ pub struct Metrics {
     pub outlier_ejections_total: IntCounterVec,
     pub ready_endpoints: IntGaugeVec,
     pub ebpf_enabled: IntGauge,
+    /// Hash-balance spills: requests the bound moved off their key's pod.
+    pub routing_spills_total: IntCounterVec,
+    /// Cache-aware: prompt-chain links the chosen pod held, per request.
+    pub cache_aware_match_depth: HistogramVec,
+    /// Cache-aware lookups by whether the chosen pod held any link (`result` match or miss).
+    pub cache_aware_lookups_total: IntCounterVec,
     /// Cardinality trackers and hot keys per model.
     pub keys: KeyStats,
     /// `requests_total` of requests that never resolved to a configured model (client-chosen
@@ -84,7 +95,17 @@ impl Families {
     }
 
     fn histogram(&mut self, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
-        let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+        self.histogram_with(name, help, labels, LATENCY_BUCKETS)
+    }
+
+    fn histogram_with(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: &[f64],
+    ) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
         self.add(HistogramVec::new(opts, labels).expect("valid metric"))
     }
 }
@@ -221,6 +242,22 @@ impl Metrics {
                 &["model"],
             ),
             ebpf_enabled,
+            routing_spills_total: f.counter(
+                "flexinfer_proxy_routing_spills_total",
+                "Requests the hash-balance bound moved off their key's pod to the next pod under the bound (model is the label for label groups)",
+                &["model", "strategy"],
+            ),
+            cache_aware_match_depth: f.histogram_with(
+                "flexinfer_proxy_cache_aware_match_depth",
+                "Leading prompt-chain links the pod a cache-aware request went to had been sent before",
+                &["model"],
+                DEPTH_BUCKETS,
+            ),
+            cache_aware_lookups_total: f.counter(
+                "flexinfer_proxy_cache_aware_lookups_total",
+                "Cache-aware decisions by whether the chosen pod matched any prompt-chain link (result: match or miss)",
+                &["model", "result"],
+            ),
             keys: KeyStats::new(
                 tracking,
                 routing_key_cardinality,
@@ -296,7 +333,7 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 18, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 21, "{text}");
         m.requests_total.with_label_values(&["m", "200"]).inc();
         let text = m.render();
         assert_eq!(

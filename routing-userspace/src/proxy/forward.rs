@@ -61,6 +61,8 @@ fn target_of(d: &Decision, a: Attempt, uri: &Uri) -> (PoolKey, http::HeaderValue
 /// replaces (a pod reservation only when `a` is the reserved pod).
 fn start_on(shared: &Shared, ctx: &mut RequestCtx, a: Attempt) {
     let d = ctx.decision.as_mut().expect("decided");
+    // From here the gauge counts the request (or the Service has it): its pick is not pending.
+    d.pending_pick = None;
     if let Some(r) = d.member_reservation.take() {
         r.consume();
     }

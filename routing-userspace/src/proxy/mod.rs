@@ -75,7 +75,10 @@ pub async fn handle(
         end: (!total.is_zero()).then(|| tokio::time::Instant::from_std(start + total)),
     };
     match answered {
-        Ok(Answer::Forwarded(f)) => stream::respond(f, ctx, deadlines).map(Either::Left),
+        Ok(Answer::Forwarded(f)) => {
+            let route_header = shared.router.knobs().route_header;
+            stream::respond(f, ctx, deadlines, route_header).map(Either::Left)
+        }
         Ok(Answer::Local(r)) => {
             ctx.local = true;
             r.map(Either::Right)

@@ -64,6 +64,7 @@ pub fn record(ctx: &mut RequestCtx) {
         g.group.metrics.decision(g.outcome).inc();
         g.group.metrics.member_hits[g.member].inc();
     }
+    record_balance(d);
     for ignored in &d.ignored {
         tracing::debug!(model = %model, source = %ignored.source, reason = ?ignored.reason, "ignoring malformed routing key");
     }
@@ -74,5 +75,27 @@ pub fn record(ctx: &mut RequestCtx) {
         None => {
             tracing::debug!(model = %model, strategy = %strategy, key_source = %source, "routing fallback to service");
         }
+    }
+}
+
+/// The hash-balance and cache-aware part of a decision: spill counters and their debug lines,
+/// the matched depth.
+fn record_balance(d: &crate::router::Decision) {
+    let model = &*d.model.name;
+    if let (Some(c), Some(depth)) = (&d.model.metrics.cache_aware, d.match_depth) {
+        c.observe(depth);
+    }
+    if let Some(s) = d.spill {
+        if let Some(c) = &d.model.metrics.spills {
+            c.inc();
+        }
+        let target = d.picked_pod().map_or("-", |p| &*p.label);
+        tracing::debug!(model = %model, strategy = %d.strategy, preferred = %d.model.pods[s.preferred].label, target = %target, load = s.load, bound = s.bound, "routing spilled past a pod at the load bound");
+    }
+    if let Some((g, s)) = d.group.as_ref().and_then(|g| Some((g, g.spill?))) {
+        if let Some(c) = &g.group.metrics.spills {
+            c.inc();
+        }
+        tracing::debug!(label = %g.group.label, mode = %g.mode, preferred = %g.group.members[s.preferred].name, member = %d.model.name, load = s.load, bound = s.bound, "label group spilled past a member at the load bound");
     }
 }

@@ -46,10 +46,21 @@ pub struct ObservedBody {
     done: bool,
 }
 
-/// The client's response for a forwarded request.
-pub fn respond(f: Forwarded, mut ctx: RequestCtx, deadlines: Deadlines) -> Response<ObservedBody> {
+/// The opt-in routing header (`--route-header`): how the request was routed, never its key.
+pub const ROUTE_HEADER: http::HeaderName = http::HeaderName::from_static("x-flexinfer-route");
+
+/// The client's response for a forwarded request; `route_header` adds [`ROUTE_HEADER`].
+pub fn respond(
+    f: Forwarded,
+    mut ctx: RequestCtx,
+    deadlines: Deadlines,
+    route_header: bool,
+) -> Response<ObservedBody> {
     let (mut parts, inner) = f.response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
+    if let Some(d) = ctx.decision.as_ref().filter(|_| route_header) {
+        parts.headers.insert(ROUTE_HEADER, d.route_header());
+    }
     ctx.status = Some(parts.status.as_u16());
     let sse = parts
         .headers

@@ -11,7 +11,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::health::Health;
+use super::pending::PendingPick;
 use super::reservation::Reservation;
+use crate::balance::bounded::BoundedWalk;
+use crate::balance::cache_aware::CacheAwareOrder;
 use crate::balance::least_loaded::Ranked;
 use crate::balance::ring::WalkState;
 use crate::balance::round_robin::Rotation;
@@ -25,6 +28,10 @@ pub enum Cursor {
     None,
     Rotation(Rotation),
     Walk(WalkState),
+    /// The ring walk under the hash-balance bound.
+    Bounded(BoundedWalk),
+    /// The cache-aware pick, then the rest of its bounded walk.
+    CacheAware(CacheAwareOrder),
     Ranked(Ranked),
 }
 
@@ -34,6 +41,8 @@ impl Cursor {
             Cursor::None => None,
             Cursor::Rotation(r) => r.next(),
             Cursor::Walk(w) => w.next(&model.ring),
+            Cursor::Bounded(w) => w.next(&model.ring),
+            Cursor::CacheAware(o) => o.next(&model.ring),
             Cursor::Ranked(r) => r.next(),
         }
     }
@@ -60,6 +69,15 @@ fn next_healthy(
         }
     }
     skipped
+}
+
+/// A pick the hash-balance bound moved: the candidate the key preferred (a pod index, or a
+/// member index for a label group), its load and the bound it was at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spill {
+    pub preferred: usize,
+    pub load: u64,
+    pub bound: u64,
 }
 
 /// Where an attempt goes: a pod of the decision's model (by index), or its Service.
@@ -103,6 +121,8 @@ pub struct GroupChoice {
     pub member: usize,
     pub mode: LabelGroupMode,
     pub outcome: GroupOutcome,
+    /// The member the key preferred, when the bound moved the pick off it.
+    pub spill: Option<Spill>,
 }
 
 /// A routing decision for one request.
@@ -120,6 +140,15 @@ pub struct Decision {
     pub pod_reservation: Option<Reservation>,
     /// The pick's reservation of a label-group member (least-loaded mode).
     pub member_reservation: Option<Reservation>,
+    /// A bounded (or cache-aware) pick counts on its pod until the request starts upstream;
+    /// the forward phase drops this when it does.
+    pub pending_pick: Option<PendingPick>,
+    /// The pod the key preferred, when the hash-balance bound moved the pick off it (the
+    /// outcome is then [`Outcome::Spill`]).
+    pub spill: Option<Spill>,
+    /// Cache-aware: leading prompt-chain links the picked pod held (`None` when the index was
+    /// not consulted).
+    pub match_depth: Option<u32>,
     /// The pod the decision picked (the first candidate).
     picked: Option<usize>,
     /// The first candidate until an attempt takes it.
@@ -164,13 +193,51 @@ impl Decision {
             ignored,
             pod_reservation: None,
             member_reservation: None,
+            pending_pick: None,
+            spill: None,
+            match_depth: None,
             health,
             at,
         }
     }
 
+    /// Record that the bound moved the pick: the outcome becomes [`Outcome::Spill`].
+    pub(super) fn spilled(&mut self, spill: Spill) {
+        if self.picked.is_some() {
+            self.spill = Some(spill);
+            self.outcome = Outcome::Spill;
+        }
+    }
+
+    /// Whether the bound moved this request, at the group or the pod level.
+    pub fn any_spill(&self) -> bool {
+        self.spill.is_some() || self.group.as_ref().is_some_and(|g| g.spill.is_some())
+    }
+
+    /// The `x-flexinfer-route` value: strategy, key source, outcome, matched depth (cache-aware
+    /// lookups only) and spill. Never key text.
+    pub fn route_header(&self) -> http::HeaderValue {
+        use std::fmt::Write as _;
+        let mut v = format!(
+            "strategy={}; key-source={}; outcome={}",
+            self.strategy.as_str(),
+            self.key_source().as_str(),
+            self.outcome.as_str()
+        );
+        if let Some(d) = self.match_depth {
+            let _ = write!(v, "; depth={d}");
+        }
+        let _ = write!(v, "; spill={}", self.any_spill());
+        http::HeaderValue::from_str(&v).expect("labels are header-safe")
+    }
+
     pub fn key_source(&self) -> KeySource {
         self.key.map_or(KeySource::None, |k| k.source)
+    }
+
+    /// The index (in the model's pods) of the pod the decision picked.
+    pub fn picked_index(&self) -> Option<usize> {
+        self.picked
     }
 
     /// The pod the decision picked, if it picked one.

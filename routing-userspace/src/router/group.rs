@@ -1,11 +1,14 @@
 //! Label groups (spec: "Shared service-label routing"): narrow the members to the highest
 //! ready priority tier, pick one by the group mode, then let that member route by its own
-//! strategy. No ready member: the deterministic cold-start member.
+//! strategy. No ready member: the deterministic cold-start member. The hashing modes (prefix,
+//! session) walk the group ring under the hash-balance bound, with a member's load being its
+//! pods' loads plus its reservations, as least-loaded mode reads it.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Decision, GroupChoice, Router};
+use super::{Decision, GroupChoice, Router, Spill};
+use crate::balance::bounded::BoundedWalk;
 use crate::balance::least_loaded::rank;
 use crate::balance::priority::{cold_start, top_ready_tier};
 use crate::balance::random::random;
@@ -23,19 +26,23 @@ pub fn decide(
     now: Instant,
 ) -> Decision {
     let mode = router.knobs.label_group_mode;
-    let (member, outcome, reservation) = match top_ready_tier(&g.members) {
+    let (member, outcome, reservation, spill) = match top_ready_tier(&g.members) {
         None => {
             let i = cold_start(&g.members).expect("a label group has at least one member");
-            (i, GroupOutcome::ColdStart, None)
+            (i, GroupOutcome::ColdStart, None, None)
         }
         Some(tier) => {
-            let (pick, reservation) = pick_in_tier(router, g, &tier.members, req, draw, now);
+            let TierPick {
+                member,
+                reservation,
+                spill,
+            } = pick_in_tier(router, g, &tier.members, req, draw, now);
             let outcome = if tier.narrowed {
                 GroupOutcome::PriorityPick
             } else {
                 GroupOutcome::Mode(mode)
             };
-            (pick, outcome, reservation)
+            (member, outcome, reservation, spill)
         }
     };
     let mut d = router.decide_model(&g.members[member], req, draw, now);
@@ -45,12 +52,30 @@ pub fn decide(
         member,
         mode,
         outcome,
+        spill,
     });
     d
 }
 
-/// The member (index into `g.members`) the group mode picks among `tier`, and its
-/// reservation (least-loaded mode).
+/// A member picked in the top tier, what it reserved and whether the bound moved it.
+struct TierPick {
+    member: usize,
+    reservation: Option<super::reservation::Reservation>,
+    spill: Option<Spill>,
+}
+
+impl TierPick {
+    fn plain(member: usize) -> Self {
+        Self {
+            member,
+            reservation: None,
+            spill: None,
+        }
+    }
+}
+
+/// The member (index into `g.members`) the group mode picks among `tier`, its reservation
+/// (least-loaded mode) and its spill (hashing modes under the bound).
 fn pick_in_tier(
     router: &Router,
     g: &LabelGroup,
@@ -58,16 +83,16 @@ fn pick_in_tier(
     req: &RequestParts<'_, '_>,
     draw: u64,
     now: Instant,
-) -> (usize, Option<super::reservation::Reservation>) {
+) -> TierPick {
     let mode = router.knobs.label_group_mode;
     // Least-loaded still reserves a lone member, so its gauge story stays consistent.
     if tier.len() == 1 && mode != LabelGroupMode::LeastLoaded {
-        return (tier[0], None);
+        return TierPick::plain(tier[0]);
     }
     match mode {
         LabelGroupMode::RoundRobin => {
             let k = round_robin(g.next_ticket(), tier.len()).next().unwrap_or(0);
-            (tier[k], None)
+            TierPick::plain(tier[k])
         }
         LabelGroupMode::LeastLoaded => {
             let rr = g.next_ticket();
@@ -75,7 +100,7 @@ fn pick_in_tier(
             let (mut order, token) = router.members.pick(
                 tier.len(),
                 |k| Some(member(k).name_hash),
-                |k| member(k).pods.iter().map(|p| router.pod_load(p)).sum(),
+                |k| member_load(router, member(k)),
                 |loads| rank(loads, rr, 1),
                 |order| order.clone().next(),
                 // A member's reservations are reported under its own name.
@@ -83,7 +108,11 @@ fn pick_in_tier(
                 now,
             );
             let k = order.next().unwrap_or(0);
-            (tier[k], token)
+            TierPick {
+                member: tier[k],
+                reservation: token,
+                spill: None,
+            }
         }
         LabelGroupMode::Prefix | LabelGroupMode::Session => {
             let strategy = if mode == LabelGroupMode::Prefix {
@@ -93,18 +122,77 @@ fn pick_in_tier(
             };
             match keys::extract(strategy, req, &router.knobs.limits).key {
                 // Walk the group ring (built over all members) to the first one in the tier.
-                Some(k) => (
-                    g.ring
+                Some(k) => {
+                    let plain = g
+                        .ring
                         .walk(k.hash)
                         .find(|i| tier.contains(i))
-                        .unwrap_or(tier[0]),
-                    None,
-                ),
+                        .unwrap_or(tier[0]);
+                    if !router.knobs.hash_balance.is_on() {
+                        return TierPick::plain(plain);
+                    }
+                    bounded_member(router, g, tier, k.hash, plain, now)
+                }
                 None => {
                     let k = random(draw, tier.len()).next().unwrap_or(0);
-                    (tier[k], None)
+                    TierPick::plain(tier[k])
                 }
             }
         }
+    }
+}
+
+/// A member's load: its pods' gauge (as least-loaded mode reads it), without reservations.
+fn member_load(router: &Router, m: &crate::table::ModelRoute) -> u64 {
+    m.pods.iter().map(|p| router.pod_load(p)).sum()
+}
+
+/// A member's load for the bound: its pods' gauge and their pending bounded picks.
+fn member_bounded_load(router: &Router, m: &crate::table::ModelRoute) -> u64 {
+    m.pods.iter().map(|p| router.bounded_load(p)).sum()
+}
+
+/// The bounded walk of the group ring over the tier: members outside the tier never qualify,
+/// the bound is taken over the tier's loads (pods' gauge plus member reservations).
+fn bounded_member(
+    router: &Router,
+    g: &LabelGroup,
+    tier: &[usize],
+    hash: u64,
+    plain: usize,
+    now: Instant,
+) -> TierPick {
+    let n = g.members.len();
+    let loads = router.members.loads(
+        n,
+        |i| Some(g.members[i].name_hash),
+        |i| member_bounded_load(router, &g.members[i]),
+        now,
+    );
+    let mut loads = loads.as_slice().to_vec();
+    let total: u64 = tier.iter().map(|&i| loads[i]).sum();
+    let bound = router
+        .knobs
+        .hash_balance
+        .bound(total, tier.len())
+        .expect("a bound that is on, over a tier");
+    let plain_load = loads[plain];
+    for (i, l) in loads.iter_mut().enumerate() {
+        if !tier.contains(&i) {
+            *l = u64::MAX;
+        }
+    }
+    let member = BoundedWalk::new(&g.ring, hash, &loads, bound)
+        .iter(&g.ring)
+        .find(|i| tier.contains(i))
+        .unwrap_or(plain);
+    TierPick {
+        member,
+        reservation: None,
+        spill: (member != plain).then_some(Spill {
+            preferred: plain,
+            load: plain_load,
+            bound,
+        }),
     }
 }

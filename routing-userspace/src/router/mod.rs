@@ -4,32 +4,43 @@
 //! reservation ledgers its least-loaded picks write, and the routing knobs. Choosing is a pure
 //! function of the table entry, the request's key and the loads ([`crate::rules`] says which
 //! rule applies, [`crate::balance`] orders the candidates); the only side effect is the
-//! reservation a least-loaded pick records, which the decision then carries as a token. The
-//! proxy never works out from strategy and outcome whether something was reserved.
+//! reservation a least-loaded pick records, which the decision then carries as a token, and
+//! what a cache-aware pick teaches the prefix index. The proxy never works out from strategy
+//! and outcome whether something was reserved.
 
 pub mod decision;
 pub mod group;
 pub mod health;
+pub mod pending;
+pub mod prefix_index;
 pub mod reservation;
 
+#[cfg(test)]
+mod balance_tests;
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::balance::bounded::{spilled_from, BoundedWalk, HashBalance};
+use crate::balance::cache_aware;
 use crate::balance::least_loaded::rank;
 use crate::balance::random::random;
 use crate::balance::ring::WalkState;
 use crate::balance::round_robin::round_robin;
 use crate::config::RoutingKnobs;
-use crate::keys::{self, RequestParts};
+use crate::keys::chain::PromptChain;
+use crate::keys::{self, KeySource, RequestParts};
 use crate::load::LoadGauge;
 use crate::rules::{pod_choice, PodChoice};
-use crate::table::{ModelRoute, Pod, Route};
-pub use decision::{Attempt, Cursor, Decision, GroupChoice, Target};
+use crate::table::{ModelRoute, Pod, Route, RoutingTable};
+use crate::vocab::Strategy;
+pub use decision::{Attempt, Cursor, Decision, GroupChoice, Spill, Target};
 use health::{EjectionPolicy, Health};
-use reservation::Ledger;
+use pending::PendingPicks;
+use prefix_index::PrefixIndex;
+use reservation::{Ledger, Loads};
 
 pub struct Router {
     gauge: Arc<dyn LoadGauge>,
@@ -39,6 +50,10 @@ pub struct Router {
     pods: Arc<Ledger>,
     /// Reservations of label-group members, keyed by the member's name hash.
     members: Arc<Ledger>,
+    /// What cache-aware picks sent where (all cache-aware models; chains carry the model).
+    index: PrefixIndex,
+    /// Bounded and cache-aware picks whose requests have not started upstream yet.
+    pending: Arc<PendingPicks>,
     knobs: RoutingKnobs,
 }
 
@@ -57,8 +72,46 @@ impl Router {
             health: Arc::new(Health::new(ejection)),
             pods: Ledger::new(knobs.reservation_ttl),
             members: Ledger::new(knobs.reservation_ttl),
+            index: PrefixIndex::new(knobs.cache_aware_index_budget),
+            pending: PendingPicks::new(),
             knobs,
         }
+    }
+
+    /// The cache-aware prefix index.
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    /// A new table was published: the index forgets pods no model has any more.
+    pub fn table_rebuilt(&self, table: &RoutingTable) {
+        let live: std::collections::HashSet<u32> = table
+            .models()
+            .flat_map(|m| m.pods.iter().filter_map(|p| p.slot))
+            .collect();
+        self.index.retain_pods(|s| live.contains(&s));
+    }
+
+    /// The hash-balance settings of a model: the proxy's, with the model's own overrides.
+    pub fn balance_for(&self, m: &ModelRoute) -> HashBalance {
+        self.knobs.hash_balance.overridden(&m.spec.hash_balance)
+    }
+
+    /// A pod's load as a bounded pick reads it, reservations apart: the gauge plus the bounded
+    /// picks of it whose requests have not started yet.
+    pub fn bounded_load(&self, pod: &Pod) -> u64 {
+        self.pod_load(pod) + pod.slot.map_or(0, |s| self.pending.get(s))
+    }
+
+    /// Every pod's load as a bounded pick reads it: gauge, pending picks and unexpired
+    /// reservations.
+    pub fn pod_loads(&self, m: &ModelRoute, now: Instant) -> Loads {
+        self.pods.loads(
+            m.pods.len(),
+            |i| m.pods[i].slot.map(u64::from),
+            |i| self.bounded_load(&m.pods[i]),
+            now,
+        )
     }
 
     pub fn knobs(&self) -> &RoutingKnobs {
@@ -132,21 +185,53 @@ impl Router {
             model: Some(&m.name),
             ..*req
         };
-        let extraction = keys::extract(strategy, &parts, &self.knobs.limits);
+        let (extraction, chain) = if strategy == Strategy::CacheAware {
+            keys::extract_with_chain(&parts, &self.knobs.limits)
+        } else {
+            (keys::extract(strategy, &parts, &self.knobs.limits), None)
+        };
         let key = extraction.key;
+        let source = key.map_or(KeySource::None, |k| k.source);
         let n = m.pods.len();
         let attempts = self.knobs.max_pod_attempts;
         let mut reservation = None;
+        let mut spill = None;
+        let mut depths_of_pods = None;
+        let mut counted = false;
         let cursor = if n == 0 {
             Cursor::None
         } else {
-            match pod_choice(strategy, key.is_some(), m.service.is_some()) {
+            match pod_choice(strategy, source, m.service.is_some()) {
                 PodChoice::Service => Cursor::None,
                 PodChoice::RoundRobin => Cursor::Rotation(round_robin(m.next_ticket(), n)),
                 PodChoice::Random => Cursor::Rotation(random(draw, n)),
                 PodChoice::Ring => {
                     let hash = key.map_or(0, |k| k.hash);
-                    Cursor::Walk(WalkState::new(&m.ring, hash))
+                    let balance = self.balance_for(m);
+                    if balance.is_on() {
+                        let loads = self.pod_loads(m, now);
+                        let loads = loads.as_slice();
+                        let bound = balance
+                            .bound(loads.iter().sum(), n)
+                            .expect("a bound that is on, over pods");
+                        spill = spilled_from(&m.ring, hash, loads, bound).map(|p| Spill {
+                            preferred: p,
+                            load: loads[p],
+                            bound,
+                        });
+                        counted = true;
+                        Cursor::Bounded(BoundedWalk::new(&m.ring, hash, loads, bound))
+                    } else {
+                        Cursor::Walk(WalkState::new(&m.ring, hash))
+                    }
+                }
+                PodChoice::CacheAware => {
+                    let chain = chain.as_ref().expect("a prompt-chain key has its chain");
+                    let (cursor, s, depths) = self.cache_aware(m, chain, now);
+                    spill = s;
+                    depths_of_pods = Some(depths);
+                    counted = true;
+                    cursor
                 }
                 PodChoice::LeastLoaded => {
                     let rr = m.next_ticket();
@@ -179,6 +264,54 @@ impl Router {
             now,
         );
         d.pod_reservation = reservation;
+        if let Some(depths) = depths_of_pods {
+            // The index learns the chain for the pod the decision picked: the cache-aware
+            // choice, unless passive health moved it off an ejected pod.
+            if let Some(i) = d.picked_index() {
+                if let Some(slot) = m.pods[i].slot {
+                    let chain = chain.as_ref().expect("a prompt-chain key has its chain");
+                    self.index.learn(slot, chain.links());
+                }
+                d.match_depth = Some(depths[i]);
+            } else {
+                d.match_depth = Some(0);
+            }
+        }
+        if counted {
+            d.pending_pick = d
+                .picked_pod()
+                .and_then(|p| p.slot)
+                .map(|s| self.pending.hold(s));
+        }
+        if let Some(s) = spill {
+            d.spilled(s);
+        }
         d
+    }
+
+    /// The cache-aware pick: depths from the index, loads from the gauge, the choice (pure),
+    /// then the index learns the chain for the pod it picked.
+    fn cache_aware(
+        &self,
+        m: &ModelRoute,
+        chain: &PromptChain,
+        now: Instant,
+    ) -> (Cursor, Option<Spill>, Vec<u32>) {
+        let n = m.pods.len();
+        let links = chain.links();
+        let mut depths = vec![0u32; n];
+        self.index
+            .depths(links, |slot| m.pod_of_slot(slot), &mut depths);
+        let balance = self.balance_for(m);
+        let loads = self.pod_loads(m, now);
+        let loads = loads.as_slice();
+        let bound = balance.bound(loads.iter().sum(), n);
+        let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound);
+        let spill = choice.spilled_from.map(|p| Spill {
+            preferred: p,
+            load: loads[p],
+            bound: bound.unwrap_or(u64::MAX),
+        });
+        (Cursor::CacheAware(choice.order), spill, depths)
     }
 }

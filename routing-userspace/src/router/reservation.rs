@@ -47,9 +47,9 @@ struct Entry {
     counters: Arc<ReservationCounters>,
 }
 
-/// Keys are already well-distributed integers (pod slots, member name hashes).
+/// Keys are already well-distributed integers (pod slots, member name hashes, chain links).
 #[derive(Default)]
-struct Identity(u64);
+pub(crate) struct Identity(u64);
 
 impl Hasher for Identity {
     fn finish(&self) -> u64 {
@@ -157,6 +157,25 @@ impl Ledger {
         (order, Some(token))
     }
 
+    /// `active(i) +` unexpired reservations of `key_of(i)` for each of `n` candidates, read
+    /// under one lock: the loads a bounded ring pick compares with its bound. Nothing is
+    /// reserved.
+    pub fn loads(
+        &self,
+        n: usize,
+        key_of: impl Fn(usize) -> Option<u64>,
+        active: impl Fn(usize) -> u64,
+        now: Instant,
+    ) -> Loads {
+        if !self.enabled() {
+            return Loads::collect(n, active);
+        }
+        let inner = self.lock();
+        Loads::collect(n, |i| {
+            active(i) + key_of(i).map_or(0, |k| self.pending_in(&inner, k, now))
+        })
+    }
+
     /// Unexpired reservations held for `key`.
     pub fn pending(&self, key: u64, now: Instant) -> u64 {
         let inner = self.lock();
@@ -216,7 +235,7 @@ impl Ledger {
 /// Loads of the candidates of one pick, on the stack for up to 64 of them (it lives for one
 /// pick, on the stack, so its size is the point).
 #[allow(clippy::large_enum_variant)]
-enum Loads {
+pub enum Loads {
     Inline([u64; 64], usize),
     Heap(Vec<u64>),
 }
@@ -234,11 +253,16 @@ impl Loads {
         }
     }
 
-    fn as_slice(&self) -> &[u64] {
+    pub fn as_slice(&self) -> &[u64] {
         match self {
             Loads::Inline(a, n) => &a[..*n],
             Loads::Heap(v) => v,
         }
+    }
+
+    /// The loads added up.
+    pub fn total(&self) -> u64 {
+        self.as_slice().iter().sum()
     }
 }
 

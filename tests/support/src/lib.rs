@@ -20,7 +20,8 @@ pub use cgroup::{cgroup2_root, Cgroup};
 pub use cpu::pin_to_cpu;
 pub use models::{ModelEntry, ModelsFile};
 pub use net::{
-    free_port, http_request, loopback, raw_exchange, wait_http_ok, wait_port, HttpReply,
+    free_port, http_request, loopback, parse_response, raw_exchange, wait_http_ok, wait_port,
+    HttpReply,
 };
 pub use process::Proc;
 pub use scratch::TempDir;

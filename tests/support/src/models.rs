@@ -35,6 +35,10 @@ pub struct ModelEntry {
     service: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     endpoints: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hash_balance_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hash_balance_floor: Option<u64>,
 }
 
 impl ModelsFile {
@@ -80,7 +84,21 @@ impl ModelEntry {
             ready: None,
             service: None,
             endpoints: Vec::new(),
+            hash_balance_factor: None,
+            hash_balance_floor: None,
         }
+    }
+
+    /// This model's bounded-load factor (`hashBalanceFactor`; 0 = the plain ring).
+    pub fn hash_balance_factor(mut self, factor: f64) -> Self {
+        self.hash_balance_factor = Some(factor);
+        self
+    }
+
+    /// This model's bound floor (`hashBalanceFloor`).
+    pub fn hash_balance_floor(mut self, floor: u64) -> Self {
+        self.hash_balance_floor = Some(floor);
+        self
     }
 
     /// `session-affinity`, `prefix`, `least-loaded`, ... (not checked here: tests also write
@@ -159,7 +177,9 @@ mod tests {
                 .ready(false)
                 .service_at("127.0.0.1:9000")
                 .endpoint("127.0.0.1:9001")
-                .endpoints(["[::1]:9002"]),
+                .endpoints(["[::1]:9002"])
+                .hash_balance_factor(1.5)
+                .hash_balance_floor(3),
         );
         let want: Value = serde_yaml_ng::from_str(
             r#"
@@ -172,6 +192,8 @@ models:
     ready: false
     service: http://127.0.0.1:9000
     endpoints: [127.0.0.1:9001, "[::1]:9002"]
+    hashBalanceFactor: 1.5
+    hashBalanceFloor: 3
 "#,
         )
         .unwrap();

@@ -150,7 +150,8 @@ fn bad(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
-fn parse_response(raw: &[u8]) -> io::Result<HttpReply> {
+/// An HTTP/1.1 response read whole (head, then the body with chunked coding undone).
+pub fn parse_response(raw: &[u8]) -> io::Result<HttpReply> {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

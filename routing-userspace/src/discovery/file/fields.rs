@@ -86,6 +86,28 @@ impl FromScalar for Strategy {
     }
 }
 
+/// A model's hash-balance factor (`0` = off, else 1 to 100), in thousandths.
+pub(super) struct BalanceFactor;
+
+impl FromScalar for BalanceFactor {
+    type Out = u32;
+    const EXPECTED: &'static str = "a hash balance factor";
+    fn from_scalar(s: &str) -> Result<u32, String> {
+        crate::balance::bounded::parse_factor(s).map_err(|e| e.to_string())
+    }
+}
+
+/// A model's hash-balance floor (requests).
+pub(super) struct BalanceFloor;
+
+impl FromScalar for BalanceFloor {
+    type Out = u64;
+    const EXPECTED: &'static str = "a hash balance floor";
+    fn from_scalar(s: &str) -> Result<u64, String> {
+        crate::balance::bounded::parse_floor(s).map_err(|e| e.to_string())
+    }
+}
+
 impl FromScalar for SocketAddr {
     type Out = SocketAddr;
     const EXPECTED: &'static str = "IP:port";

@@ -12,14 +12,19 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::crd::Model;
-use crate::discovery::{ModelSpec, Strategy};
+use crate::balance::bounded::{parse_factor, parse_floor};
+use crate::discovery::{BalanceOverride, ModelSpec, Strategy};
 
-/// `flexinfer.ai/routing`: session-affinity | prefix | least-loaded; absent = default.
+/// `flexinfer.ai/routing`: session-affinity | prefix | least-loaded | cache-aware; absent = default.
 pub const ROUTING_ANNOTATION: &str = "flexinfer.ai/routing";
 /// `flexinfer.ai/route-priority`: integer, higher wins in a label group; absent or invalid = 0.
 pub const ROUTE_PRIORITY_ANNOTATION: &str = "flexinfer.ai/route-priority";
 /// Overrides the Service a Model is served by (default: the Service named like the Model).
 pub const SERVICE_NAME_ANNOTATION: &str = "flexinfer.ai/service-name";
+/// `flexinfer.ai/hash-balance-factor`: this Model's bounded-load factor (0 = off).
+pub const HASH_BALANCE_FACTOR_ANNOTATION: &str = "flexinfer.ai/hash-balance-factor";
+/// `flexinfer.ai/hash-balance-floor`: this Model's least bound (requests in flight).
+pub const HASH_BALANCE_FLOOR_ANNOTATION: &str = "flexinfer.ai/hash-balance-floor";
 /// The default metadata label carrying the shared service label.
 pub const DEFAULT_SERVICE_LABEL_KEY: &str = "flexinfer.ai/service";
 /// The label EndpointSlices carry naming their Service.
@@ -35,6 +40,8 @@ pub struct ModelSettings {
     /// The Service (same namespace) whose endpoints serve this Model.
     pub service_name: String,
     pub ready: bool,
+    /// The hash-balance annotations (unset or invalid: the proxy's settings).
+    pub hash_balance: BalanceOverride,
 }
 
 /// Reads a Model's annotations, labels, spec and status. Returns warnings for values it had to
@@ -50,6 +57,15 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
             .map(String::as_str),
     );
     warnings.extend(w);
+    let (hash_balance, w) = parse_balance(
+        annotations
+            .get(HASH_BALANCE_FACTOR_ANNOTATION)
+            .map(String::as_str),
+        annotations
+            .get(HASH_BALANCE_FLOOR_ANNOTATION)
+            .map(String::as_str),
+    );
+    warnings.extend(w);
     let service_name =
         non_empty(annotations.get(SERVICE_NAME_ANNOTATION)).unwrap_or_else(|| model.name_any());
     let settings = ModelSettings {
@@ -59,6 +75,7 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
         served_model_name: non_empty(model.spec.served_model_name.as_ref()),
         service_name,
         ready: model.is_ready(),
+        hash_balance,
     };
     (settings, warnings)
 }
@@ -81,6 +98,37 @@ pub fn parse_routing(value: Option<&str>) -> (Strategy, Option<String>) {
             ),
         },
     }
+}
+
+/// The hash-balance annotations; a value that does not parse is ignored (the proxy's setting
+/// applies), with a warning.
+pub fn parse_balance(factor: Option<&str>, floor: Option<&str>) -> (BalanceOverride, Vec<String>) {
+    let mut warnings = Vec::new();
+    let factor_milli = factor.and_then(|v| match parse_factor(v) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            warnings.push(format!(
+                "{HASH_BALANCE_FACTOR_ANNOTATION}: {e}; using the proxy's factor"
+            ));
+            None
+        }
+    });
+    let floor = floor.and_then(|v| match parse_floor(v) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            warnings.push(format!(
+                "{HASH_BALANCE_FLOOR_ANNOTATION}: {e}; using the proxy's floor"
+            ));
+            None
+        }
+    });
+    (
+        BalanceOverride {
+            factor_milli,
+            floor,
+        },
+        warnings,
+    )
 }
 
 /// The route-priority annotation: a (possibly negative) integer; anything else is 0, with a warning.
@@ -200,6 +248,7 @@ pub fn translate<'a>(
         ready: settings.ready,
         service: service.and_then(service_url),
         endpoints,
+        hash_balance: settings.hash_balance,
     }
 }
 
@@ -303,6 +352,7 @@ mod tests {
                 served_model_name: Some("llama3:8b".into()),
                 service_name: "other-svc".into(),
                 ready: true,
+                hash_balance: BalanceOverride::default(),
             }
         );
         assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -314,6 +364,55 @@ mod tests {
             (Some("x"), "m", false)
         );
         assert!(warnings.is_empty());
+    }
+
+    #[test]
+    fn hash_balance_annotations_table() {
+        for (factor, floor, want, warns) in [
+            (None, None, BalanceOverride::default(), 0),
+            (
+                Some("1.5"),
+                Some("4"),
+                BalanceOverride {
+                    factor_milli: Some(1500),
+                    floor: Some(4),
+                },
+                0,
+            ),
+            (
+                Some("0"),
+                None,
+                BalanceOverride {
+                    factor_milli: Some(0),
+                    floor: None,
+                },
+                0,
+            ),
+            (Some("0.9"), Some("x"), BalanceOverride::default(), 2),
+            (
+                Some(" 2 "),
+                Some("-1"),
+                BalanceOverride {
+                    factor_milli: Some(2000),
+                    floor: None,
+                },
+                1,
+            ),
+        ] {
+            let (b, w) = parse_balance(factor, floor);
+            assert_eq!((b, w.len()), (want, warns), "{factor:?} {floor:?}: {w:?}");
+        }
+        let m = model(json!({"metadata": {"annotations": {
+            "flexinfer.ai/routing": "cache-aware",
+            "flexinfer.ai/hash-balance-factor": "1.1",
+            "flexinfer.ai/hash-balance-floor": "lots"
+        }}}));
+        let (s, warnings) = model_settings(&m, DEFAULT_SERVICE_LABEL_KEY);
+        assert_eq!(s.routing, Strategy::CacheAware);
+        assert_eq!(s.hash_balance.factor_milli, Some(1100));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("hash-balance-floor"), "{warnings:?}");
+        assert_eq!(translate(&m, &s, None, []).hash_balance, s.hash_balance);
     }
 
     #[test]

@@ -1,0 +1,262 @@
+//! Cache-aware choice: the pod that holds the longest leading run of the request's prompt chain
+//! (by the proxy's own index of what it sent where), among the pods under the hash-balance
+//! bound.
+//!
+//! Ties are common: a shared system prompt is on every pod that served it. Matches within
+//! [`TIE_LINKS`] of the longest count as equal, and among tied pods the least loaded wins, then
+//! the first in the bounded ring walk of the link after the longest matched run. So new
+//! conversations behind a shared system prompt spread by load instead of piling on whichever
+//! pods saw the system prompt first (and starving the ones that did not), which keeps the pods
+//! even and so spares later turns a spill. A run most pods already hold counts as held by all
+//! (one more copy costs one prefill; without this, pods that never got a long shared system
+//! prompt would never get a new conversation). With no match at all the pick is the bounded ring
+//! pick of the chain's first link, so proxies that share no state still place new prefixes
+//! alike. Alternates continue the same walk.
+//!
+//! Pure: the matched depths come from the index, the loads from the gauge, both read once.
+
+use super::bounded::BoundedWalk;
+use super::ring::Ring;
+
+/// The order a cache-aware decision tries pods in: the pick, then the rest of the walk.
+#[derive(Debug, Clone)]
+pub struct CacheAwareOrder {
+    pick: Option<usize>,
+    handed_out_pick: bool,
+    walk: BoundedWalk,
+}
+
+impl CacheAwareOrder {
+    pub fn next(&mut self, ring: &Ring) -> Option<usize> {
+        if !self.handed_out_pick {
+            self.handed_out_pick = true;
+            if self.pick.is_some() {
+                return self.pick;
+            }
+        }
+        loop {
+            let m = self.walk.next(ring)?;
+            if Some(m) != self.pick {
+                return Some(m);
+            }
+        }
+    }
+}
+
+/// What the index and the loads decided for one request.
+#[derive(Debug, Clone)]
+pub struct CacheAwareChoice {
+    /// The pick (`None` only for an empty ring).
+    pub pick: Option<usize>,
+    /// Links of the chain the pick holds (as the index says, before any common run is counted).
+    pub depth: u32,
+    /// The pod the longest match prefers when the bound turned it away.
+    pub spilled_from: Option<usize>,
+    pub order: CacheAwareOrder,
+}
+
+/// Links by which a match must beat another to count as longer: about 512 tokens of prompt.
+/// A pod that lacks only a short shared prefix (a system prompt most pods hold) is as good as
+/// one that has it, so such pods are not starved of new conversations; a document or an earlier
+/// turn is many links long and still decides.
+pub const TIE_LINKS: u32 = 2;
+
+/// The longest run held by a strict majority of the `n` pods: a prefix that most pods already
+/// hold counts as held by all, since one more copy costs one prefill and keeps the last pods
+/// from starving (a long shared system prompt would otherwise keep new conversations off every
+/// pod that never got one).
+pub fn common_depth(depths: &[u32], n: usize) -> u32 {
+    let mut sorted: Vec<u32> = depths.to_vec();
+    sorted.resize(n, 0);
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    // The (n/2 + 1)-th longest run is held by a strict majority.
+    sorted.get(n / 2).copied().unwrap_or(0)
+}
+
+/// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
+/// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
+/// hash-balance bound (`None` = off).
+pub fn choose(
+    ring: &Ring,
+    chain: &[u64],
+    depths: &[u32],
+    loads: &[u64],
+    bound: Option<u64>,
+) -> CacheAwareChoice {
+    let n = ring.members();
+    let common = common_depth(&depths[..n.min(depths.len())], n);
+    let held = |i: usize| depths.get(i).copied().unwrap_or(0);
+    let depth = |i: usize| held(i).max(common);
+    let load = |i: usize| loads.get(i).copied().unwrap_or(0);
+    // With c >= 1 some pod is always under the bound; if loads say otherwise, ignore it.
+    let limit = bound
+        .filter(|&b| (0..n).any(|i| load(i) < b))
+        .unwrap_or(u64::MAX);
+    // The candidates a walk of the best run's next link takes first, under `limit`.
+    let best_under = |limit: u64| -> (Option<usize>, u32, BoundedWalk) {
+        let eligible = |i: usize| load(i) < limit;
+        let best = (0..n)
+            .filter(|&i| eligible(i))
+            .map(depth)
+            .max()
+            .unwrap_or(0);
+        let tie_link = chain[(best as usize).min(chain.len().saturating_sub(1))];
+        let walk = BoundedWalk::new(ring, tie_link, loads, limit);
+        let tied = walk
+            .clone()
+            .iter(ring)
+            .filter(|&i| eligible(i) && depth(i) + TIE_LINKS >= best);
+        let pick = if best == 0 {
+            // No match anywhere: the bounded ring pick, the same on every proxy.
+            tied.take(1).next()
+        } else {
+            // Among the tied holders of a match, the least loaded, then the first in the walk.
+            tied.enumerate()
+                .min_by_key(|&(k, i)| (load(i), k))
+                .map(|(_, i)| i)
+        };
+        (pick, best, walk)
+    };
+    let (pick, _, walk) = best_under(limit);
+    let (preferred, _, _) = best_under(u64::MAX);
+    let spilled_from = match (preferred, pick) {
+        (Some(p), Some(q)) if p != q => Some(p),
+        _ => None,
+    };
+    CacheAwareChoice {
+        pick,
+        depth: pick.map_or(0, held),
+        spilled_from,
+        order: CacheAwareOrder {
+            pick,
+            handed_out_pick: false,
+            walk,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ring::DEFAULT_VNODES;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ring(n: usize) -> Ring {
+        let ids: Vec<String> = (0..n).map(|i| format!("10.2.0.{}:8000", i + 1)).collect();
+        Ring::new(&ids, DEFAULT_VNODES)
+    }
+
+    fn all(ring: &Ring, mut c: CacheAwareChoice) -> Vec<usize> {
+        std::iter::from_fn(|| c.order.next(ring)).collect()
+    }
+
+    #[test]
+    fn a_run_most_pods_hold_counts_as_held_by_all() {
+        assert_eq!(common_depth(&[6, 6, 6, 0], 4), 6);
+        assert_eq!(common_depth(&[6, 6, 0, 0], 4), 0, "half is not most");
+        assert_eq!(common_depth(&[9, 6, 7, 0, 1], 5), 6);
+        // The idle pod without the shared system prompt is not starved.
+        let r = ring(4);
+        let chain = [1, 2, 3, 4, 5, 6, 7];
+        let c = choose(&r, &chain, &[6, 6, 6, 0], &[3, 3, 3, 0], Some(10));
+        assert_eq!((c.pick, c.depth), (Some(3), 0));
+    }
+
+    #[test]
+    fn no_match_is_the_bounded_ring_pick_of_the_first_link() {
+        let r = ring(5);
+        let chain = [11, 22, 33];
+        let c = choose(&r, &chain, &[0; 5], &[0; 5], Some(2));
+        assert_eq!(c.pick, r.pick(11));
+        assert_eq!(c.depth, 0);
+        assert_eq!(c.spilled_from, None);
+        assert_eq!(all(&r, c), r.walk(11).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_longest_match_wins_and_a_full_pod_spills_to_the_next_longest() {
+        let r = ring(4);
+        let chain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        let depths = [1, 9, 5, 1];
+        let c = choose(&r, &chain, &depths, &[0; 4], Some(5));
+        assert_eq!((c.pick, c.depth, c.spilled_from), (Some(1), 9, None));
+        // Pod 1 at the bound: pod 2 holds the next longest run.
+        let c = choose(&r, &chain, &depths, &[0, 5, 0, 0], Some(5));
+        assert_eq!((c.pick, c.depth, c.spilled_from), (Some(2), 5, Some(1)));
+        let order = all(&r, c);
+        assert_eq!(order[0], 2);
+        assert_eq!(*order.last().unwrap(), 1, "the full pod comes last");
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn ties_break_by_the_walk_of_the_first_unmatched_link() {
+        let r = ring(6);
+        // Every pod holds the shared first link; the second decides.
+        let chain = [7, 0xfeed_beef, 9];
+        let c = choose(&r, &chain, &[1; 6], &[0; 6], None);
+        assert_eq!(c.pick, r.pick(0xfeed_beef));
+        assert_eq!(c.depth, 1);
+        // Tied holders: the least loaded wins; no match: the ring, whatever the loads.
+        let c = choose(&r, &chain, &[1; 6], &[3, 1, 2, 3, 3, 3], Some(10));
+        assert_eq!(c.pick, Some(1));
+        let c = choose(&r, &chain, &[0; 6], &[3, 1, 2, 3, 3, 3], Some(10));
+        assert_eq!(c.pick, r.pick(7));
+        // A pod lacking only a short shared prefix ties with those that hold it, so it is not
+        // starved of new conversations: with equal loads the walk decides.
+        for hash in [0xfeed_beef_u64, 0x1234, 0xdead, 0xabcdef] {
+            let chain = [7, 8, hash, 9];
+            let mut depths = [2; 6];
+            let skipped = r.pick(hash).unwrap();
+            depths[skipped] = 0;
+            let c = choose(&r, &chain, &depths, &[0; 6], None);
+            assert_eq!(c.pick, Some(skipped), "{hash:x}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The pick holds the longest run among the pods under the bound (within the tie margin),
+        /// a run longer than every other by more than the margin always wins, the pick is under
+        /// the bound whenever any pod is, and every pod appears once in the order.
+        #[test]
+        fn the_longest_match_among_pods_under_the_bound_wins(
+            n in 1usize..12,
+            chain in proptest::collection::vec(any::<u64>(), 1..16),
+            raw_depths in proptest::collection::vec(0u32..16, 12),
+            raw_loads in proptest::collection::vec(0u64..6, 12),
+            bound in 1u64..6,
+        ) {
+            let r = ring(n);
+            let depths: Vec<u32> = raw_depths[..n].iter().map(|&d| d.min(chain.len() as u32)).collect();
+            let loads = &raw_loads[..n];
+            let c = choose(&r, &chain, &depths, loads, Some(bound));
+            let pick = c.pick.unwrap();
+            prop_assert_eq!(c.depth, depths[pick]);
+            // A run most pods hold counts as held by all.
+            let common = common_depth(&depths, n);
+            let eff = |i: usize| depths[i].max(common);
+            let under: Vec<usize> = (0..n).filter(|&i| loads[i] < bound).collect();
+            if !under.is_empty() {
+                prop_assert!(loads[pick] < bound);
+                let best = under.iter().map(|&i| eff(i)).max().unwrap();
+                prop_assert!(eff(pick) + TIE_LINKS >= best);
+                let clear_winner = under
+                    .iter()
+                    .filter(|&&i| eff(i) + TIE_LINKS >= best)
+                    .count() == 1;
+                if clear_winner {
+                    prop_assert_eq!(eff(pick), best);
+                }
+            }
+            let order = all(&r, c);
+            prop_assert_eq!(order[0], pick);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            prop_assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+        }
+    }
+}

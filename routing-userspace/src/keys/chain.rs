@@ -1,0 +1,272 @@
+//! The prompt chain of the cache-aware strategy: a request's prompt as a chain of prefix
+//! hashes, with no tokenizer.
+//!
+//! A model server caches the KV of prompt *prefixes*, so what matters for placing a request is
+//! how long a leading part of its prompt a pod has seen. The chain cuts the prompt where chat
+//! prompts naturally diverge (model + system messages, then the document context, then each
+//! further message) and, inside long segments, every [`CUT_CHARS`] characters, and hashes each
+//! cut point over *everything before it*. Link `i` therefore names the whole prefix up to cut
+//! `i`, like a vLLM block hash, and two prompts share exactly their leading run of links.
+//! Each turn of a conversation repeats the previous turns verbatim, so its chain extends the
+//! previous turn's.
+//!
+//! Texts are normalized as the other keys normalize them (white-space runs collapse to one
+//! space, ends trimmed); cuts count normalized characters. The first link is the request's
+//! routing key (`prompt-chain`): with no match in the index, it is the ring pick.
+
+use super::canonical::normalize_chars;
+use super::{KeyHasher, KeySource, RequestParts, RoutingKey};
+use crate::body::{JsonStr, Text};
+
+/// Characters of a segment between extra cuts: about 256 tokens of English text.
+pub const CUT_CHARS: usize = 1024;
+
+/// Links kept per request (4 Mi characters of prompt); the rest of a longer prompt is ignored.
+pub const MAX_LINKS: usize = 4096;
+
+/// Separators mixed into the hash so segment boundaries cannot be faked by text.
+const SEGMENT: char = '\u{1d}';
+const PART: char = '\u{1e}';
+const FIELD: char = '\u{1f}';
+
+/// A request's prompt chain: at least one link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptChain {
+    links: Vec<u64>,
+}
+
+impl PromptChain {
+    pub fn links(&self) -> &[u64] {
+        &self.links
+    }
+
+    /// The routing key: the first link.
+    pub fn key(&self) -> RoutingKey {
+        RoutingKey {
+            hash: self.links[0],
+            source: KeySource::PromptChain,
+        }
+    }
+}
+
+/// Hashes the rendered prompt as it is produced, keeping a link at every cut.
+struct Builder {
+    hasher: KeyHasher,
+    links: Vec<u64>,
+    /// Normalized characters of the current segment.
+    count: usize,
+}
+
+impl Builder {
+    fn full(&self) -> bool {
+        self.links.len() >= MAX_LINKS
+    }
+
+    /// Characters the current segment may still take before the link cap.
+    fn room(&self) -> usize {
+        (MAX_LINKS - self.links.len()).saturating_mul(CUT_CHARS)
+    }
+
+    fn emit(&mut self, c: char) {
+        self.hasher.push(c);
+        self.count += 1;
+        if self.count.is_multiple_of(CUT_CHARS) && !self.full() {
+            self.links.push(self.hasher.digest());
+        }
+    }
+
+    /// End the current segment: a link at its end (unless a cut just made one), then the
+    /// separator.
+    fn close(&mut self) {
+        if self.count > 0 && !self.count.is_multiple_of(CUT_CHARS) && !self.full() {
+            self.links.push(self.hasher.digest());
+        }
+        self.count = 0;
+        self.hasher.push(SEGMENT);
+    }
+
+    /// A segment of one or more texts (the system messages, the document); nothing at all when
+    /// they are empty after normalization.
+    fn texts<'t>(&mut self, texts: impl Iterator<Item = Text<'t>>) {
+        let mut started = false;
+        for t in texts {
+            if self.full() {
+                return;
+            }
+            let room = self.room();
+            let mut first = true;
+            normalize_chars(t.chars(), room, |c| {
+                if first {
+                    if started {
+                        self.emit(PART);
+                    }
+                    first = false;
+                    started = true;
+                }
+                self.emit(c);
+            });
+        }
+        if started {
+            self.close();
+        }
+    }
+
+    /// One further message: its role, then its text.
+    fn message(&mut self, role: Option<JsonStr<'_>>, text: Option<Text<'_>>) {
+        if self.full() {
+            return;
+        }
+        if let Some(r) = role {
+            r.chars().for_each(|c| self.hasher.push(c));
+        }
+        self.hasher.push(FIELD);
+        // The role alone makes a segment, so an empty message still ends in a link.
+        self.count = 0;
+        if let Some(t) = text {
+            let room = self.room();
+            normalize_chars(t.chars(), room, |c| self.emit(c));
+        }
+        if self.count == 0 && !self.full() {
+            self.links.push(self.hasher.digest());
+            self.hasher.push(SEGMENT);
+        } else {
+            self.close();
+        }
+    }
+}
+
+/// The prompt chain of a chat (or completions) request; `None` when the body has no prompt.
+pub fn chain(req: &RequestParts<'_, '_>) -> Option<PromptChain> {
+    let body = req.body?;
+    let mut b = Builder {
+        hasher: KeyHasher::default(),
+        links: Vec::new(),
+        count: 0,
+    };
+    b.hasher.push_str("chain");
+    b.hasher.push(FIELD);
+    match req.model {
+        Some(m) => b.hasher.push_str(m),
+        None => b.hasher.push_str(&body.model().unwrap_or_default()),
+    }
+    b.hasher.push(FIELD);
+    let document = body.document_context().map(Text::One);
+    if body.has_messages() {
+        b.texts(body.system_texts());
+        b.texts(document.into_iter());
+        for m in body.chat_messages().filter(|m| !m.is_system()) {
+            b.message(m.role, m.text);
+        }
+    } else {
+        b.texts(body.prompt_text().map(Text::One).into_iter());
+        b.texts(document.into_iter());
+    }
+    (!b.links.is_empty()).then_some(PromptChain { links: b.links })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::body::BodyFields;
+    use http::HeaderMap;
+    use serde_json::json;
+
+    fn links(body: &serde_json::Value) -> Vec<u64> {
+        let text = body.to_string();
+        let fields = BodyFields::parse(text.as_bytes());
+        let headers = HeaderMap::new();
+        let req = RequestParts {
+            headers: &headers,
+            body: fields.as_ref(),
+            model: Some("m"),
+        };
+        chain(&req).map(|c| c.links).unwrap_or_default()
+    }
+
+    fn chat(messages: serde_json::Value) -> serde_json::Value {
+        json!({"model": "m", "messages": messages})
+    }
+
+    #[test]
+    fn each_turn_extends_the_previous_turns_chain() {
+        let sys = json!({"role": "system", "content": "You are terse."});
+        let u1 = json!({"role": "user", "content": "What is a ring?"});
+        let a1 = json!({"role": "assistant", "content": "A circle of points."});
+        let u2 = json!({"role": "user", "content": "And a vnode?"});
+        let t1 = links(&chat(json!([sys, u1])));
+        let t2 = links(&chat(json!([sys, u1, a1, u2])));
+        assert_eq!(t1.len(), 2, "system, user");
+        assert_eq!(t2.len(), 4);
+        assert_eq!(t2[..2], t1[..]);
+        // Another user after the same system shares only the first link.
+        let other = links(&chat(json!([sys, {"role": "user", "content": "Hello"}])));
+        assert_eq!(other[0], t1[0]);
+        assert_ne!(other[1], t1[1]);
+    }
+
+    #[test]
+    fn long_messages_get_a_link_every_cut_and_white_space_does_not_matter() {
+        let long = "word ".repeat(CUT_CHARS); // 5 * 1024 characters, 5119 after trimming
+        let a = links(&chat(json!([{"role": "user", "content": long}])));
+        assert_eq!(a.len(), 5, "cuts at 1024, 2048, 3072, 4096, then the end");
+        let spaced = long.replace(' ', "  \n ");
+        assert_eq!(
+            links(&chat(json!([{"role": "user", "content": spaced}]))),
+            a
+        );
+        // The same text with a different tail shares the links before the divergence.
+        let mut changed = long.clone();
+        changed.replace_range(3000..3004, "WORD");
+        let b = links(&chat(json!([{"role": "user", "content": changed}])));
+        assert_eq!(b[..2], a[..2]);
+        assert_ne!(b[2], a[2]);
+    }
+
+    #[test]
+    fn segments_are_model_system_document_then_messages() {
+        let base = json!({"model": "m", "document_context": "Doc A",
+            "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}]});
+        let l = links(&base);
+        assert_eq!(l.len(), 3, "system, document, user");
+        let mut other_doc = base.clone();
+        other_doc["document_context"] = json!("Doc B");
+        let o = links(&other_doc);
+        assert_eq!(o[0], l[0]);
+        assert_ne!(o[1], l[1]);
+        // The routed model is part of every link.
+        let text = base.to_string();
+        let fields = BodyFields::parse(text.as_bytes());
+        let headers = HeaderMap::new();
+        let req = RequestParts {
+            headers: &headers,
+            body: fields.as_ref(),
+            model: Some("another-model"),
+        };
+        assert_ne!(chain(&req).unwrap().links[0], l[0]);
+        // A role cannot be faked by text: a user message saying "assistant" differs.
+        let a = links(&chat(json!([{"role": "assistant", "content": "x"}])));
+        let u = links(&chat(json!([{"role": "user", "content": "x"}])));
+        assert_ne!(a, u);
+    }
+
+    #[test]
+    fn completions_prompts_chain_and_bodies_without_a_prompt_do_not() {
+        let p = links(&json!({"model": "m", "prompt": "Once upon a time"}));
+        assert_eq!(p.len(), 1);
+        assert!(links(&json!({"model": "m"})).is_empty());
+        assert!(links(&json!({"model": "m", "messages": []})).is_empty());
+        let empty = links(&chat(json!([{"role": "user", "content": ""}])));
+        assert_eq!(
+            empty.len(),
+            1,
+            "a message with no text still ends in a link"
+        );
+    }
+
+    #[test]
+    fn the_chain_is_capped() {
+        let huge = "x".repeat(CUT_CHARS * (MAX_LINKS + 10));
+        let l = links(&chat(json!([{"role": "user", "content": huge}])));
+        assert_eq!(l.len(), MAX_LINKS);
+    }
+}

@@ -1,0 +1,425 @@
+//! Decisions under the hash-balance bound and the cache-aware strategy, through the real
+//! router, table and gauge (the pure walks are property-tested in `balance::bounded` and
+//! `balance::cache_aware`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::HeaderMap;
+use proptest::prelude::*;
+
+use super::*;
+use crate::balance::bounded::{BalanceOverride, HashBalance};
+use crate::body::BodyFields;
+use crate::config::DEFAULT_HASH_BALANCE;
+use crate::discovery::{ModelSet, ModelSpec, Update};
+use crate::load::slots::SlotAllocator;
+use crate::load::userspace::{InFlight, UserspaceGauge};
+use crate::metrics::Metrics;
+use crate::table::RoutingTable;
+use crate::vocab::{KeySource, LabelGroupMode, Outcome, Strategy};
+
+struct World {
+    table: RoutingTable,
+    gauge: Arc<UserspaceGauge>,
+    router: Router,
+    slots: SlotAllocator,
+}
+
+fn addr(p: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], p))
+}
+
+fn model(name: &str, routing: Strategy, ports: std::ops::Range<u16>) -> ModelSpec {
+    let mut m = ModelSpec::new(name);
+    m.routing = routing;
+    m.service = Some(format!("http://{name}.svc:80"));
+    m.endpoints = ports.map(addr).collect();
+    m
+}
+
+fn world_with(models: Vec<ModelSpec>, balance: HashBalance, mode: LabelGroupMode) -> World {
+    let mut set = ModelSet::default();
+    set.apply(Update::Reset(models));
+    let mut slots = SlotAllocator::default();
+    slots.sync(&RoutingTable::pod_addrs(&set));
+    let gauge = Arc::new(UserspaceGauge::default());
+    let knobs = RoutingKnobs {
+        reservation_ttl: Duration::ZERO,
+        label_group_mode: mode,
+        hash_balance: balance,
+        // Every pod an order holds, so the tests see whole walks.
+        max_pod_attempts: 16,
+        ..RoutingKnobs::default()
+    };
+    World {
+        table: RoutingTable::build(&set, &slots, &Metrics::new(100), mode),
+        router: Router::new(gauge.clone(), knobs),
+        gauge,
+        slots,
+    }
+}
+
+fn world(models: Vec<ModelSpec>, balance: HashBalance) -> World {
+    world_with(models, balance, LabelGroupMode::RoundRobin)
+}
+
+fn chat(system: &str, users: &[&str]) -> String {
+    let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+    for u in users {
+        messages.push(serde_json::json!({"role": "user", "content": u}));
+    }
+    serde_json::json!({ "messages": messages }).to_string()
+}
+
+impl World {
+    fn decide_with(&self, name: &str, headers: &HeaderMap, body: &str) -> Decision {
+        let fields = BodyFields::parse(body.as_bytes());
+        let parts = RequestParts {
+            headers,
+            body: fields.as_ref(),
+            model: Some(name),
+        };
+        let route = self.table.lookup(name).expect("route");
+        self.router.decide(&route, &parts, 0, Instant::now())
+    }
+
+    fn decide(&self, name: &str, body: &str) -> Decision {
+        self.decide_with(name, &HeaderMap::new(), body)
+    }
+
+    fn busy(&self, port: u16, n: usize) -> Vec<InFlight> {
+        let slot = self.slots.get(&addr(port)).unwrap();
+        (0..n).map(|_| self.gauge.enter(slot)).collect()
+    }
+
+    fn model(&self, name: &str) -> Arc<crate::table::ModelRoute> {
+        match self.table.lookup(name) {
+            Some(Route::Model(m)) => m,
+            _ => panic!("no model {name}"),
+        }
+    }
+}
+
+fn pod_port(d: &Decision) -> u16 {
+    d.picked_pod().expect("a pod").addr.port()
+}
+
+/// Every pod a decision would try, in order (ports).
+fn order(d: &mut Decision) -> Vec<u16> {
+    let mut out = Vec::new();
+    while let Some(a) = d.next_attempt() {
+        if let Target::Pod(p) = d.target(a) {
+            out.push(p.addr.port());
+        }
+    }
+    out
+}
+
+const SYS: &str = "You are the shared system prompt of a busy service.";
+
+/// A message of several chain links (4,000 characters), so matches differ by more than the
+/// tie margin.
+fn long(text: &str) -> String {
+    let mut s = String::new();
+    while s.len() < 4000 {
+        s.push_str(text);
+        s.push(' ');
+    }
+    s
+}
+
+#[test]
+fn the_default_bound_keeps_light_traffic_on_the_plain_ring() {
+    // Light traffic routes as the plain ring does: the floor of 4 keeps a key's pod while it
+    // holds fewer than four requests (sequential requests, or the demo's four in flight).
+    let plain = world(vec![model("m", Strategy::Prefix, 1..5)], HashBalance::OFF);
+    let bounded = world(
+        vec![model("m", Strategy::Prefix, 1..5)],
+        DEFAULT_HASH_BALANCE,
+    );
+    for i in 0..40 {
+        let body = chat(&format!("{SYS} tenant {i}"), &["q"]);
+        let p = plain.decide("m", &body);
+        let port = pod_port(&p);
+        let _lingering = bounded.busy(port, 3);
+        let b = bounded.decide("m", &body);
+        assert_eq!((pod_port(&b), b.outcome), (port, Outcome::Pod), "{i}");
+    }
+}
+
+#[test]
+fn a_hot_key_spills_along_its_walk_and_says_so() {
+    let w = world(
+        vec![model("m", Strategy::Prefix, 1..5)],
+        DEFAULT_HASH_BALANCE,
+    );
+    let body = chat(SYS, &["q"]);
+    let plain: Vec<u16> = order(&mut w.decide("m", &body));
+    // The key's pod holds 4 requests, the others none: 5 in flight with this one over 4 pods,
+    // bound max(ceil(1.2 * 5 / 4), 4) = 4.
+    let _held = w.busy(plain[0], 4);
+    let mut d = w.decide("m", &body);
+    assert_eq!(d.outcome, Outcome::Spill);
+    let spill = d.spill.expect("spill recorded");
+    assert_eq!(
+        (
+            d.model.pods[spill.preferred].addr.port(),
+            spill.load,
+            spill.bound
+        ),
+        (plain[0], 4, 4)
+    );
+    assert_eq!(d.key_source(), KeySource::Canonical);
+    assert!(d
+        .model
+        .metrics
+        .decision(KeySource::Canonical, Outcome::Spill)
+        .is_some());
+    assert!(d.model.metrics.spills.is_some());
+    // Alternates continue the same walk: the full pod comes last.
+    assert_eq!(order(&mut d), [plain[1], plain[2], plain[3], plain[0]]);
+    let h = d.route_header();
+    assert_eq!(
+        h.to_str().unwrap(),
+        "strategy=prefix; key-source=canonical; outcome=spill; spill=true"
+    );
+}
+
+#[test]
+fn a_models_own_factor_overrides_the_proxys() {
+    let mut off = model("off", Strategy::SessionAffinity, 1..4);
+    off.hash_balance = BalanceOverride {
+        factor_milli: Some(0),
+        floor: None,
+    };
+    let on = model("on", Strategy::SessionAffinity, 1..4);
+    let w = world(vec![off, on], DEFAULT_HASH_BALANCE);
+    let mut h = HeaderMap::new();
+    h.insert("x-session-id", "user-1".parse().unwrap());
+    let port = pod_port(&w.decide_with("off", &h, "{}"));
+    assert_eq!(port, pod_port(&w.decide_with("on", &h, "{}")));
+    let _held = w.busy(port, 10);
+    assert_eq!(pod_port(&w.decide_with("off", &h, "{}")), port, "bound off");
+    assert_ne!(pod_port(&w.decide_with("on", &h, "{}")), port, "bound on");
+    assert_eq!(
+        w.router.balance_for(&w.model("off")),
+        HashBalance {
+            factor_milli: 0,
+            floor: 4
+        }
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// With c = 0 the router's order is the plain ring walk, whatever the pods carry.
+    #[test]
+    fn factor_zero_reproduces_the_plain_ring(
+        pods in 2u16..9,
+        loads in proptest::collection::vec(0usize..6, 9),
+        key in "[a-z0-9]{1,12}",
+    ) {
+        let w = world(vec![model("m", Strategy::SessionAffinity, 1..pods + 1)], HashBalance::OFF);
+        let _held: Vec<Vec<InFlight>> = (1..pods + 1).map(|p| w.busy(p, loads[p as usize])).collect();
+        let mut h = HeaderMap::new();
+        h.insert("x-session-id", key.parse().unwrap());
+        let mut d = w.decide_with("m", &h, "{}");
+        prop_assert_eq!(d.outcome, Outcome::Pod);
+        let m = w.model("m");
+        let ring: Vec<u16> = m
+            .ring
+            .walk(crate::keys::hash_key(&key))
+            .map(|i| m.pods[i].addr.port())
+            .collect();
+        prop_assert_eq!(order(&mut d), ring);
+    }
+}
+
+#[test]
+fn label_group_hashing_modes_spill_members_at_the_bound() {
+    let members: Vec<ModelSpec> = (0..3)
+        .map(|i| {
+            let mut m = model(&format!("m{i}"), Strategy::LeastLoaded, 10 + i..11 + i);
+            m.service_label = Some("g".into());
+            m
+        })
+        .collect();
+    let w = world_with(members, DEFAULT_HASH_BALANCE, LabelGroupMode::Prefix);
+    let body = chat(SYS, &["q"]);
+    let first = w.decide("g", &body);
+    let home = first.model.name.clone();
+    assert!(first.group.as_ref().unwrap().spill.is_none());
+    let port = pod_port(&first);
+    let _held = w.busy(port, 5);
+    let d = w.decide("g", &body);
+    assert_ne!(
+        d.model.name, home,
+        "the member at the bound passes the key on"
+    );
+    let g = d.group.as_ref().unwrap();
+    let spill = g.spill.expect("group spill");
+    assert_eq!(g.group.members[spill.preferred].name, home);
+    assert!(d.any_spill());
+    assert!(g.group.metrics.spills.is_some());
+}
+
+#[test]
+fn cache_aware_sends_a_conversation_back_to_the_pod_that_has_its_prefix() {
+    let w = world(
+        vec![model("m", Strategy::CacheAware, 1..6)],
+        DEFAULT_HASH_BALANCE,
+    );
+    let q1 = long("first question of conversation A");
+    let turn1 = chat(SYS, &[&q1]);
+    let d1 = w.decide("m", &turn1);
+    assert_eq!(d1.key_source(), KeySource::PromptChain);
+    assert_eq!(d1.match_depth, Some(0), "nothing learned yet");
+    let pod_a = pod_port(&d1);
+    // Turn 2 repeats turn 1 and adds to it: back to the same pod, turn 1's five links matched
+    // (the system message, then four cuts of the 4,000-character question).
+    let turn2 = chat(SYS, &[&q1, "and a follow-up"]);
+    let d2 = w.decide("m", &turn2);
+    assert_eq!((pod_port(&d2), d2.match_depth), (pod_a, Some(5)));
+    assert_eq!(d2.outcome, Outcome::Pod);
+    assert_eq!(
+        d2.route_header().to_str().unwrap(),
+        "strategy=cache-aware; key-source=prompt-chain; outcome=pod; depth=5; spill=false"
+    );
+    // Other tenants' traffic in between changes nothing for A: its longest match is its pod.
+    for c in ["B", "C", "D", "E", "F"] {
+        w.decide("m", &chat(&format!("tenant {c}"), &["opening"]));
+    }
+    let turn3 = chat(SYS, &[&q1, "and a follow-up", &long("third")]);
+    let d3 = w.decide("m", &turn3);
+    assert_eq!((pod_port(&d3), d3.match_depth), (pod_a, Some(6)));
+    // At the bound, A's pod passes the conversation on: the others hold at most the system
+    // message, so the walk picks among them.
+    let _held = w.busy(pod_a, 6);
+    let d4 = w.decide("m", &turn3);
+    assert_ne!(pod_port(&d4), pod_a);
+    assert_eq!(d4.outcome, Outcome::Spill);
+    assert_eq!(
+        d4.model.pods[d4.spill.unwrap().preferred].addr.port(),
+        pod_a
+    );
+    assert!(d4.match_depth.unwrap() <= 1, "{:?}", d4.match_depth);
+}
+
+#[test]
+fn cache_aware_without_a_match_is_the_ring_pick_of_the_first_link_in_any_router() {
+    let a = world(
+        vec![model("m", Strategy::CacheAware, 1..9)],
+        DEFAULT_HASH_BALANCE,
+    );
+    let b = world(
+        vec![model("m", Strategy::CacheAware, 1..9)],
+        DEFAULT_HASH_BALANCE,
+    );
+    // Router `a` has seen other traffic; `b` has seen nothing. New prefixes land alike.
+    for i in 0..30 {
+        a.decide("m", &chat(&format!("warm-up system {i}"), &["hello"]));
+    }
+    for i in 0..20 {
+        let body = chat(&format!("brand new system prompt {i}"), &["question"]);
+        let (da, db) = (a.decide("m", &body), b.decide("m", &body));
+        assert_eq!((da.match_depth, db.match_depth), (Some(0), Some(0)));
+        assert_eq!(pod_port(&da), pod_port(&db), "{i}");
+        let m = a.model("m");
+        let first_link = da.key.unwrap().hash;
+        assert_eq!(
+            da.picked_pod().unwrap().addr,
+            m.pods[m.ring.pick(first_link).unwrap()].addr
+        );
+    }
+}
+
+#[test]
+fn cache_aware_explicit_keys_win_as_in_prefix_routing() {
+    let w = world(
+        vec![model("m", Strategy::CacheAware, 1..5)],
+        DEFAULT_HASH_BALANCE,
+    );
+    let mut h = HeaderMap::new();
+    h.insert("x-flexinfer-cache-key", "tenant-a/doc-1".parse().unwrap());
+    let d = w.decide_with("m", &h, &chat(SYS, &["q"]));
+    assert_eq!(d.key_source(), KeySource::ExplicitHeader);
+    assert_eq!(d.match_depth, None, "the index is not consulted");
+    let m = w.model("m");
+    assert_eq!(
+        d.picked_pod().unwrap().addr,
+        m.pods[m
+            .ring
+            .pick(crate::keys::hash_key("tenant-a/doc-1"))
+            .unwrap()]
+        .addr
+    );
+    assert!(
+        w.router.index().is_empty(),
+        "nothing learned from explicit keys"
+    );
+    // Without a prompt at all: the Service, as for prefix routing.
+    let d = w.decide("m", "{}");
+    assert_eq!(
+        (d.outcome, d.key_source()),
+        (Outcome::ServiceFallback, KeySource::None)
+    );
+}
+
+#[test]
+fn the_index_forgets_pods_that_leave_the_table() {
+    let mut w = world(
+        vec![model("m", Strategy::CacheAware, 1..3)],
+        DEFAULT_HASH_BALANCE,
+    );
+    let d = w.decide("m", &chat(SYS, &["q"]));
+    let gone = d.picked_pod().unwrap().addr.port();
+    let slot = d.picked_pod().unwrap().slot.unwrap();
+    assert!(w.router.index().entries_of(slot) > 0);
+    // The same slot allocator the proxy keeps: the pod that went keeps no slot.
+    let kept: Vec<u16> = (1..3).filter(|&p| p != gone).collect();
+    let mut spec = model("m", Strategy::CacheAware, 0..0);
+    spec.endpoints = kept.iter().map(|&p| addr(p)).collect();
+    let mut set = ModelSet::default();
+    set.apply(Update::Reset(vec![spec]));
+    w.slots.sync(&RoutingTable::pod_addrs(&set));
+    let table = RoutingTable::build(
+        &set,
+        &w.slots,
+        &Metrics::new(10),
+        LabelGroupMode::RoundRobin,
+    );
+    w.router.table_rebuilt(&table);
+    assert_eq!(w.router.index().entries_of(slot), 0);
+    assert!(w.router.index().is_empty());
+}
+
+#[test]
+fn a_burst_of_bounded_picks_sees_itself_before_the_gauge_moves() {
+    // Twelve requests for one key decided before any starts upstream: the gauge shows nothing,
+    // the pending picks do, so the burst spreads along the walk instead of stampeding one pod.
+    let w = world(
+        vec![model("m", Strategy::Prefix, 1..5)],
+        DEFAULT_HASH_BALANCE,
+    );
+    let body = chat(SYS, &["q"]);
+    let held: Vec<Decision> = (0..12).map(|_| w.decide("m", &body)).collect();
+    let mut per_pod = std::collections::BTreeMap::new();
+    for d in &held {
+        *per_pod.entry(pod_port(d)).or_insert(0) += 1;
+        assert!(d.pending_pick.is_some());
+    }
+    assert!(per_pod.len() >= 3, "{per_pod:?}");
+    assert!(per_pod.values().all(|&n| n <= 4), "{per_pod:?}");
+    // The spec's counters are untouched: these are not least-loaded reservations.
+    assert!(held.iter().all(|d| d.pod_reservation.is_none()));
+    // Started (or gone) requests stop counting as pending.
+    let slot = held[0].picked_pod().unwrap().slot.unwrap();
+    drop(held);
+    assert_eq!(w.router.pending.get(slot), 0);
+    // The plain ring reads no load and holds nothing.
+    let plain = world(vec![model("m", Strategy::Prefix, 1..5)], HashBalance::OFF);
+    assert!(plain.decide("m", &body).pending_pick.is_none());
+}
