@@ -320,6 +320,17 @@ pub struct BalanceArgs {
     #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value = "4")]
     pub hash_balance_floor: String,
 
+    /// The bounded-load factor of cache-aware models (its floor is --hash-balance-floor).
+    /// Looser than the rings' because cache-aware ties already go to the least-loaded pod and
+    /// a prefix most pods hold counts as held by all, so load spreads without a tight bound;
+    /// see docs/routing-quality.md. 0 turns the bound off for them.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
+        default_value = "1.5"
+    )]
+    pub cache_aware_balance_factor: String,
+
     /// Memory the cache-aware prefix index may use (all models and pods of this proxy): bytes,
     /// or with a unit (KiB, MiB, GiB, KB, MB, GB); about 64 bytes per (prefix link, pod).
     #[arg(
@@ -340,6 +351,9 @@ pub const DEFAULT_HASH_BALANCE: HashBalance = HashBalance {
     factor_milli: 1200,
     floor: 4,
 };
+
+/// The default hash-balance factor of cache-aware models (thousandths).
+pub const DEFAULT_CACHE_AWARE_FACTOR_MILLI: u32 = 1500;
 
 /// The default memory budget of the cache-aware index.
 pub const DEFAULT_CACHE_AWARE_INDEX_BUDGET: usize = 16 << 20;
@@ -425,6 +439,9 @@ pub struct RoutingKnobs {
     pub max_pod_attempts: usize,
     /// Bounded-load hashing of every ring (models may override it).
     pub hash_balance: HashBalance,
+    /// The bounded-load factor of cache-aware models, thousandths (0 = off); the floor is
+    /// `hash_balance.floor`.
+    pub cache_aware_factor_milli: u32,
     /// Memory budget of the cache-aware prefix index, in bytes.
     pub cache_aware_index_budget: usize,
     /// Whether routed responses carry `x-flexinfer-route`.
@@ -439,6 +456,7 @@ impl Default for RoutingKnobs {
             label_group_mode: LabelGroupMode::RoundRobin,
             max_pod_attempts: DEFAULT_MAX_POD_ATTEMPTS,
             hash_balance: DEFAULT_HASH_BALANCE,
+            cache_aware_factor_milli: DEFAULT_CACHE_AWARE_FACTOR_MILLI,
             cache_aware_index_budget: DEFAULT_CACHE_AWARE_INDEX_BUDGET,
             route_header: false,
         }
@@ -513,7 +531,8 @@ impl RoutingKnobs {
                 d.label_group_mode
             }
         };
-        let (hash_balance, cache_aware_index_budget) = raw.balance.validate(&mut warnings);
+        let (hash_balance, cache_aware_factor_milli, cache_aware_index_budget) =
+            raw.balance.validate(&mut warnings);
         (
             Self {
                 limits,
@@ -521,6 +540,7 @@ impl RoutingKnobs {
                 label_group_mode,
                 max_pod_attempts: d.max_pod_attempts,
                 hash_balance,
+                cache_aware_factor_milli,
                 cache_aware_index_budget,
                 route_header: raw.balance.route_header,
             },
@@ -535,14 +555,15 @@ impl BalanceArgs {
         Self {
             hash_balance_factor: DEFAULT_HASH_BALANCE.factor().to_string(),
             hash_balance_floor: DEFAULT_HASH_BALANCE.floor.to_string(),
+            cache_aware_balance_factor: "1.5".into(),
             cache_aware_index_budget: "16MiB".into(),
             route_header: false,
         }
     }
 
-    /// The hash balance and index budget; an unusable value falls back to its default, with
-    /// a warning, as the spec's knobs do.
-    fn validate(&self, warnings: &mut Vec<KnobWarning>) -> (HashBalance, usize) {
+    /// The hash balance, the cache-aware factor and the index budget; an unusable value falls
+    /// back to its default, with a warning, as the spec's knobs do.
+    fn validate(&self, warnings: &mut Vec<KnobWarning>) -> (HashBalance, u32, usize) {
         let d = DEFAULT_HASH_BALANCE;
         let mut warn = |knob: &'static str, value: &str, used: String| {
             warnings.push(KnobWarning {
@@ -567,6 +588,15 @@ impl BalanceArgs {
             );
             d.floor
         });
+        let cache_aware_factor =
+            parse_factor(&self.cache_aware_balance_factor).unwrap_or_else(|_| {
+                warn(
+                    "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
+                    &self.cache_aware_balance_factor,
+                    "1.5".into(),
+                );
+                DEFAULT_CACHE_AWARE_FACTOR_MILLI
+            });
         let budget = parse_bytes(&self.cache_aware_index_budget).unwrap_or_else(|_| {
             warn(
                 "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET",
@@ -580,6 +610,7 @@ impl BalanceArgs {
                 factor_milli,
                 floor,
             },
+            cache_aware_factor,
             budget,
         )
     }
@@ -754,9 +785,11 @@ mod tests {
         assert!(w.is_empty());
         assert_eq!(k.hash_balance, DEFAULT_HASH_BALANCE);
         assert_eq!(k.cache_aware_index_budget, 16 << 20);
+        assert_eq!(k.cache_aware_factor_milli, 1500);
         r.balance = BalanceArgs {
             hash_balance_factor: "1.5".into(),
             hash_balance_floor: "0".into(),
+            cache_aware_balance_factor: "2".into(),
             cache_aware_index_budget: "512KiB".into(),
             route_header: true,
         };
@@ -766,6 +799,7 @@ mod tests {
             (k.hash_balance.factor_milli, k.hash_balance.floor),
             (1500, 0)
         );
+        assert_eq!(k.cache_aware_factor_milli, 2000);
         assert_eq!(k.cache_aware_index_budget, 512 << 10);
         assert!(k.route_header);
         r.balance.hash_balance_factor = "0".into();
@@ -776,6 +810,7 @@ mod tests {
         r.balance = BalanceArgs {
             hash_balance_factor: "0.5".into(),
             hash_balance_floor: "-1".into(),
+            cache_aware_balance_factor: "0.9".into(),
             cache_aware_index_budget: "lots".into(),
             route_header: false,
         };
@@ -787,6 +822,7 @@ mod tests {
             [
                 "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
                 "FLEXINFER_PROXY_HASH_BALANCE_FLOOR",
+                "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
                 "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET"
             ]
         );

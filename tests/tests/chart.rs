@@ -279,6 +279,7 @@ fn defaults_reach_their_env_vars() {
         ("PROXY_LEAST_LOADED_RESERVATION_TTL", "10s"),
         ("FLEXINFER_PROXY_HASH_BALANCE_FACTOR", "1.2"),
         ("FLEXINFER_PROXY_HASH_BALANCE_FLOOR", "4"),
+        ("FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR", "1.5"),
         ("FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET", "16MiB"),
         ("FLEXINFER_PROXY_ROUTE_HEADER", "false"),
         ("FLEXINFER_PROXY_GAUGE", "auto"),
@@ -359,6 +360,11 @@ fn every_knob_changes_its_env_var() {
             json!({"proxy": {"routing": {"hashBalanceFloor": 8}}}),
             "FLEXINFER_PROXY_HASH_BALANCE_FLOOR",
             "8",
+        ),
+        (
+            json!({"proxy": {"routing": {"cacheAwareBalanceFactor": 2}}}),
+            "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
+            "2",
         ),
         (
             json!({"proxy": {"routing": {"cacheAwareIndexBudget": "64MiB"}}}),

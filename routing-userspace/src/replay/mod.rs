@@ -201,13 +201,13 @@ pub fn replay_row(
     let pods = fleet.pods;
     match row.routing() {
         Some((strategy, bounded)) => {
-            let knobs = RoutingKnobs {
-                hash_balance: if bounded {
-                    knobs.hash_balance
-                } else {
-                    HashBalance::OFF
+            let knobs = match bounded {
+                true => knobs,
+                false => RoutingKnobs {
+                    hash_balance: HashBalance::OFF,
+                    cache_aware_factor_milli: 0,
+                    ..knobs
                 },
-                ..knobs
             };
             let mut p = RouterPlacement::new(strategy, pods, knobs, chat.clone(), requests.len());
             let served = fleet::run(requests, fleet, &mut p);
@@ -278,7 +278,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let chat = ChatRenderer::new(MODEL, args.block_tokens as usize, args.chars_per_token);
     let span_s = requests.last().map_or(0, |r| r.timestamp) as f64 / 1000.0 / args.speedup;
     println!(
-        "replay: {} ({} requests over {:.0} s), {} pods x {} blocks of {} tokens, at most {} running per pod, prefill {} us/token, decode {} us/token, speedup {}, hash balance factor {} floor {}\n",
+        "replay: {} ({} requests over {:.0} s), {} pods x {} blocks of {} tokens, at most {} running per pod, prefill {} us/token, decode {} us/token, speedup {}, hash balance factor {} floor {}, cache-aware factor {}\n",
         path.display(),
         requests.len(),
         span_s,
@@ -291,6 +291,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         args.speedup,
         knobs.hash_balance.factor(),
         knobs.hash_balance.floor,
+        f64::from(knobs.cache_aware_factor_milli) / 1000.0,
     );
     let fleet = args.fleet();
     let reports: Vec<Report> = rows

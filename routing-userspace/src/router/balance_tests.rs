@@ -212,6 +212,29 @@ fn a_models_own_factor_overrides_the_proxys() {
     );
 }
 
+#[test]
+fn cache_aware_models_start_from_their_own_factor() {
+    let ca = model("ca", Strategy::CacheAware, 1..4);
+    let mut own = model("own", Strategy::CacheAware, 1..4);
+    own.hash_balance = BalanceOverride {
+        factor_milli: Some(1100),
+        floor: Some(2),
+    };
+    let ring = model("ring", Strategy::Prefix, 1..4);
+    let w = world(vec![ca, own, ring], DEFAULT_HASH_BALANCE);
+    let got = |name: &str| {
+        let b = w.router.balance_for(&w.model(name));
+        (b.factor_milli, b.floor)
+    };
+    assert_eq!(
+        got("ca"),
+        (1500, 4),
+        "--cache-aware-balance-factor, the proxy's floor"
+    );
+    assert_eq!(got("own"), (1100, 2), "a model's annotation wins");
+    assert_eq!(got("ring"), (1200, 4), "rings keep --hash-balance-factor");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 

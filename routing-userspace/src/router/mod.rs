@@ -93,8 +93,16 @@ impl Router {
     }
 
     /// The hash-balance settings of a model: the proxy's, with the model's own overrides.
+    /// Cache-aware models start from their own factor (`--cache-aware-balance-factor`).
     pub fn balance_for(&self, m: &ModelRoute) -> HashBalance {
-        self.knobs.hash_balance.overridden(&m.spec.hash_balance)
+        let base = match m.spec.routing {
+            Strategy::CacheAware => HashBalance {
+                factor_milli: self.knobs.cache_aware_factor_milli,
+                ..self.knobs.hash_balance
+            },
+            _ => self.knobs.hash_balance,
+        };
+        base.overridden(&m.spec.hash_balance)
     }
 
     /// A pod's load as a bounded pick reads it, reservations apart: the gauge plus the bounded
