@@ -14,7 +14,9 @@
 //! space, ends trimmed); cuts count normalized characters. The first link is the request's
 //! routing key (`prompt-chain`): with no match in the index, it is the ring pick.
 
+#[cfg(test)]
 use super::canonical::normalize_chars;
+use super::normalize::{Normalizer, Sink};
 use super::{KeyHasher, KeySource, RequestParts, RoutingKey};
 use crate::body::{JsonStr, Text};
 
@@ -55,9 +57,53 @@ struct Builder {
     links: Vec<u64>,
     /// Normalized characters of the current segment.
     count: usize,
+    /// Tests only: normalize character by character (the reference the fast path must match).
+    #[cfg(test)]
+    by_char: bool,
+}
+
+/// The normalizer's output into the builder: runs of ASCII are hashed whole, split only at
+/// cuts; `part` puts a part separator before the first character of a text.
+struct Emit<'b> {
+    b: &'b mut Builder,
+    part: bool,
+}
+
+impl Sink for Emit<'_> {
+    #[inline]
+    fn put(&mut self, s: &str) {
+        if std::mem::take(&mut self.part) {
+            self.b.emit(PART);
+        }
+        if !s.is_ascii() {
+            s.chars().for_each(|c| self.b.emit(c));
+            return;
+        }
+        let mut rest = s;
+        while !rest.is_empty() {
+            let to_cut = CUT_CHARS - self.b.count % CUT_CHARS;
+            let (head, tail) = rest.split_at(to_cut.min(rest.len()));
+            self.b.hasher.push_str(head);
+            self.b.count += head.len();
+            if head.len() == to_cut && !self.b.full() {
+                self.b.links.push(self.b.hasher.digest());
+            }
+            rest = tail;
+        }
+    }
 }
 
 impl Builder {
+    fn new() -> Self {
+        Self {
+            hasher: KeyHasher::default(),
+            links: Vec::new(),
+            count: 0,
+            #[cfg(test)]
+            by_char: false,
+        }
+    }
+
     fn full(&self) -> bool {
         self.links.len() >= MAX_LINKS
     }
@@ -73,6 +119,25 @@ impl Builder {
         if self.count.is_multiple_of(CUT_CHARS) && !self.full() {
             self.links.push(self.hasher.digest());
         }
+    }
+
+    /// Normalizes `t` into the chain (at most `room` characters); true if it emitted any.
+    fn normalized(&mut self, t: &Text<'_>, part: bool) -> bool {
+        let room = self.room();
+        #[cfg(test)]
+        if self.by_char {
+            let mut first = true;
+            let n = normalize_chars(t.chars(), room, |c| {
+                if std::mem::take(&mut first) && part {
+                    self.emit(PART);
+                }
+                self.emit(c);
+            });
+            return n > 0;
+        }
+        let mut n = Normalizer::new(room);
+        n.feed_text(t, &mut Emit { b: self, part });
+        n.emitted() > 0
     }
 
     /// End the current segment: a link at its end (unless a cut just made one), then the
@@ -93,18 +158,7 @@ impl Builder {
             if self.full() {
                 return;
             }
-            let room = self.room();
-            let mut first = true;
-            normalize_chars(t.chars(), room, |c| {
-                if first {
-                    if started {
-                        self.emit(PART);
-                    }
-                    first = false;
-                    started = true;
-                }
-                self.emit(c);
-            });
+            started |= self.normalized(&t, started);
         }
         if started {
             self.close();
@@ -123,8 +177,7 @@ impl Builder {
         // The role alone makes a segment, so an empty message still ends in a link.
         self.count = 0;
         if let Some(t) = text {
-            let room = self.room();
-            normalize_chars(t.chars(), room, |c| self.emit(c));
+            self.normalized(&t, false);
         }
         if self.count == 0 && !self.full() {
             self.links.push(self.hasher.digest());
@@ -137,12 +190,11 @@ impl Builder {
 
 /// The prompt chain of a chat (or completions) request; `None` when the body has no prompt.
 pub fn chain(req: &RequestParts<'_, '_>) -> Option<PromptChain> {
+    build(req, Builder::new())
+}
+
+fn build(req: &RequestParts<'_, '_>, mut b: Builder) -> Option<PromptChain> {
     let body = req.body?;
-    let mut b = Builder {
-        hasher: KeyHasher::default(),
-        links: Vec::new(),
-        count: 0,
-    };
     b.hasher.push_str("chain");
     b.hasher.push(FIELD);
     match req.model {
@@ -261,6 +313,55 @@ mod tests {
             1,
             "a message with no text still ends in a link"
         );
+    }
+
+    /// Bodies rich in what the fast path treats specially: long ASCII runs across cuts,
+    /// white-space runs, multi-byte characters, escapes, several system texts and parts.
+    fn text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let atom = prop_oneof![
+            "[a-z]{1,12}".prop_map(|w| w),
+            Just(" ".to_string()),
+            Just("  \n\t ".to_string()),
+            Just("\u{a0}".to_string()),
+            Just("é".to_string()),
+            Just("日本".to_string()),
+            Just("\u{1f600}".to_string()),
+            Just("x".repeat(700)),
+            Just("y ".repeat(400)),
+        ];
+        proptest::collection::vec(atom, 0..12).prop_map(|v| v.concat())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_fast_chain_is_the_character_chain(
+            systems in proptest::collection::vec(text(), 0..3),
+            doc in proptest::option::of(text()),
+            turns in proptest::collection::vec((text(), proptest::bool::ANY), 0..4),
+            parts in proptest::collection::vec(text(), 2..3),
+        ) {
+            let mut messages: Vec<serde_json::Value> = systems
+                .iter()
+                .map(|s| json!({"role": "system", "content": s}))
+                .collect();
+            messages.push(json!({"role": "system", "content":
+                parts.iter().map(|p| json!({"type": "text", "text": p})).collect::<Vec<_>>()}));
+            for (t, user) in &turns {
+                messages.push(json!({"role": if *user { "user" } else { "assistant" }, "content": t}));
+            }
+            let mut body = chat(json!(messages));
+            if let Some(d) = doc {
+                body["document_context"] = json!(d);
+            }
+            let text = body.to_string();
+            let fields = BodyFields::parse(text.as_bytes());
+            let headers = HeaderMap::new();
+            let req = RequestParts { headers: &headers, body: fields.as_ref(), model: Some("m") };
+            let mut slow = Builder::new();
+            slow.by_char = true;
+            proptest::prop_assert_eq!(chain(&req), build(&req, slow));
+        }
     }
 
     #[test]
