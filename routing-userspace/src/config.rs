@@ -322,7 +322,8 @@ pub struct BalanceArgs {
 
     /// The bounded-load factor of cache-aware models (its floor is --hash-balance-floor).
     /// Looser than the rings' because cache-aware ties already go to the least-loaded pod and
-    /// a prefix most pods hold counts as held by all, so load spreads without a tight bound;
+    /// a prefix most pods hold also counts for a pod much less busy than its holders, so load
+    /// spreads without a tight bound;
     /// see docs/routing-quality.md. 0 turns the bound off for them.
     #[arg(
         long,

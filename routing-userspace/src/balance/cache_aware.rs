@@ -7,9 +7,10 @@
 //! the first in the bounded ring walk of the link after the longest matched run. So new
 //! conversations behind a shared system prompt spread by load instead of piling on whichever
 //! pods saw the system prompt first (and starving the ones that did not), which keeps the pods
-//! even and so spares later turns a spill. A run most pods already hold counts as held by all
-//! (one more copy costs one prefill; without this, pods that never got a long shared system
-//! prompt would never get a new conversation). With no match at all the pick is the bounded ring
+//! even and so spares later turns a spill. A run most pods already hold counts as held by a
+//! pod that is [`IDLE_GAP`] less busy than every holder (one more copy costs one prefill;
+//! without this, pods that never got a long shared system prompt would never get a new
+//! conversation, while a document most pods hold stays with them when load is even). With no match at all the pick is the bounded ring
 //! pick of the chain's first link, so proxies that share no state still place new prefixes
 //! alike. Alternates continue the same walk.
 //!
@@ -61,6 +62,10 @@ pub struct CacheAwareChoice {
 /// turn is many links long and still decides.
 pub const TIE_LINKS: u32 = 2;
 
+/// How much less loaded than every holder of the common run a pod must be to count as holding
+/// it (see [`common_depth`]).
+pub const IDLE_GAP: u64 = 2;
+
 /// The longest run held by a strict majority of the `n` pods: a prefix that most pods already
 /// hold counts as held by all, since one more copy costs one prefill and keeps the last pods
 /// from starving (a long shared system prompt would otherwise keep new conversations off every
@@ -86,8 +91,18 @@ pub fn choose(
     let n = ring.members();
     let common = common_depth(&depths[..n.min(depths.len())], n);
     let held = |i: usize| depths.get(i).copied().unwrap_or(0);
-    let depth = |i: usize| held(i).max(common);
     let load = |i: usize| loads.get(i).copied().unwrap_or(0);
+    // A pod counts as holding the common run only while every pod that holds it is busier by
+    // IDLE_GAP: then the holders queue while it idles, and one more copy is worth a prefill.
+    let least_busy_holder = (0..n)
+        .filter(|&i| common > 0 && held(i) >= common)
+        .map(load)
+        .min()
+        .unwrap_or(0);
+    let depth = |i: usize| match load(i) + IDLE_GAP <= least_busy_holder {
+        true => held(i).max(common),
+        false => held(i),
+    };
     // With c >= 1 some pod is always under the bound; if loads say otherwise, ignore it.
     let limit = bound
         .filter(|&b| (0..n).any(|i| load(i) < b))
@@ -160,6 +175,11 @@ mod tests {
         let chain = [1, 2, 3, 4, 5, 6, 7];
         let c = choose(&r, &chain, &[6, 6, 6, 0], &[3, 3, 3, 0], Some(10));
         assert_eq!((c.pick, c.depth), (Some(3), 0));
+        // ... but only while every holder is busier by IDLE_GAP: a document most pods hold
+        // stays with them when the pod without it is about as busy.
+        let c = choose(&r, &chain, &[6, 6, 6, 0], &[1, 2, 1, 0], Some(10));
+        assert!(matches!(c.pick, Some(0 | 2)), "{:?}", c.pick);
+        assert_eq!(c.depth, 6);
     }
 
     #[test]
