@@ -84,13 +84,18 @@ impl Normalizer {
                     continue;
                 }
                 // A span of ASCII words with single spaces between them is already
-                // normalized: it goes out in one piece.
+                // normalized: it goes out in one piece. It never reaches past what may still
+                // go out (a pending gap takes one), so a cut text costs its cut, not its length.
                 let start = i;
+                let room = self
+                    .max
+                    .saturating_sub(self.emitted + usize::from(self.gap));
+                let end = b.len().min(start.saturating_add(room));
                 loop {
-                    while i < b.len() && word_byte(b[i]) {
+                    while i < end && word_byte(b[i]) {
                         i += 1;
                     }
-                    if i + 1 < b.len() && b[i] == b' ' && word_byte(b[i + 1]) {
+                    if i + 1 < end && b[i] == b' ' && word_byte(b[i + 1]) {
                         i += 1;
                         continue;
                     }
