@@ -15,7 +15,17 @@ pub const DEFAULT_VNODES: u32 = 160;
 pub struct Ring {
     /// (point, member index), sorted by point.
     points: Vec<(u64, u32)>,
+    /// First-level index: `starts[b]` is the first point whose top `index_bits` bits are `>= b`,
+    /// so a lookup searches only the few points of one bucket instead of the whole ring (a
+    /// binary search over a 1,000-pod ring of 160,000 points misses the cache at most steps).
+    starts: Vec<u32>,
+    index_bits: u32,
     members: usize,
+}
+
+/// Buckets of the first-level index: about one per point, at most 2^16 (256 KiB).
+fn index_bits(points: usize) -> u32 {
+    (usize::BITS - points.max(1).leading_zeros()).clamp(1, 16)
 }
 
 fn point(id: &str, vnode: u32) -> u64 {
@@ -37,10 +47,29 @@ impl Ring {
         }
         // Ties (astronomically rare) break by member index, so the ring is deterministic.
         points.sort_unstable();
+        let bits = index_bits(points.len());
+        let mut starts = Vec::with_capacity((1 << bits) + 1);
+        let mut i = 0;
+        for b in 0..=(1u64 << bits) {
+            while i < points.len() && (points[i].0 >> (64 - bits)) < b {
+                i += 1;
+            }
+            starts.push(i as u32);
+        }
         Self {
             points,
+            starts,
+            index_bits: bits,
             members: ids.len(),
         }
+    }
+
+    /// The first point at or after `hash` (`points.len()` past the last one).
+    #[inline]
+    fn first_at(&self, hash: u64) -> usize {
+        let b = (hash >> (64 - self.index_bits)) as usize;
+        let (lo, hi) = (self.starts[b] as usize, self.starts[b + 1] as usize);
+        lo + self.points[lo..hi].partition_point(|&(p, _)| p < hash)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -60,7 +89,7 @@ impl Ring {
         if self.points.is_empty() {
             return None;
         }
-        let i = self.points.partition_point(|&(p, _)| p < hash) % self.points.len();
+        let i = self.first_at(hash) % self.points.len();
         Some(self.points[i].1 as usize)
     }
 
@@ -88,7 +117,7 @@ impl WalkState {
         let pos = if ring.points.is_empty() {
             0
         } else {
-            ring.points.partition_point(|&(p, _)| p < hash)
+            ring.first_at(hash)
         };
         Self {
             pos,
@@ -165,6 +194,22 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
+
+        #[test]
+        fn the_index_finds_what_a_search_of_the_whole_ring_finds(
+            n in 1usize..40,
+            vnodes in 1u32..200,
+            keys in proptest::collection::vec(any::<u64>(), 1..64),
+        ) {
+            let r = Ring::new(&pods(n), vnodes);
+            let firsts = r.points.first().map(|p| p.0).into_iter();
+            let lasts = r.points.last().map(|p| p.0).into_iter();
+            let edges = [0, 1, u64::MAX, u64::MAX - 1, 1 << 63];
+            for k in keys.into_iter().chain(edges).chain(firsts).chain(lasts) {
+                let want = r.points.partition_point(|&(p, _)| p < k);
+                prop_assert_eq!(r.first_at(k), want, "key {:#x}", k);
+            }
+        }
 
         #[test]
         fn same_key_same_member(n in 1usize..20, key in any::<u64>()) {
