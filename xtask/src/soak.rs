@@ -685,10 +685,12 @@ impl Churn {
     fn kill(&mut self, i: usize) -> Result<()> {
         let pod = &mut self.fleet.pods[i];
         let in_flight = sim_in_flight(pod.addr);
+        // The kill spans from the signal to the reaped process: streams break inside it.
+        let at = self.t0.elapsed();
         if let Some(p) = pod.proc.as_mut() {
             p.kill()?;
         }
-        let at = self.t0.elapsed();
+        let done = self.t0.elapsed();
         pod.proc = None;
         pod.state = PodState::Killed;
         self.events.push(Event {
@@ -696,7 +698,7 @@ impl Churn {
             model: pod.model,
             pod: pod.name.clone(),
             at,
-            done: at,
+            done,
             sim_in_flight: in_flight,
             note: String::new(),
         });
@@ -886,7 +888,7 @@ fn overlaps(r: &Record, e: &Event) -> bool {
 }
 
 fn blame(r: &Record, events: &[Event]) -> Blame {
-    let in_flight_at = |e: &Event| r.start <= e.at && e.at <= r.end;
+    let in_flight_at = |e: &Event| r.start <= e.done && e.at <= r.end;
     let kills = || events.iter().filter(|e| e.kind == Kind::Kill);
     if let Some(pod) = &r.pod {
         if kills().any(|e| e.pod == *pod && in_flight_at(e)) {
@@ -1500,12 +1502,18 @@ mod tests {
             note: String::new(),
         };
         let events = [
-            ev(Kind::Kill, "ll-1", 1000, 1000),
+            ev(Kind::Kill, "ll-1", 1000, 1010),
             ev(Kind::Remove, "ll-2", 3000, 4000),
             ev(Kind::Add, "ll-3", 6000, 6500),
         ];
         assert_eq!(
             blame(&rec(Some("ll-1"), 900, 1100), &events),
+            Blame::KilledPod
+        );
+        // The kill spans from the signal to the reaped process: a stream that broke inside
+        // it, or a request that reached the dying pod then, is on the killed pod.
+        assert_eq!(
+            blame(&rec(Some("ll-1"), 1004, 1008), &events),
             Blame::KilledPod
         );
         assert_eq!(blame(&rec(None, 900, 1100), &events), Blame::KillUnreported);

@@ -16,8 +16,8 @@ use routing_userspace::keys::canonical::{context_text, cut, normalize, normalize
 use routing_userspace::keys::explicit::{validate, Malformed};
 use routing_userspace::keys::session::implicit;
 use routing_userspace::keys::{
-    extract, hash_key, needs_body, Extraction, KeyHasher, KeyLimits, KeySource, RequestParts,
-    RoutingKey, HEADER_CACHE_KEY, HEADER_CONVERSATION_ID, HEADER_SESSION_ID,
+    chain, extract, hash_key, needs_body, Extraction, KeyHasher, KeyLimits, KeySource,
+    RequestParts, RoutingKey, HEADER_CACHE_KEY, HEADER_CONVERSATION_ID, HEADER_SESSION_ID,
 };
 use routing_userspace::proxy::resolve::header_model;
 use routing_userspace::vocab::Strategy;
@@ -128,6 +128,18 @@ fn check(strategy: Strategy, req: &RequestParts<'_, '_>, limits: &KeyLimits) -> 
                     assert!(context_text(req, limits).is_none(), "canonical comes first");
                 }
                 _ => {}
+            }
+        }
+        Strategy::CacheAware => {
+            let explicit = header_text(headers, &HEADER_CACHE_KEY)
+                .and_then(|v| validate(v, limits.explicit_key_max_length).ok());
+            if let Some(k) = explicit {
+                assert_eq!(got.key, Some(RoutingKey::new(k, KeySource::ExplicitHeader)));
+            }
+            if got.key.map(|k| k.source) == Some(KeySource::PromptChain) {
+                let c = chain::chain(req).expect("a prompt-chain key has a chain");
+                assert_eq!(got.key, Some(c.key()), "the key is the chain's first link");
+                assert!(c.links().len() <= chain::MAX_LINKS);
             }
         }
     }

@@ -16,7 +16,7 @@ use flexinfer_fuzz::headers_and_body;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Uri};
 use libfuzzer_sys::fuzz_target;
 use routing_userspace::proxy::{prepare, resolve};
-use routing_userspace::upstream::h1::head::encode_request;
+use routing_userspace::upstream::h1::head::{encode_request, BodyFraming};
 
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -101,7 +101,7 @@ fn check_upstream_head(uri: &Uri, headers: &HeaderMap, method: Method) {
     }
     assert!(!parts.headers.contains_key(header::HOST));
     let mut out = Vec::new();
-    encode_request(&mut out, &parts.method, &parts.uri, &parts.headers, false);
+    encode_request(&mut out, &parts, BodyFraming::AsIs);
     let mut fields = vec![httparse::EMPTY_HEADER; parts.headers.len() + 1];
     let mut r = httparse::Request::new(&mut fields);
     match r.parse(&out) {
