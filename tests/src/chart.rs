@@ -265,6 +265,7 @@ pub fn variants() -> Vec<Value> {
         json!({"proxy": {"routing": {"hashBalanceFactor": 1.5}}}),
         json!({"proxy": {"routing": {"hashBalanceFactor": 0}}}),
         json!({"proxy": {"routing": {"hashBalanceFloor": 8}}}),
+        json!({"proxy": {"routing": {"cacheAwareBalanceFactor": 2}}}),
         json!({"proxy": {"routing": {"cacheAwareIndexBudget": "64MiB"}}}),
         json!({"proxy": {"routing": {"routeHeader": true}}}),
         json!({"proxy": {"ebpf": {"gauge": "ebpf"}}}),
