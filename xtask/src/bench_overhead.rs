@@ -27,7 +27,7 @@ use flexinfer_test_support::{
     ModelEntry, ModelsFile, PinDir, Proc, TempDir,
 };
 
-use crate::ebpf::{self, BuildEbpf};
+use crate::ebpf;
 
 #[derive(clap::Args)]
 pub struct OverheadBench {
@@ -234,23 +234,7 @@ pub fn run(args: &OverheadBench) -> Result<()> {
     let (targets, cases) = select(&args.only)?;
     crate::setup::ensure_apt(&["nginx", "haproxy", "wrk"])?;
     let root = is_root();
-    if !args.no_build {
-        if root {
-            ebpf::build(&BuildEbpf { release: true })?;
-        }
-        let status = Command::new("cargo")
-            .current_dir(ebpf::workspace_root())
-            .args(["build", "--release", "-p", "routing-userspace"])
-            .status()
-            .context("running cargo build")?;
-        if !status.success() {
-            bail!("cargo build --release -p routing-userspace failed ({status})");
-        }
-    }
-    let bin = ebpf::target_dir().join("release").join("flexinfer-proxy");
-    if !bin.exists() {
-        bail!("{} not found (run without --no-build)", bin.display());
-    }
+    let bin = ebpf::release_proxy(!args.no_build, root)?;
     if root {
         for p in Cgroup::remove_stale(PREFIX)
             .into_iter()

@@ -146,24 +146,7 @@ pub fn run(args: &RealLlmBench) -> Result<()> {
     } else {
         None
     };
-    let bin = ebpf::target_dir().join("release").join("flexinfer-proxy");
-    if !args.no_build {
-        let status = Command::new("cargo")
-            .current_dir(ebpf::workspace_root())
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "routing-userspace",
-                "--bin",
-                "flexinfer-proxy",
-            ])
-            .status()
-            .context("running cargo build")?;
-        if !status.success() {
-            bail!("cargo build failed ({status})");
-        }
-    }
+    let bin = ebpf::release_proxy(!args.no_build, false)?;
 
     // The servers, each behind a counting forwarder.
     let launcher = out.join("serve.py");

@@ -27,6 +27,36 @@ pub fn nightly() -> String {
         .unwrap_or_else(|| "nightly".to_owned())
 }
 
+/// The release `flexinfer-proxy` the benches, the soak and the replay run: built first unless
+/// `build` is false (then it must exist), with the eBPF object embedded when `with_ebpf`.
+pub fn release_proxy(build: bool, with_ebpf: bool) -> Result<PathBuf> {
+    if build {
+        if with_ebpf {
+            self::build(&BuildEbpf { release: true })?;
+        }
+        let status = Command::new("cargo")
+            .current_dir(workspace_root())
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "routing-userspace",
+                "--bin",
+                "flexinfer-proxy",
+            ])
+            .status()
+            .context("running cargo build")?;
+        if !status.success() {
+            bail!("cargo build --release -p routing-userspace failed ({status})");
+        }
+    }
+    let bin = target_dir().join("release").join("flexinfer-proxy");
+    if !bin.exists() {
+        bail!("{} not found (run without --no-build)", bin.display());
+    }
+    Ok(bin)
+}
+
 /// The stable path of the built object: `<target>/bpf/routing-ebpf.o`.
 pub fn object_path() -> PathBuf {
     target_dir().join("bpf").join("routing-ebpf.o")

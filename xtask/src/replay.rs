@@ -6,8 +6,6 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::ebpf::{target_dir, workspace_root};
-
 #[derive(clap::Args)]
 pub struct Replay {
     /// Arguments of `flexinfer-proxy replay` (see `flexinfer-proxy replay --help`), e.g.
@@ -18,22 +16,7 @@ pub struct Replay {
 }
 
 pub fn run(args: &Replay) -> Result<()> {
-    let status = Command::new("cargo")
-        .current_dir(workspace_root())
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "routing-userspace",
-            "--bin",
-            "flexinfer-proxy",
-        ])
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("cargo build failed ({status})");
-    }
-    let bin = target_dir().join("release").join("flexinfer-proxy");
+    let bin = crate::ebpf::release_proxy(true, false)?;
     let status = Command::new(&bin)
         .arg("replay")
         .args(&args.args)

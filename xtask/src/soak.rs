@@ -33,7 +33,7 @@ use flexinfer_test_support::{
 };
 use serde_json::Value;
 
-use crate::ebpf::{self, BuildEbpf};
+use crate::ebpf;
 
 #[derive(clap::Args)]
 pub struct Soak {
@@ -1173,23 +1173,7 @@ pub fn run(args: &Soak) -> Result<()> {
         "userspace" => false,
         g => bail!("--gauge {g}: use auto, ebpf or userspace"),
     };
-    if !args.no_build {
-        if ebpf_mode {
-            ebpf::build(&BuildEbpf { release: true })?;
-        }
-        let status = Command::new("cargo")
-            .current_dir(ebpf::workspace_root())
-            .args(["build", "--release", "-p", "routing-userspace"])
-            .status()
-            .context("running cargo build")?;
-        if !status.success() {
-            bail!("cargo build --release -p routing-userspace failed ({status})");
-        }
-    }
-    let bin = ebpf::target_dir().join("release").join("flexinfer-proxy");
-    if !bin.exists() {
-        bail!("{} not found (run without --no-build)", bin.display());
-    }
+    let bin = ebpf::release_proxy(!args.no_build, ebpf_mode)?;
     if ebpf_mode {
         for p in Cgroup::remove_stale(RUN_PREFIX)
             .into_iter()
