@@ -353,19 +353,39 @@ async fn timeouts_retries_and_ejection_leave_no_phantom_load() {
     }
     assert!(bad.requests() >= 1, "least-loaded tried the bad pod");
 
-    // A stream whose pod dies mid-way.
+    // A stream whose pod dies mid-way: killed once its first event has arrived (before it,
+    // the kill would be a reset before any byte, which the proxy answers with a 502).
+    use http_body_util::BodyExt as _;
     let body = chat_body("stream", None, "s", r#"{"stream":true,"max_tokens":50}"#);
-    let addr = proxy.addr;
-    let stream = tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &body).await });
+    let req = hyper::Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.into_body();
+    let mut got = Vec::new();
+    while !got.starts_with(b"data: ") {
+        let frame = stream.frame().await.expect("a first event").unwrap();
+        if let Ok(d) = frame.into_data() {
+            got.extend_from_slice(&d);
+        }
+    }
     assert_eq!(
-        wait_for(1, Duration::from_secs(2), || kernel_load(
-            &pins,
-            streamer.addr
-        )),
-        1
+        kernel_load(&pins, streamer.addr),
+        1,
+        "the stream is in flight"
     );
     streamer.proc.kill().unwrap();
-    let text = stream.await.unwrap().unwrap().text();
+    while let Some(frame) = stream.frame().await {
+        if let Ok(d) = frame
+            .expect("an error event, not a broken stream")
+            .into_data()
+        {
+            got.extend_from_slice(&d);
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
     assert!(text.contains("upstream_stream_broken"), "{text}");
 
     for (name, pod) in [
