@@ -526,3 +526,38 @@ fn ejected_pods_leave_the_candidates_and_a_lone_ejected_pod_is_still_tried() {
         vec![T::Pod(addr(9)), T::Service("http://one.svc:80".into())]
     );
 }
+
+/// A cache-aware pick that passive health moves off an ejected pod teaches the index the pod
+/// that really got the request, so the conversation's next turn follows it there.
+#[test]
+fn cache_aware_learns_the_pod_health_moved_the_pick_to() {
+    let w = world(
+        vec![model("ca", Strategy::CacheAware, &[1, 2, 3])],
+        Duration::ZERO,
+    );
+    // A long first question (several links), so a match decides over load.
+    let question = "words of a long question ".repeat(200);
+    let turn1 = serde_json::json!({"model": "ca", "messages": [
+        {"role": "system", "content": "S"}, {"role": "user", "content": question}]})
+    .to_string();
+    let turn2 = serde_json::json!({"model": "ca", "messages": [
+        {"role": "system", "content": "S"}, {"role": "user", "content": question},
+        {"role": "assistant", "content": "an answer"}, {"role": "user", "content": "second"}]})
+    .to_string();
+    let (turn1, turn2) = (turn1.as_str(), turn2.as_str());
+    // Without ejection the first turn goes to the ring pick of its first link.
+    let preferred = first_pod(&w.simple("ca", turn1)).unwrap();
+    let w = world(
+        vec![model("ca", Strategy::CacheAware, &[1, 2, 3])],
+        Duration::ZERO,
+    );
+    eject(&w, "ca", preferred.port());
+    let d = w.simple("ca", turn1);
+    let moved = first_pod(&d).unwrap();
+    assert_ne!(moved, preferred, "the ejected pod is skipped");
+    assert_eq!(d.match_depth, Some(0));
+    // The second turn extends the first turn's chain: it finds it on the pod that served it.
+    let d2 = w.simple("ca", turn2);
+    assert_eq!(first_pod(&d2), Some(moved));
+    assert!(d2.match_depth.unwrap() >= 2, "{:?}", d2.match_depth);
+}
