@@ -61,21 +61,23 @@ fn target_of(d: &Decision, a: Attempt, uri: &Uri) -> (PoolKey, http::HeaderValue
 /// replaces (a pod reservation only when `a` is the reserved pod).
 fn start_on(shared: &Shared, ctx: &mut RequestCtx, a: Attempt) {
     let d = ctx.decision.as_mut().expect("decided");
+    // The request is counted in flight first, then what stood for it is released, so a
+    // concurrent pick never sees the pod without either.
+    let slot = match a {
+        Attempt::Pod(i) => d.model.pods[i].slot,
+        Attempt::Service => None,
+    };
+    ctx.in_flight = slot.map(|s| shared.inflight.enter(s));
     // From here the gauge counts the request (or the Service has it): its pick is not pending.
     d.pending_pick = None;
     if let Some(r) = d.member_reservation.take() {
         r.consume();
     }
-    ctx.in_flight = None;
-    if let Attempt::Pod(i) = a {
-        let slot = d.model.pods[i].slot;
-        if let Some(r) = d
-            .pod_reservation
-            .take_if(|r| slot.is_some_and(|s| r.key() == u64::from(s)))
-        {
-            r.consume();
-        }
-        ctx.in_flight = slot.map(|s| shared.inflight.enter(s));
+    if let Some(r) = d
+        .pod_reservation
+        .take_if(|r| slot.is_some_and(|s| r.key() == u64::from(s)))
+    {
+        r.consume();
     }
 }
 
@@ -186,6 +188,7 @@ pub async fn forward(
                 continue;
             }
         };
+        conn.mark_busy();
         start_on(shared, ctx, a);
         head.headers.insert(HOST, host);
         head.uri = target_uri;

@@ -173,6 +173,15 @@ async fn dial(key: &PoolKey) -> Result<TcpStream, ConnectError> {
 }
 
 impl Conn {
+    /// The request starts on this connection: it counts in flight on the pod, node-wide (eBPF
+    /// gauge), from now. The forward phase marks it before it consumes the pick's reservation,
+    /// so no concurrent pick sees the pod without either; `send` marks it again (idempotent).
+    pub fn mark_busy(&self) {
+        if let Some(t) = &self.inner.track {
+            t.busy();
+        }
+    }
+
     /// Whether this connection carried requests before (a failure may then just mean its
     /// server closed it while it was idle).
     pub fn reused(&self) -> bool {
