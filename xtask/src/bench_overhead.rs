@@ -896,18 +896,7 @@ pub(crate) fn install_smg(base: &Path) -> Result<PathBuf> {
         return Ok(smg);
     }
     std::fs::create_dir_all(&root)?;
-    let run = |cmd: &mut Command| -> Result<()> {
-        println!("bench overhead: {cmd:?}");
-        let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-        if !out.status.success() {
-            bail!(
-                "{cmd:?} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(())
-    };
+    let run = |cmd: &mut Command| crate::setup::run_logged("bench overhead", cmd);
     if run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).is_err() {
         crate::setup::ensure_apt(&["python3-venv"])?;
         run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;

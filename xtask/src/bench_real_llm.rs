@@ -312,18 +312,7 @@ fn install_llama(base: &Path) -> Result<(PathBuf, PathBuf)> {
         return Ok((python, m));
     }
     std::fs::create_dir_all(base)?;
-    let run = |cmd: &mut Command| -> Result<()> {
-        println!("bench real-llm: {cmd:?}");
-        let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-        if !out.status.success() {
-            bail!(
-                "{cmd:?} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(())
-    };
+    let run = |cmd: &mut Command| crate::setup::run_logged("bench real-llm", cmd);
     if !python.exists() && run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).is_err() {
         crate::setup::ensure_apt(&["python3-venv"])?;
         run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;

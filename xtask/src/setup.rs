@@ -197,6 +197,20 @@ fn install_bpf_linker_against_rust_llvm(sysroot: &Path) -> Result<()> {
     )
 }
 
+/// Run `cmd` (printed with `tag` first) and fail with its stderr unless it succeeds.
+pub fn run_logged(tag: &str, cmd: &mut Command) -> Result<()> {
+    println!("{tag}: {cmd:?}");
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 pub fn ensure_apt(packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
