@@ -54,37 +54,20 @@ async fn read_request(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool 
     }
 }
 
-/// Answers every request with `status` and an OpenAI-shaped error body, keeping connections
-/// alive.
-pub async fn fixed_status(status: u16) -> Backend {
+/// A backend on a loopback port that runs `conn` for each accepted connection, with the
+/// shared request counter (`conn` counts what it reads).
+async fn serve<F, Fut>(conn: F) -> Backend
+where
+    F: Fn(tokio::net::TcpStream, Arc<AtomicU64>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let requests = Arc::new(AtomicU64::new(0));
     let count = requests.clone();
     let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                while read_request(&mut s, &mut buf).await {
-                    count.fetch_add(1, Ordering::Relaxed);
-                    let body = format!(
-                        r#"{{"error":{{"message":"failing on purpose","type":"server_error","code":"{status}"}}}}"#
-                    );
-                    let head = format!(
-                        "HTTP/1.1 {status} Failing\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                        body.len()
-                    );
-                    if s.write_all(head.as_bytes()).await.is_err()
-                        || s.write_all(body.as_bytes()).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            });
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(conn(s, count.clone()));
         }
     });
     Backend {
@@ -94,73 +77,68 @@ pub async fn fixed_status(status: u16) -> Backend {
     }
 }
 
+/// Reads until the client closes the connection (holding it open meanwhile).
+async fn hold(s: &mut tokio::net::TcpStream) {
+    let mut sink = [0u8; 1024];
+    while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+}
+
+/// Answers every request with `status` and an OpenAI-shaped error body, keeping connections
+/// alive.
+pub async fn fixed_status(status: u16) -> Backend {
+    serve(move |mut s, count| async move {
+        let mut buf = Vec::new();
+        while read_request(&mut s, &mut buf).await {
+            count.fetch_add(1, Ordering::Relaxed);
+            let body = format!(
+                r#"{{"error":{{"message":"failing on purpose","type":"server_error","code":"{status}"}}}}"#
+            );
+            let head = format!(
+                "HTTP/1.1 {status} Failing\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            if s.write_all(head.as_bytes()).await.is_err()
+                || s.write_all(body.as_bytes()).await.is_err()
+            {
+                return;
+            }
+        }
+    })
+    .await
+}
+
 /// Starts an SSE answer (the head and one event), then sends nothing more.
 pub async fn stalling_stream() -> Backend {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let requests = Arc::new(AtomicU64::new(0));
-    let count = requests.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                if !read_request(&mut s, &mut buf).await {
-                    return;
-                }
-                count.fetch_add(1, Ordering::Relaxed);
-                let event = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
-                    event.len()
-                );
-                if s.write_all(answer.as_bytes()).await.is_err() {
-                    return;
-                }
-                let mut sink = [0u8; 1024];
-                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
-            });
+    serve(|mut s, count| async move {
+        let mut buf = Vec::new();
+        if !read_request(&mut s, &mut buf).await {
+            return;
         }
-    });
-    Backend {
-        addr,
-        requests,
-        task,
-    }
+        count.fetch_add(1, Ordering::Relaxed);
+        let event = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+            event.len()
+        );
+        if s.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+        hold(&mut s).await;
+    })
+    .await
 }
 
 /// Accepts, reads the request, and never answers (connections are held until the client
 /// gives up).
 pub async fn hanging() -> Backend {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let requests = Arc::new(AtomicU64::new(0));
-    let count = requests.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                if read_request(&mut s, &mut buf).await {
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
-                // Hold the connection: read until the client closes it.
-                let mut sink = [0u8; 1024];
-                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
-            });
+    serve(|mut s, count| async move {
+        let mut buf = Vec::new();
+        if read_request(&mut s, &mut buf).await {
+            count.fetch_add(1, Ordering::Relaxed);
         }
-    });
-    Backend {
-        addr,
-        requests,
-        task,
-    }
+        hold(&mut s).await;
+    })
+    .await
 }
 
 /// A listener that never accepts, its queue already full: new SYNs are dropped without an
