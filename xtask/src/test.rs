@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::ebpf::{self, BuildEbpf};
 use crate::setup::{self, Setup};
+use xtask::paths;
 
 /// Debian packages the integration tests drive for real: a Prometheus server, yamllint and
 /// bpftool; podman, runc and debootstrap build and run the proxy image (container tests).
@@ -115,8 +116,38 @@ fn cargo_test(args: &[&str], totals: &mut Totals) -> Result<()> {
     Ok(())
 }
 
+/// Prints the disk space free where the build goes. A build that runs out of disk fails deep
+/// inside rustc or the linker; this line, at the start and the end, says so up front.
+fn report_disk(when: &str) {
+    let target = paths::target_dir();
+    let dir = if target.exists() {
+        target
+    } else {
+        ebpf::workspace_root()
+    };
+    let free = Command::new("df")
+        .args(["-h", "--output=avail,target"])
+        .arg(&dir)
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| {
+            s.lines()
+                .nth(1)
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" free on "))
+        });
+    match free {
+        Some(line) => println!("xtask test: disk {when}: {line} ({})", dir.display()),
+        None => println!(
+            "xtask test: disk {when}: df gave no answer for {}",
+            dir.display()
+        ),
+    }
+}
+
 pub fn run(args: &Test) -> Result<()> {
     let t = Instant::now();
+    report_disk("at start");
     if !args.no_setup {
         step("setup", || {
             setup::run(&Setup { no_apt: false })?;
@@ -153,6 +184,7 @@ pub fn run(args: &Test) -> Result<()> {
         t.elapsed().as_secs_f64(),
         totals.ignored
     );
+    report_disk("at end");
     // The closing line CI reads: every test of the workspace, added up.
     println!("tests: {} passed, {} failed", totals.passed, totals.failed);
     result
