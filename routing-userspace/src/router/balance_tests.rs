@@ -2,49 +2,23 @@
 //! router, table and gauge (the pure walks are property-tested in `balance::bounded` and
 //! `balance::cache_aware`).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::HeaderMap;
 use proptest::prelude::*;
 
+use super::test_world::{addr, model, World};
 use super::*;
 use crate::balance::bounded::{BalanceOverride, HashBalance};
-use crate::body::BodyFields;
 use crate::config::DEFAULT_HASH_BALANCE;
 use crate::discovery::{ModelSet, ModelSpec, Update};
-use crate::load::slots::SlotAllocator;
-use crate::load::userspace::{InFlight, UserspaceGauge};
+use crate::load::userspace::InFlight;
 use crate::metrics::Metrics;
 use crate::table::RoutingTable;
 use crate::vocab::{KeySource, LabelGroupMode, Outcome, Strategy};
 
-struct World {
-    table: RoutingTable,
-    gauge: Arc<UserspaceGauge>,
-    router: Router,
-    slots: SlotAllocator,
-}
-
-fn addr(p: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], p))
-}
-
-fn model(name: &str, routing: Strategy, ports: std::ops::Range<u16>) -> ModelSpec {
-    let mut m = ModelSpec::new(name);
-    m.routing = routing;
-    m.service = Some(format!("http://{name}.svc:80"));
-    m.endpoints = ports.map(addr).collect();
-    m
-}
-
 fn world_with(models: Vec<ModelSpec>, balance: HashBalance, mode: LabelGroupMode) -> World {
-    let mut set = ModelSet::default();
-    set.apply(Update::Reset(models));
-    let mut slots = SlotAllocator::default();
-    slots.sync(&RoutingTable::pod_addrs(&set));
-    let gauge = Arc::new(UserspaceGauge::default());
     let knobs = RoutingKnobs {
         reservation_ttl: Duration::ZERO,
         label_group_mode: mode,
@@ -53,12 +27,7 @@ fn world_with(models: Vec<ModelSpec>, balance: HashBalance, mode: LabelGroupMode
         max_pod_attempts: 16,
         ..RoutingKnobs::default()
     };
-    World {
-        table: RoutingTable::build(&set, &slots, &Metrics::new(100), mode),
-        router: Router::new(gauge.clone(), knobs),
-        gauge,
-        slots,
-    }
+    World::new(models, knobs)
 }
 
 fn world(models: Vec<ModelSpec>, balance: HashBalance) -> World {
@@ -74,21 +43,6 @@ fn chat(system: &str, users: &[&str]) -> String {
 }
 
 impl World {
-    fn decide_with(&self, name: &str, headers: &HeaderMap, body: &str) -> Decision {
-        let fields = BodyFields::parse(body.as_bytes());
-        let parts = RequestParts {
-            headers,
-            body: fields.as_ref(),
-            model: Some(name),
-        };
-        let route = self.table.lookup(name).expect("route");
-        self.router.decide(&route, &parts, 0, Instant::now())
-    }
-
-    fn decide(&self, name: &str, body: &str) -> Decision {
-        self.decide_with(name, &HeaderMap::new(), body)
-    }
-
     fn busy(&self, port: u16, n: usize) -> Vec<InFlight> {
         let slot = self.slots.get(&addr(port)).unwrap();
         (0..n).map(|_| self.gauge.enter(slot)).collect()
@@ -141,10 +95,10 @@ fn the_default_bound_keeps_light_traffic_on_the_plain_ring() {
     );
     for i in 0..40 {
         let body = chat(&format!("{SYS} tenant {i}"), &["q"]);
-        let p = plain.decide("m", &body);
+        let p = plain.simple("m", &body);
         let port = pod_port(&p);
         let _lingering = bounded.busy(port, 3);
-        let b = bounded.decide("m", &body);
+        let b = bounded.simple("m", &body);
         assert_eq!((pod_port(&b), b.outcome), (port, Outcome::Pod), "{i}");
     }
 }
@@ -156,11 +110,11 @@ fn a_hot_key_spills_along_its_walk_and_says_so() {
         DEFAULT_HASH_BALANCE,
     );
     let body = chat(SYS, &["q"]);
-    let plain: Vec<u16> = order(&mut w.decide("m", &body));
+    let plain: Vec<u16> = order(&mut w.simple("m", &body));
     // The key's pod holds 4 requests, the others none: 5 in flight with this one over 4 pods,
     // bound max(ceil(1.2 * 5 / 4), 4) = 4.
     let _held = w.busy(plain[0], 4);
-    let mut d = w.decide("m", &body);
+    let mut d = w.simple("m", &body);
     assert_eq!(d.outcome, Outcome::Spill);
     let spill = d.spill.expect("spill recorded");
     assert_eq!(
@@ -198,11 +152,11 @@ fn a_models_own_factor_overrides_the_proxys() {
     let w = world(vec![off, on], DEFAULT_HASH_BALANCE);
     let mut h = HeaderMap::new();
     h.insert("x-session-id", "user-1".parse().unwrap());
-    let port = pod_port(&w.decide_with("off", &h, "{}"));
-    assert_eq!(port, pod_port(&w.decide_with("on", &h, "{}")));
+    let port = pod_port(&w.decide("off", &h, "{}", 0));
+    assert_eq!(port, pod_port(&w.decide("on", &h, "{}", 0)));
     let _held = w.busy(port, 10);
-    assert_eq!(pod_port(&w.decide_with("off", &h, "{}")), port, "bound off");
-    assert_ne!(pod_port(&w.decide_with("on", &h, "{}")), port, "bound on");
+    assert_eq!(pod_port(&w.decide("off", &h, "{}", 0)), port, "bound off");
+    assert_ne!(pod_port(&w.decide("on", &h, "{}", 0)), port, "bound on");
     assert_eq!(
         w.router.balance_for(&w.model("off")),
         HashBalance {
@@ -249,7 +203,7 @@ proptest! {
         let _held: Vec<Vec<InFlight>> = (1..pods + 1).map(|p| w.busy(p, loads[p as usize])).collect();
         let mut h = HeaderMap::new();
         h.insert("x-session-id", key.parse().unwrap());
-        let mut d = w.decide_with("m", &h, "{}");
+        let mut d = w.decide("m", &h, "{}", 0);
         prop_assert_eq!(d.outcome, Outcome::Pod);
         let m = w.model("m");
         let ring: Vec<u16> = m
@@ -272,12 +226,12 @@ fn label_group_hashing_modes_spill_members_at_the_bound() {
         .collect();
     let w = world_with(members, DEFAULT_HASH_BALANCE, LabelGroupMode::Prefix);
     let body = chat(SYS, &["q"]);
-    let first = w.decide("g", &body);
+    let first = w.simple("g", &body);
     let home = first.model.name.clone();
     assert!(first.group.as_ref().unwrap().spill.is_none());
     let port = pod_port(&first);
     let _held = w.busy(port, 5);
-    let d = w.decide("g", &body);
+    let d = w.simple("g", &body);
     assert_ne!(
         d.model.name, home,
         "the member at the bound passes the key on"
@@ -297,14 +251,14 @@ fn cache_aware_sends_a_conversation_back_to_the_pod_that_has_its_prefix() {
     );
     let q1 = long("first question of conversation A");
     let turn1 = chat(SYS, &[&q1]);
-    let d1 = w.decide("m", &turn1);
+    let d1 = w.simple("m", &turn1);
     assert_eq!(d1.key_source(), KeySource::PromptChain);
     assert_eq!(d1.match_depth, Some(0), "nothing learned yet");
     let pod_a = pod_port(&d1);
     // Turn 2 repeats turn 1 and adds to it: back to the same pod, turn 1's five links matched
     // (the system message, then four cuts of the 4,000-character question).
     let turn2 = chat(SYS, &[&q1, "and a follow-up"]);
-    let d2 = w.decide("m", &turn2);
+    let d2 = w.simple("m", &turn2);
     assert_eq!((pod_port(&d2), d2.match_depth), (pod_a, Some(5)));
     assert_eq!(d2.outcome, Outcome::Pod);
     assert_eq!(
@@ -313,15 +267,15 @@ fn cache_aware_sends_a_conversation_back_to_the_pod_that_has_its_prefix() {
     );
     // Other tenants' traffic in between changes nothing for A: its longest match is its pod.
     for c in ["B", "C", "D", "E", "F"] {
-        w.decide("m", &chat(&format!("tenant {c}"), &["opening"]));
+        w.simple("m", &chat(&format!("tenant {c}"), &["opening"]));
     }
     let turn3 = chat(SYS, &[&q1, "and a follow-up", &long("third")]);
-    let d3 = w.decide("m", &turn3);
+    let d3 = w.simple("m", &turn3);
     assert_eq!((pod_port(&d3), d3.match_depth), (pod_a, Some(6)));
     // At the bound, A's pod passes the conversation on: the others hold at most the system
     // message, so the walk picks among them.
     let _held = w.busy(pod_a, 6);
-    let d4 = w.decide("m", &turn3);
+    let d4 = w.simple("m", &turn3);
     assert_ne!(pod_port(&d4), pod_a);
     assert_eq!(d4.outcome, Outcome::Spill);
     assert_eq!(
@@ -343,11 +297,11 @@ fn cache_aware_without_a_match_is_the_ring_pick_of_the_first_link_in_any_router(
     );
     // Router `a` has seen other traffic; `b` has seen nothing. New prefixes land alike.
     for i in 0..30 {
-        a.decide("m", &chat(&format!("warm-up system {i}"), &["hello"]));
+        a.simple("m", &chat(&format!("warm-up system {i}"), &["hello"]));
     }
     for i in 0..20 {
         let body = chat(&format!("brand new system prompt {i}"), &["question"]);
-        let (da, db) = (a.decide("m", &body), b.decide("m", &body));
+        let (da, db) = (a.simple("m", &body), b.simple("m", &body));
         assert_eq!((da.match_depth, db.match_depth), (Some(0), Some(0)));
         assert_eq!(pod_port(&da), pod_port(&db), "{i}");
         let m = a.model("m");
@@ -367,7 +321,7 @@ fn cache_aware_explicit_keys_win_as_in_prefix_routing() {
     );
     let mut h = HeaderMap::new();
     h.insert("x-flexinfer-cache-key", "tenant-a/doc-1".parse().unwrap());
-    let d = w.decide_with("m", &h, &chat(SYS, &["q"]));
+    let d = w.decide("m", &h, &chat(SYS, &["q"]), 0);
     assert_eq!(d.key_source(), KeySource::ExplicitHeader);
     assert_eq!(d.match_depth, None, "the index is not consulted");
     let m = w.model("m");
@@ -384,7 +338,7 @@ fn cache_aware_explicit_keys_win_as_in_prefix_routing() {
         "nothing learned from explicit keys"
     );
     // Without a prompt at all: the Service, as for prefix routing.
-    let d = w.decide("m", "{}");
+    let d = w.simple("m", "{}");
     assert_eq!(
         (d.outcome, d.key_source()),
         (Outcome::ServiceFallback, KeySource::None)
@@ -397,7 +351,7 @@ fn the_index_forgets_pods_that_leave_the_table() {
         vec![model("m", Strategy::CacheAware, 1..3)],
         DEFAULT_HASH_BALANCE,
     );
-    let d = w.decide("m", &chat(SYS, &["q"]));
+    let d = w.simple("m", &chat(SYS, &["q"]));
     let gone = d.picked_pod().unwrap().addr.port();
     let slot = d.picked_pod().unwrap().slot.unwrap();
     assert!(w.router.index().entries_of(slot) > 0);
@@ -428,7 +382,7 @@ fn a_burst_of_bounded_picks_sees_itself_before_the_gauge_moves() {
         DEFAULT_HASH_BALANCE,
     );
     let body = chat(SYS, &["q"]);
-    let held: Vec<Decision> = (0..12).map(|_| w.decide("m", &body)).collect();
+    let held: Vec<Decision> = (0..12).map(|_| w.simple("m", &body)).collect();
     let mut per_pod = std::collections::BTreeMap::new();
     for d in &held {
         *per_pod.entry(pod_port(d)).or_insert(0) += 1;
@@ -444,5 +398,5 @@ fn a_burst_of_bounded_picks_sees_itself_before_the_gauge_moves() {
     assert_eq!(w.router.pending.get(slot), 0);
     // The plain ring reads no load and holds nothing.
     let plain = world(vec![model("m", Strategy::Prefix, 1..5)], HashBalance::OFF);
-    assert!(plain.decide("m", &body).pending_pick.is_none());
+    assert!(plain.simple("m", &body).pending_pick.is_none());
 }

@@ -18,6 +18,8 @@ pub mod reservation;
 #[cfg(test)]
 mod balance_tests;
 #[cfg(test)]
+mod test_world;
+#[cfg(test)]
 mod tests;
 
 use std::sync::Arc;

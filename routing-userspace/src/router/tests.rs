@@ -7,51 +7,22 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 
+use super::test_world::{addr, model, World};
 use super::*;
-use crate::body::BodyFields;
-use crate::discovery::{ModelSet, ModelSpec, Update};
-use crate::load::slots::SlotAllocator;
-use crate::load::userspace::UserspaceGauge;
-use crate::metrics::Metrics;
-use crate::table::{Route, RoutingTable};
+use crate::discovery::ModelSpec;
+use crate::table::Route;
 use crate::vocab::{GroupOutcome, KeySource, LabelGroupMode, Outcome, Strategy};
 
-struct World {
-    table: RoutingTable,
-    gauge: Arc<UserspaceGauge>,
-    router: Router,
-    slots: SlotAllocator,
-}
-
-fn addr(p: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], p))
-}
-
-fn model(name: &str, routing: Strategy, ports: &[u16]) -> ModelSpec {
-    let mut m = ModelSpec::new(name);
-    m.routing = routing;
-    m.service = Some(format!("http://{name}.svc:80"));
-    m.endpoints = ports.iter().map(|&p| addr(p)).collect();
-    m
-}
+/// A model with no ready pod.
+const NO_PODS: [u16; 0] = [];
 
 fn world_with_mode(models: Vec<ModelSpec>, ttl: Duration, mode: LabelGroupMode) -> World {
-    let mut set = ModelSet::default();
-    set.apply(Update::Reset(models));
-    let mut slots = SlotAllocator::default();
-    slots.sync(&RoutingTable::pod_addrs(&set));
-    let gauge = Arc::new(UserspaceGauge::default());
     let knobs = RoutingKnobs {
         reservation_ttl: ttl,
         label_group_mode: mode,
         ..RoutingKnobs::default()
     };
-    World {
-        table: RoutingTable::build(&set, &slots, &Metrics::new(100), mode),
-        router: Router::new(gauge.clone(), knobs),
-        gauge,
-        slots,
-    }
+    World::new(models, knobs)
 }
 
 fn world(models: Vec<ModelSpec>, ttl: Duration) -> World {
@@ -77,27 +48,6 @@ fn targets(d: &mut Decision) -> Vec<T> {
     out
 }
 
-impl World {
-    fn decide(&self, name: &str, headers: &HeaderMap, body: &str, draw: u64) -> Decision {
-        let fields = BodyFields::parse(body.as_bytes());
-        let parts = RequestParts {
-            headers,
-            body: fields.as_ref(),
-            model: Some(name),
-        };
-        self.router.decide(
-            &self.table.lookup(name).expect("route"),
-            &parts,
-            draw,
-            Instant::now(),
-        )
-    }
-
-    fn simple(&self, name: &str, body: &str) -> Decision {
-        self.decide(name, &HeaderMap::new(), body, 0)
-    }
-}
-
 fn first_pod(d: &Decision) -> Option<SocketAddr> {
     d.picked_pod().map(|p| p.addr)
 }
@@ -106,7 +56,7 @@ const SYS_BODY: &str = r#"{"messages":[{"role":"system","content":"Shared system
 
 #[test]
 fn default_routes_to_the_service() {
-    let w = world(vec![model("m", Strategy::Default, &[1, 2])], Duration::ZERO);
+    let w = world(vec![model("m", Strategy::Default, [1, 2])], Duration::ZERO);
     let mut d = w.simple("m", SYS_BODY);
     assert_eq!(d.outcome, Outcome::ServiceFallback);
     assert_eq!(d.key_source(), KeySource::None);
@@ -116,7 +66,7 @@ fn default_routes_to_the_service() {
 #[test]
 fn prefix_same_context_same_pod_with_alternates_then_service() {
     let w = world(
-        vec![model("m", Strategy::Prefix, &[1, 2, 3, 4])],
+        vec![model("m", Strategy::Prefix, [1, 2, 3, 4])],
         Duration::ZERO,
     );
     let mut a = w.simple("m", SYS_BODY);
@@ -140,13 +90,13 @@ fn graceful_degradation() {
         Strategy::SessionAffinity,
         Strategy::LeastLoaded,
     ] {
-        let w = world(vec![model("m", s, &[])], Duration::from_secs(10));
+        let w = world(vec![model("m", s, NO_PODS)], Duration::from_secs(10));
         let mut d = w.simple("m", SYS_BODY);
         assert_eq!(d.outcome, Outcome::ServiceFallback, "{s}");
         assert_eq!(targets(&mut d), vec![T::Service("http://m.svc:80".into())]);
     }
     // Prefix with no key at all -> Service.
-    let w = world(vec![model("m", Strategy::Prefix, &[1, 2])], Duration::ZERO);
+    let w = world(vec![model("m", Strategy::Prefix, [1, 2])], Duration::ZERO);
     let d = w.simple("m", r#"{"model":"m"}"#);
     assert_eq!(
         (d.outcome, d.key_source()),
@@ -154,7 +104,7 @@ fn graceful_degradation() {
     );
     // Session with no key -> a random pod (the draw decides).
     let w = world(
-        vec![model("m", Strategy::SessionAffinity, &[1, 2, 3])],
+        vec![model("m", Strategy::SessionAffinity, [1, 2, 3])],
         Duration::ZERO,
     );
     let picks: Vec<_> = (0..3)
@@ -162,7 +112,7 @@ fn graceful_degradation() {
         .collect();
     assert_eq!(picks, vec![Some(addr(1)), Some(addr(2)), Some(addr(3))]);
     // Nothing at all: no targets (the proxy answers 503), never a panic.
-    let mut m = model("m", Strategy::Prefix, &[]);
+    let mut m = model("m", Strategy::Prefix, NO_PODS);
     m.service = None;
     let w = world(vec![m], Duration::ZERO);
     let mut d = w.simple("m", SYS_BODY);
@@ -173,7 +123,7 @@ fn graceful_degradation() {
 #[test]
 fn session_headers_stick() {
     let w = world(
-        vec![model("m", Strategy::SessionAffinity, &[1, 2, 3, 4, 5])],
+        vec![model("m", Strategy::SessionAffinity, [1, 2, 3, 4, 5])],
         Duration::ZERO,
     );
     let mut seen = HashMap::new();
@@ -193,7 +143,7 @@ fn session_headers_stick() {
 #[test]
 fn least_loaded_prefers_idle_pods_and_reservations_spread_a_burst() {
     let w = world(
-        vec![model("m", Strategy::LeastLoaded, &[1, 2, 3, 4])],
+        vec![model("m", Strategy::LeastLoaded, [1, 2, 3, 4])],
         Duration::from_secs(10),
     );
     // Pods 1-3 busy; the burst must start on pod 4.
@@ -218,7 +168,7 @@ fn least_loaded_prefers_idle_pods_and_reservations_spread_a_burst() {
 #[test]
 fn least_loaded_alternates_are_the_next_least_loaded() {
     let w = world(
-        vec![model("m", Strategy::LeastLoaded, &[1, 2, 3, 4])],
+        vec![model("m", Strategy::LeastLoaded, [1, 2, 3, 4])],
         Duration::ZERO,
     );
     let slot = |p| w.slots.get(&addr(p)).unwrap();
@@ -245,7 +195,7 @@ fn least_loaded_alternates_are_the_next_least_loaded() {
 #[test]
 fn least_loaded_without_reservations_is_raw_load_plus_round_robin() {
     let w = world(
-        vec![model("m", Strategy::LeastLoaded, &[1, 2])],
+        vec![model("m", Strategy::LeastLoaded, [1, 2])],
         Duration::ZERO,
     );
     let picks: Vec<_> = (0..4)
@@ -385,7 +335,7 @@ fn ledger(w: &World, m: &str) -> (u64, u64, u64) {
 #[test]
 fn a_decision_carries_its_reservation_and_it_ends_exactly_once() {
     let w = world(
-        vec![model("m", Strategy::LeastLoaded, &[1, 2])],
+        vec![model("m", Strategy::LeastLoaded, [1, 2])],
         Duration::from_secs(10),
     );
     // Consumed: the request started on the reserved pod.
@@ -415,9 +365,9 @@ fn a_decision_carries_its_reservation_and_it_ends_exactly_once() {
 fn strategies_that_do_not_read_load_reserve_nothing() {
     let w = world(
         vec![
-            model("p", Strategy::Prefix, &[1, 2]),
-            model("s", Strategy::SessionAffinity, &[3, 4]),
-            model("d", Strategy::Default, &[5]),
+            model("p", Strategy::Prefix, [1, 2]),
+            model("s", Strategy::SessionAffinity, [3, 4]),
+            model("d", Strategy::Default, [5]),
         ],
         Duration::from_secs(10),
     );
@@ -498,8 +448,8 @@ fn eject(w: &World, m: &str, p: u16) {
 fn ejected_pods_leave_the_candidates_and_a_lone_ejected_pod_is_still_tried() {
     let w = world(
         vec![
-            model("m", Strategy::Prefix, &[1, 2, 3]),
-            model("one", Strategy::Prefix, &[9]),
+            model("m", Strategy::Prefix, [1, 2, 3]),
+            model("one", Strategy::Prefix, [9]),
         ],
         Duration::ZERO,
     );
@@ -532,7 +482,7 @@ fn ejected_pods_leave_the_candidates_and_a_lone_ejected_pod_is_still_tried() {
 #[test]
 fn cache_aware_learns_the_pod_health_moved_the_pick_to() {
     let w = world(
-        vec![model("ca", Strategy::CacheAware, &[1, 2, 3])],
+        vec![model("ca", Strategy::CacheAware, [1, 2, 3])],
         Duration::ZERO,
     );
     // A long first question (several links), so a match decides over load.
@@ -548,7 +498,7 @@ fn cache_aware_learns_the_pod_health_moved_the_pick_to() {
     // Without ejection the first turn goes to the ring pick of its first link.
     let preferred = first_pod(&w.simple("ca", turn1)).unwrap();
     let w = world(
-        vec![model("ca", Strategy::CacheAware, &[1, 2, 3])],
+        vec![model("ca", Strategy::CacheAware, [1, 2, 3])],
         Duration::ZERO,
     );
     eject(&w, "ca", preferred.port());
