@@ -299,10 +299,9 @@ pub struct RoutingArgs {
     pub balance: BalanceArgs,
 }
 
-/// Bounded-load hashing, the cache-aware index and the route header (beyond the spec), as raw
-/// text where the spec's knobs are raw text (validated by [`RoutingKnobs::from_raw`]).
+/// The hash-balance bound, as `serve` takes it and `config check` shows it per model.
 #[derive(Debug, Clone, Args)]
-pub struct BalanceArgs {
+pub struct HashBalanceArgs {
     /// Bounded-load factor c for session-affinity, prefix, cache-aware and the prefix/session
     /// label-group modes: a pod takes a new request only while its load is under
     /// max(ceil(c x mean load), floor), where mean load = (requests in flight + reservations
@@ -319,6 +318,14 @@ pub struct BalanceArgs {
     /// takes its keys, so light traffic routes exactly as the plain ring does.
     #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value = "4")]
     pub hash_balance_floor: String,
+}
+
+/// Bounded-load hashing, the cache-aware index and the route header (beyond the spec), as raw
+/// text where the spec's knobs are raw text (validated by [`RoutingKnobs::from_raw`]).
+#[derive(Debug, Clone, Args)]
+pub struct BalanceArgs {
+    #[command(flatten)]
+    pub hash: HashBalanceArgs,
 
     /// The bounded-load factor of cache-aware models (its floor is --hash-balance-floor).
     /// Looser than the rings' because cache-aware ties already go to the least-loaded pod and
@@ -550,29 +557,18 @@ impl RoutingKnobs {
     }
 }
 
-impl BalanceArgs {
+impl HashBalanceArgs {
     /// The defaults, as if no flag or variable were set.
     pub fn defaults() -> Self {
         Self {
             hash_balance_factor: DEFAULT_HASH_BALANCE.factor().to_string(),
             hash_balance_floor: DEFAULT_HASH_BALANCE.floor.to_string(),
-            cache_aware_balance_factor: "1.5".into(),
-            cache_aware_index_budget: "16MiB".into(),
-            route_header: false,
         }
     }
 
-    /// The hash balance, the cache-aware factor and the index budget; an unusable value falls
-    /// back to its default, with a warning, as the spec's knobs do.
-    fn validate(&self, warnings: &mut Vec<KnobWarning>) -> (HashBalance, u32, usize) {
+    /// The bound; an unusable value falls back to its default, and `warn` hears of it.
+    pub fn validate(&self, warn: &mut impl FnMut(&'static str, &str, String)) -> HashBalance {
         let d = DEFAULT_HASH_BALANCE;
-        let mut warn = |knob: &'static str, value: &str, used: String| {
-            warnings.push(KnobWarning {
-                knob,
-                value: value.to_owned(),
-                used,
-            })
-        };
         let factor_milli = parse_factor(&self.hash_balance_factor).unwrap_or_else(|_| {
             warn(
                 "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
@@ -589,6 +585,35 @@ impl BalanceArgs {
             );
             d.floor
         });
+        HashBalance {
+            factor_milli,
+            floor,
+        }
+    }
+}
+
+impl BalanceArgs {
+    /// The defaults, as if no flag or variable were set.
+    pub fn defaults() -> Self {
+        Self {
+            hash: HashBalanceArgs::defaults(),
+            cache_aware_balance_factor: "1.5".into(),
+            cache_aware_index_budget: "16MiB".into(),
+            route_header: false,
+        }
+    }
+
+    /// The hash balance, the cache-aware factor and the index budget; an unusable value falls
+    /// back to its default, with a warning, as the spec's knobs do.
+    fn validate(&self, warnings: &mut Vec<KnobWarning>) -> (HashBalance, u32, usize) {
+        let mut warn = |knob: &'static str, value: &str, used: String| {
+            warnings.push(KnobWarning {
+                knob,
+                value: value.to_owned(),
+                used,
+            })
+        };
+        let hash = self.hash.validate(&mut warn);
         let cache_aware_factor =
             parse_factor(&self.cache_aware_balance_factor).unwrap_or_else(|_| {
                 warn(
@@ -606,14 +631,7 @@ impl BalanceArgs {
             );
             DEFAULT_CACHE_AWARE_INDEX_BUDGET
         });
-        (
-            HashBalance {
-                factor_milli,
-                floor,
-            },
-            cache_aware_factor,
-            budget,
-        )
+        (hash, cache_aware_factor, budget)
     }
 }
 
@@ -788,8 +806,10 @@ mod tests {
         assert_eq!(k.cache_aware_index_budget, 16 << 20);
         assert_eq!(k.cache_aware_factor_milli, 1500);
         r.balance = BalanceArgs {
-            hash_balance_factor: "1.5".into(),
-            hash_balance_floor: "0".into(),
+            hash: HashBalanceArgs {
+                hash_balance_factor: "1.5".into(),
+                hash_balance_floor: "0".into(),
+            },
             cache_aware_balance_factor: "2".into(),
             cache_aware_index_budget: "512KiB".into(),
             route_header: true,
@@ -803,14 +823,16 @@ mod tests {
         assert_eq!(k.cache_aware_factor_milli, 2000);
         assert_eq!(k.cache_aware_index_budget, 512 << 10);
         assert!(k.route_header);
-        r.balance.hash_balance_factor = "0".into();
+        r.balance.hash.hash_balance_factor = "0".into();
         assert!(
             !RoutingKnobs::from_raw(&r).0.hash_balance.is_on(),
             "0 = off"
         );
         r.balance = BalanceArgs {
-            hash_balance_factor: "0.5".into(),
-            hash_balance_floor: "-1".into(),
+            hash: HashBalanceArgs {
+                hash_balance_factor: "0.5".into(),
+                hash_balance_floor: "-1".into(),
+            },
             cache_aware_balance_factor: "0.9".into(),
             cache_aware_index_budget: "lots".into(),
             route_header: false,

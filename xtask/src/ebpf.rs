@@ -39,6 +39,7 @@ pub fn release_proxy(build: bool, with_ebpf: bool) -> Result<PathBuf> {
             .args([
                 "build",
                 "--release",
+                "--locked",
                 "-p",
                 "routing-userspace",
                 "--bin",

@@ -7,14 +7,13 @@
 //! tagged `ghcr.io/flexinfer/flexinfer-proxy:<chart appVersion>` and smoke-tested with
 //! `--version` through its own entrypoint.
 
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use xtask::container::{self, Engine, EngineChoice, Prebuilt};
-use xtask::paths::{chart_app_version, crate_version, target_dir, workspace_root};
+use xtask::paths::{chart_app_version, crate_version, workspace_root};
 
-use crate::ebpf::{self, BuildEbpf};
+use crate::ebpf::{self};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BaseChoice {
@@ -77,7 +76,7 @@ pub fn run(args: &Image) -> Result<()> {
         } else {
             None
         };
-        let binary = build_release()?;
+        let binary = ebpf::release_proxy(true, true)?;
         println!("image: packaging {}", binary.display());
         container::build_prebuilt(
             &engine,
@@ -121,26 +120,4 @@ fn build_from_source(engine: &Engine, tag: &str, version: &str) -> Result<()> {
         bail!("{} build failed ({status})", engine.name());
     }
     Ok(())
-}
-
-/// The eBPF object, then the release binary that embeds it.
-fn build_release() -> Result<std::path::PathBuf> {
-    ebpf::build(&BuildEbpf { release: true })?;
-    let status = Command::new("cargo")
-        .current_dir(workspace_root())
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            "routing-userspace",
-            "--bin",
-            "flexinfer-proxy",
-        ])
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("cargo build --release failed ({status})");
-    }
-    Ok(target_dir().join("release").join("flexinfer-proxy"))
 }

@@ -15,8 +15,8 @@ use clap::Args;
 
 use super::file::{parse, ParseError};
 use super::{ModelSet, ModelSpec, Strategy, Update};
-use crate::balance::bounded::{parse_factor, parse_floor, HashBalance};
-use crate::config::DEFAULT_HASH_BALANCE;
+use crate::balance::bounded::HashBalance;
+use crate::config::{HashBalanceArgs, DEFAULT_HASH_BALANCE};
 use crate::vocab::LabelGroupMode;
 
 /// `flexinfer-proxy config check` options.
@@ -33,17 +33,8 @@ pub struct CheckArgs {
     )]
     pub label_group_routing: String,
 
-    /// The hash-balance factor `serve` will run with (shown per model; models may override it).
-    #[arg(
-        long,
-        env = "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
-        default_value = "1.2"
-    )]
-    pub hash_balance_factor: String,
-
-    /// The hash-balance floor `serve` will run with.
-    #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value = "4")]
-    pub hash_balance_floor: String,
+    #[command(flatten)]
+    pub hash_balance: HashBalanceArgs,
 }
 
 /// A file that does not pass: `FILE:LINE:COLUMN: message`.
@@ -90,13 +81,9 @@ pub fn check_with(
 }
 
 /// The proxy's hash balance from the command line, as `serve` validates it (a bad value is the
-/// default there too).
+/// default there too; `serve` warns of it).
 fn balance_of(args: &CheckArgs) -> HashBalance {
-    HashBalance {
-        factor_milli: parse_factor(&args.hash_balance_factor)
-            .unwrap_or(DEFAULT_HASH_BALANCE.factor_milli),
-        floor: parse_floor(&args.hash_balance_floor).unwrap_or(DEFAULT_HASH_BALANCE.floor),
-    }
+    args.hash_balance.validate(&mut |_, _, _| {})
 }
 
 /// Run the command: the report on stdout and `Ok(true)`, or the error on stderr and
