@@ -153,10 +153,14 @@ pub async fn serve(
     args: ServeArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    // What a user gets wrong is reported before anything touches the node (eBPF, ports).
-    if args.discovery == DiscoveryKind::File && args.config.is_none() {
-        return Err(ServeError::NoModelsFile);
-    }
+    // What a user gets wrong is reported before anything touches the node (eBPF, ports): a
+    // missing or invalid models file fails here, as loading it is discovery's first step.
+    // Updates wait in the channel until the table exists.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let discovery = start_discovery(&args, tx)?;
+    // Clients that connect before the table is ready wait in the listen backlog.
+    let listener = bind(args.listen, "proxy").await?;
+    let admin_listener = bind(args.admin_listen, "admin").await?;
     let (mut knobs, warnings) = RoutingKnobs::from_raw(&args.routing);
     knobs.max_pod_attempts = usize::from(args.max_pod_attempts);
     for w in &warnings {
@@ -210,8 +214,6 @@ pub async fn serve(
         RetryBudget::new(r.retry_budget, r.retry_min_per_second),
     ));
 
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let discovery = start_discovery(&args, tx)?;
     // Apply the first update before listening, so a file-configured proxy is ready at once.
     if let Ok(first) = rx.try_recv() {
         shared.apply(first);
@@ -232,8 +234,6 @@ pub async fn serve(
         }
     });
 
-    let listener = bind(args.listen, "proxy").await?;
-    let admin_listener = bind(args.admin_listen, "admin").await?;
     let local = |l: &TcpListener| l.local_addr().map_err(ServeError::Serve);
     tracing::info!(listen = %local(&listener)?, admin = %local(&admin_listener)?, "flexinfer-proxy serving");
 

@@ -89,8 +89,28 @@ fn runtime(worker_threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runt
     Ok(b.build()?)
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// Errors end the process with status 1 and their chain of causes on stderr, never a
+/// backtrace: what an operator reads in `kubectl logs` is the reason, not our stack (a shell
+/// with `RUST_BACKTRACE=1` would otherwise get one from anyhow).
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let mut last = e.to_string();
+            eprintln!("Error: {last}");
+            // Our errors mostly quote their source already; a cause is shown only when new.
+            for cause in e.chain().skip(1).map(|c| c.to_string()) {
+                if !last.contains(&cause) {
+                    eprintln!("  caused by: {cause}");
+                }
+                last = cause;
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     init_logging();
     match cli.command {
         Command::Serve(args) => {

@@ -317,3 +317,84 @@ async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_when_req
         );
     }
 }
+
+/// `serve` with the eBPF flags and `extra`, as an operator's shell runs it (with
+/// `RUST_BACKTRACE=1`, which must not turn errors into stack dumps).
+fn serve_cmd(pins: &TestPins, config: &std::path::Path, listen: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(proxy_bin());
+    cmd.arg("serve")
+        .args(ebpf_flags(pins))
+        .arg("--config")
+        .arg(config)
+        .args(["--listen", listen, "--admin-listen", "127.0.0.1:0"])
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+#[test]
+fn a_proxy_that_cannot_start_leaves_the_node_untouched() {
+    if !bpf_or_skip("a_proxy_that_cannot_start_leaves_the_node_untouched") {
+        return;
+    }
+    let dir = TempDir::new("ebpf-no-start");
+    let cg = test_cgroup();
+    let pins = TestPins::new(&cg);
+    let pinned = || pins.opts.pin_dir.exists();
+    let good = dir.path().join("models.yaml");
+    ModelsFile::new()
+        .model(ModelEntry::new("m").endpoint("127.0.0.1:9"))
+        .write_to(&good)
+        .unwrap();
+    let bad = dir.path().join("typo.yaml");
+    std::fs::write(&bad, "models:\n  - name: m\n    routng: prefix\n").unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+
+    for (what, config, listen, says) in [
+        (
+            "a typo in the models file",
+            &bad,
+            "127.0.0.1:0",
+            "unknown field `routng`",
+        ),
+        (
+            "a missing models file",
+            &dir.path().join("none.yaml"),
+            "127.0.0.1:0",
+            "cannot read",
+        ),
+        (
+            "a listen address in use",
+            &good,
+            taken.as_str(),
+            "cannot listen on",
+        ),
+    ] {
+        let out = serve_cmd(&pins, config, listen).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
+        assert!(
+            stderr.starts_with("Error: ") && stderr.contains(says),
+            "{what}: {stderr}"
+        );
+        assert!(
+            !stderr.to_lowercase().contains("backtrace"),
+            "{what}: {stderr}"
+        );
+        assert!(
+            !pinned(),
+            "{what}: the eBPF data plane was loaded before the error"
+        );
+    }
+
+    // Control: the same command with a good file and a free port loads and pins it.
+    let mut child = serve_cmd(&pins, &good, "127.0.0.1:0").spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !pinned() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(pinned(), "a proxy that starts pins its data plane there");
+}
