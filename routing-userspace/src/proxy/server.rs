@@ -99,7 +99,12 @@ where
     let mut builder = Builder::new(TokioExecutor::new());
     {
         let mut h1 = builder.http1();
+        // Head and body (or chunk framing and data) go out as one buffer with one `send`, not
+        // a `writev` of several: 14.7 against 15.2 us of CPU per request, 3% more requests per
+        // second (`cargo xtask bench overhead --only haproxy,fx-userspace,session`). The copy
+        // it costs is small next to a model's time for the bodies it copies.
         h1.timer(TokioTimer::new())
+            .writev(false)
             .max_buf_size((opts.max_head_bytes + 16 * 1024).max(8192));
         h1.header_read_timeout(
             (!opts.header_read_timeout.is_zero()).then_some(opts.header_read_timeout),
