@@ -125,4 +125,23 @@ mod tests {
             assert_eq!(key_addr(&backend_key(&a)), a);
         }
     }
+
+    #[test]
+    fn status_tells_nothing_pinned_from_a_broken_set() {
+        let dir = std::env::temp_dir().join(format!("flexinfer-status-{}", std::process::id()));
+        let opts = |d: &std::path::Path| crate::ebpf::EbpfOptions {
+            pin_dir: d.to_path_buf(),
+            ..crate::ebpf::EbpfOptions::default()
+        };
+        let err = status_to(&opts(&dir), &mut Vec::new()).unwrap_err();
+        assert!(
+            err.to_string().starts_with("nothing pinned at "),
+            "no directory: {err}"
+        );
+        // A set directory without its link is a broken set, which detach removes.
+        std::fs::create_dir_all(dir.join(routing_common::LAYOUT)).unwrap();
+        let err = status_to(&opts(&dir), &mut Vec::new()).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(err.to_string().contains("is unusable"), "no link: {err}");
+    }
 }

@@ -85,6 +85,8 @@ pub enum EbpfError {
         cgroup: PathBuf,
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    #[error("nothing pinned at {pin_dir}: no proxy with the eBPF gauge has loaded it on this node, or it was detached (a proxy started with another --bpf-pin-dir pins there)")]
+    NothingPinned { pin_dir: PathBuf },
     #[error("pinned set at {pin_dir} is unusable ({what}); remove it with `flexinfer-proxy ebpf detach`")]
     BadPins { pin_dir: PathBuf, what: String },
     #[error("BPF map operation on {map} failed: {source}")]

@@ -146,6 +146,11 @@ impl PinnedSet {
     pub fn open_existing(pin_dir: &Path) -> Result<Self, EbpfError> {
         let dir = set_dir(pin_dir);
         if !dir.join(LINK_PIN).exists() {
+            if !dir.exists() && !pin_dir.join(maps::LEGACY_LOAD).exists() {
+                return Err(EbpfError::NothingPinned {
+                    pin_dir: pin_dir.to_path_buf(),
+                });
+            }
             let what = if pin_dir.join(maps::LEGACY_LOAD).exists() {
                 format!("no {LAYOUT}/{LINK_PIN}, but the pins of an earlier layout: a proxy of this version replaces them when it starts")
             } else {
