@@ -340,7 +340,7 @@ pub struct BalanceArgs {
     pub cache_aware_balance_factor: String,
 
     /// Memory the cache-aware prefix index may use (all models and pods of this proxy): bytes,
-    /// or with a unit (KiB, MiB, GiB, KB, MB, GB); about 64 bytes per (prefix link, pod).
+    /// or with a unit (KiB, MiB, GiB, KB, MB, GB); about 40 bytes per (prefix link, pod).
     #[arg(
         long,
         env = "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET",

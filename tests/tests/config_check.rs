@@ -136,3 +136,29 @@ fn an_unreadable_file_exits_1() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/models.yaml"));
 }
+
+#[test]
+fn the_quickstart_capture_is_what_check_prints() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/quickstart.md")).unwrap();
+    let command = "$ flexinfer-proxy config check docs/examples/models.yaml\n";
+    let start = doc
+        .find(command)
+        .expect("the capture in docs/quickstart.md")
+        + command.len();
+    let captured = &doc[start..start + doc[start..].find("```").unwrap()];
+    let out = Command::new(proxy_bin())
+        .current_dir(&root)
+        .args(["config", "check", "docs/examples/models.yaml"])
+        .env_remove("FLEXINFER_PROXY_LABEL_GROUP_ROUTING")
+        .env_remove("FLEXINFER_PROXY_HASH_BALANCE_FACTOR")
+        .env_remove("FLEXINFER_PROXY_HASH_BALANCE_FLOOR")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        captured,
+        String::from_utf8_lossy(&out.stdout),
+        "docs/quickstart.md shows another output"
+    );
+}

@@ -319,7 +319,7 @@ fn routing(m: &ModelSpec) -> String {
             }
         ),
         Strategy::LeastLoaded => format!(
-            "fewest active connections plus reservations among {n} pod{}, ties round-robin",
+            "fewest requests in flight plus reservations among {n} pod{}, ties round-robin",
             plural(n)
         ),
         Strategy::CacheAware => format!(
@@ -382,7 +382,7 @@ models:
             "  service fallback:  http://127.0.0.1:9000",
             "  served model name: llama3:8b (the body's \"model\" is rewritten)",
             "  label group:       chat, priority 100, ready",
-            "  routing:           least-loaded (fewest active connections plus reservations among 1 pod, ties round-robin)",
+            "  routing:           least-loaded (fewest requests in flight plus reservations among 1 pod, ties round-robin)",
             "  label group:       chat, priority 0, not ready",
             "label group chat (mode round-robin)",
             "  priority 100: chat-a",
