@@ -271,6 +271,7 @@ pub async fn serve(
         move |req, peer| proxy::handle(proxy_shared.clone(), req, peer),
         stopped(stop_rx),
         ServeOptions {
+            name: "proxy",
             drain: args.drain_timeout,
             header_read_timeout: t.header_read_timeout,
             max_head_bytes: args.limits.max_header_bytes,

@@ -138,6 +138,32 @@ async fn model_resolution_order_and_path_prefix_stripping() {
     .unwrap();
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["code"], "model_required");
+    // A body that could have named it but is not a JSON object says so.
+    for bad in [
+        r#"{"model":"alpha","messages":[]} trailing"#,
+        r#"[{"model":"alpha"}]"#,
+        "{\"model\":\"alpha\", messages",
+    ] {
+        let r = post(proxy.addr, "/v1/chat/completions", &[], bad)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 400, "{bad}");
+        assert_eq!(r.json()["error"]["code"], "invalid_body", "{bad}");
+    }
+    // One model by id, as OpenAI's retrieve-model answers; HEAD answers as GET does.
+    let r = get(proxy.addr, "/v1/models/beta").await.unwrap();
+    assert_eq!(
+        (r.status.as_u16(), r.json()["id"].as_str()),
+        (200, Some("beta"))
+    );
+    assert_eq!(r.json()["object"], "model");
+    let r = get(proxy.addr, "/v1/models/gamma").await.unwrap();
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+    let head = Request::head(format!("http://{}/v1/models", proxy.addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(head).await.unwrap().status, 200);
     // Unknown model: 404, OpenAI-shaped.
     let r = post(
         proxy.addr,

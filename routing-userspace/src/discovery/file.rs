@@ -115,15 +115,23 @@ pub fn start(
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // A file that stays unreadable is reported once, not at every poll.
+        let mut unreadable = false;
         loop {
             tick.tick().await;
             let text = match std::fs::read_to_string(&path) {
                 Ok(t) => t,
                 Err(e) => {
-                    tracing::error!(path = %path.display(), error = %e, "cannot read models file; keeping the last good table");
+                    if !unreadable {
+                        tracing::error!(path = %path.display(), error = %e, "cannot read models file; keeping the last good table until it is back");
+                        unreadable = true;
+                    }
                     continue;
                 }
             };
+            if std::mem::take(&mut unreadable) {
+                tracing::info!(path = %path.display(), "models file readable again");
+            }
             if text == last {
                 continue;
             }

@@ -33,6 +33,16 @@ impl ApiError {
         }
     }
 
+    /// No model in the head, and the body that should name it is not a JSON object.
+    pub fn model_in_unreadable_body() -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            code: "invalid_body",
+            message: "No model given, and the request body is not a JSON object to read \"model\" from: send valid JSON, or set the X-Model-ID header or a /model/<name>/ path prefix.".into(),
+        }
+    }
+
     pub fn body_too_large(limit: usize) -> Self {
         Self {
             status: StatusCode::PAYLOAD_TOO_LARGE,

@@ -158,13 +158,18 @@ async fn pipeline(
             ClientBody::Streamed(_) => None,
         };
         let depth = shared.limits.max_json_depth;
+        let mut unreadable = false;
         let fields = match bytes
             .as_deref()
-            .map(|b| BodyFields::parse_with_depth(b, depth))
+            .map(|b| (b, BodyFields::parse_with_depth(b, depth)))
         {
-            Some(Ok(f)) => Some(f),
-            Some(Err(BodyError::TooDeep)) => return Err(ApiError::json_too_deep(depth)),
-            Some(Err(BodyError::NotObject)) | None => None,
+            Some((_, Ok(f))) => Some(f),
+            Some((_, Err(BodyError::TooDeep))) => return Err(ApiError::json_too_deep(depth)),
+            Some((b, Err(BodyError::NotObject))) => {
+                unreadable = !b.trim_ascii().is_empty();
+                None
+            }
+            None => None,
         };
         let route = match route {
             Some(r) => r,
@@ -174,9 +179,13 @@ async fn pipeline(
                     .ok_or_else(|| ApiError::model_not_found(&name))?,
                 None => match table.only_model() {
                     Some(r) => r,
-                    None if parts.method == Method::GET && uri.path().starts_with("/v1/models") => {
-                        return Ok(Answer::Local(model_list(&table)));
+                    None if matches!(parts.method, Method::GET | Method::HEAD) => {
+                        match models_endpoint(&table, uri.path()) {
+                            Some(answer) => return answer.map(Answer::Local),
+                            None => return Err(ApiError::model_required()),
+                        }
                     }
+                    None if unreadable => return Err(ApiError::model_in_unreadable_body()),
                     None => return Err(ApiError::model_required()),
                 },
             },
@@ -211,18 +220,37 @@ async fn pipeline(
     Ok(Answer::Forwarded(forwarded))
 }
 
-/// `GET /v1/models` that names no model: every configured model and label.
-fn model_list(table: &RoutingTable) -> Response<Full<Bytes>> {
+/// `GET /v1/models` and `GET /v1/models/<id>` that name no model: every configured model and
+/// label, or the one asked for (404 if there is none); `None` for any other path.
+fn models_endpoint(
+    table: &RoutingTable,
+    path: &str,
+) -> Option<Result<Response<Full<Bytes>>, ApiError>> {
+    let rest = path.strip_prefix("/v1/models")?;
     let mut ids: Vec<String> = table.models().map(|m| m.name.to_string()).collect();
     ids.extend(table.groups().map(|g| g.label.to_string()));
     ids.sort();
     ids.dedup();
-    let data: Vec<_> = ids
-        .iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "flexinfer"}))
-        .collect();
-    let body = json!({"object": "list", "data": data}).to_string();
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+    let object =
+        |id: &str| json!({"id": id, "object": "model", "created": 0, "owned_by": "flexinfer"});
+    let body = match rest {
+        "" | "/" => {
+            let data: Vec<_> = ids.iter().map(|id| object(id)).collect();
+            json!({"object": "list", "data": data})
+        }
+        _ => {
+            let id = rest.strip_prefix('/')?; // not `/v1/modelsfoo`
+            match ids.iter().find(|i| *i == id) {
+                Some(id) => object(id),
+                None => return Some(Err(ApiError::model_not_found(id))),
+            }
+        }
+    };
+    Some(Ok(json_response(body)))
+}
+
+fn json_response(body: serde_json::Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
     *r.status_mut() = StatusCode::OK;
     r.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -33,6 +33,8 @@ pub struct Peer {
 /// How a listener treats its clients.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeOptions {
+    /// The listener's name in its log lines (`proxy`, `admin`).
+    pub name: &'static str,
     /// After shutdown, how long open connections may finish.
     pub drain: Duration,
     /// A request head must arrive within this (0: no limit).
@@ -46,6 +48,7 @@ pub struct ServeOptions {
 impl Default for ServeOptions {
     fn default() -> Self {
         Self {
+            name: "admin",
             drain: Duration::from_secs(1),
             header_read_timeout: Duration::from_secs(30),
             max_head_bytes: 64 * 1024,
@@ -164,8 +167,8 @@ where
     }
     drop(listener);
     tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections drained"),
-        _ = tokio::time::sleep(opts.drain) => tracing::warn!(drain = ?opts.drain, "drain timeout; closing remaining connections"),
+        _ = graceful.shutdown() => tracing::info!(listener = opts.name, "all connections drained"),
+        _ = tokio::time::sleep(opts.drain) => tracing::warn!(listener = opts.name, drain = ?opts.drain, "drain timeout; closing remaining connections"),
     }
     Ok(())
 }
