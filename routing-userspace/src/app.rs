@@ -22,7 +22,7 @@ use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
 use crate::metrics::{KeyTracking, Metrics};
 use crate::proxy::retry_budget::RetryBudget;
-use crate::proxy::server::ServeOptions;
+use crate::proxy::server::{Drained, ServeOptions};
 use crate::router::health::EjectionPolicy;
 use crate::router::Router;
 use crate::state::{RequestLimits, Shared};
@@ -148,6 +148,9 @@ async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, Serve
         .await
         .map_err(|source| ServeError::Listen { addr, what, source })
 }
+
+/// After the drain timeout, how long streams cut by it have to write their final event.
+const DRAIN_CUT_GRACE: Duration = Duration::from_millis(200);
 
 pub async fn serve(
     args: ServeArgs,
@@ -279,7 +282,13 @@ pub async fn serve(
         },
     );
     tokio::select! {
-        served = serving => served.map_err(ServeError::Serve)?,
+        served = serving => {
+            if served.map_err(ServeError::Serve)? == Drained::TimedOut {
+                // Streams still running end with an error event, written before the exit.
+                shared.drain_cut.trigger();
+                tokio::time::sleep(DRAIN_CUT_GRACE).await;
+            }
+        }
         failed = discovery => {
             return match failed {
                 Ok(Err(e)) => Err(e),

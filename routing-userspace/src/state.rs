@@ -58,6 +58,8 @@ pub struct Shared {
     pub ready: AtomicBool,
     /// Set when shutdown began: `/readyz` answers 503 from then on.
     pub draining: AtomicBool,
+    /// Triggered when the drain timeout passes: streams still running end with an error event.
+    pub drain_cut: Arc<crate::proxy::stream::DrainCut>,
     discovered: Mutex<(ModelSet, SlotAllocator)>,
 }
 
@@ -73,6 +75,7 @@ impl Shared {
         Self {
             retry_budget,
             draining: AtomicBool::new(false),
+            drain_cut: Arc::default(),
             table: ArcSwap::from_pointee(RoutingTable::default()),
             router,
             metrics,

@@ -297,6 +297,58 @@ async fn sigterm_turns_readyz_503_then_the_stream_completes_and_the_proxy_exits(
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_still_running_at_the_drain_timeout_ends_with_an_error_event() {
+    let dir = TempDir::new("drain-cut");
+    let sim = start_sim("a", &["--inter-token-ms", "100"], dir.path()).await;
+    let models =
+        ModelsFile::new().model(ModelEntry::new("chat").routing("prefix").endpoint(sim.addr));
+    let flags = ["--shutdown-delay", "0", "--drain-timeout", "1s"];
+    let mut proxy = start_proxy(&models, &flags, &[], dir.path()).await;
+    let addr = proxy.addr;
+    // Ten seconds of generation: far past the drain timeout.
+    let body = chat_body("chat", None, "long", r#"{"stream":true,"max_tokens":100}"#);
+    let stream = tokio::spawn(async move {
+        let req = Request::post(format!("http://{addr}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        let text = resp.into_body().collect().await.map(|b| b.to_bytes());
+        text.map(|t| String::from_utf8_lossy(&t).into_owned())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        unsafe { libc::kill(proxy.proc.pid() as i32, libc::SIGTERM) },
+        0
+    );
+    let text = tokio::time::timeout(Duration::from_secs(5), stream)
+        .await
+        .expect("the stream ends soon after the drain timeout")
+        .unwrap()
+        .expect("the stream ends cleanly, with its error event");
+    let last = text.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("data: {\"error\"") && last.contains("\"code\":\"proxy_shutdown\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("chat.completion.chunk"),
+        "tokens came before the cut: {text}"
+    );
+    let exit = tokio::task::spawn_blocking(move || {
+        let e = proxy.proc.terminate(Duration::from_secs(10));
+        (e, proxy)
+    })
+    .await
+    .unwrap();
+    assert!(
+        exit.0.is_some_and(|s| s.success()),
+        "{}",
+        exit.1.proc.log_text()
+    );
+}
+
 /// The SSE text of a streamed chat request, read to its end (which must be clean).
 async fn stream_text(proxy: &Proxy, model: &str) -> String {
     let body = chat_body(model, None, "s", r#"{"stream":true,"max_tokens":100}"#);

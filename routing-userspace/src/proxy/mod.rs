@@ -70,12 +70,13 @@ pub async fn handle(
         // Let a client that sends its whole body before reading get the error (see linger).
         read_body::linger(body).await;
     }
-    let deadlines = stream::Deadlines {
-        idle: shared.limits.stream_idle_timeout,
-        end: (!total.is_zero()).then(|| tokio::time::Instant::from_std(start + total)),
-    };
     match answered {
         Ok(Answer::Forwarded(f)) => {
+            let deadlines = stream::Deadlines {
+                idle: shared.limits.stream_idle_timeout,
+                end: (!total.is_zero()).then(|| tokio::time::Instant::from_std(start + total)),
+                drain: Some(Arc::clone(&shared.drain_cut)),
+            };
             let route_header = shared.router.knobs().route_header;
             stream::respond(f, ctx, deadlines, route_header).map(Either::Left)
         }

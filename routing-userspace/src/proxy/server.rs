@@ -84,6 +84,15 @@ async fn refuse(mut stream: TcpStream) {
     .await;
 }
 
+/// How the drain after shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// Every connection finished.
+    All,
+    /// The drain timeout passed with connections still open (their tasks still run).
+    TimedOut,
+}
+
 /// Serve HTTP/1.1 and h2c on `listener` with `handler` until `shutdown` resolves, then let
 /// open connections finish for up to `opts.drain`.
 pub async fn serve<H, F, B>(
@@ -91,7 +100,7 @@ pub async fn serve<H, F, B>(
     handler: H,
     shutdown: impl Future<Output = ()>,
     opts: ServeOptions,
-) -> std::io::Result<()>
+) -> std::io::Result<Drained>
 where
     H: Fn(Request<Incoming>, Arc<Peer>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
@@ -166,9 +175,14 @@ where
         });
     }
     drop(listener);
-    tokio::select! {
-        _ = graceful.shutdown() => tracing::info!(listener = opts.name, "all connections drained"),
-        _ = tokio::time::sleep(opts.drain) => tracing::warn!(listener = opts.name, drain = ?opts.drain, "drain timeout; closing remaining connections"),
-    }
-    Ok(())
+    Ok(tokio::select! {
+        _ = graceful.shutdown() => {
+            tracing::info!(listener = opts.name, "all connections drained");
+            Drained::All
+        }
+        _ = tokio::time::sleep(opts.drain) => {
+            tracing::warn!(listener = opts.name, drain = ?opts.drain, "drain timeout; closing remaining connections");
+            Drained::TimedOut
+        }
+    })
 }

@@ -4,13 +4,15 @@
 //! gives its connection back to the pool; if the client goes away first, both are dropped (the
 //! connection closes, the context still records).
 //!
-//! A body that stops (the pod dies, nothing arrives within the stream idle timeout, or the
-//! request timeout passes) ends an SSE stream with a final `data: {"error": ...}` event, so the
-//! client reads an error instead of a cut stream; any other body is aborted (the client sees a
+//! A body that stops (the pod dies, nothing arrives within the stream idle timeout, the
+//! request timeout passes, or the proxy's drain timeout cuts it) ends an SSE stream with a final
+//! `data: {"error": ...}` event, so the client reads an error instead of a cut stream; any other body is aborted (the client sees a
 //! truncated response, which is all HTTP/1.1 allows once the head is out).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -18,6 +20,8 @@ use bytes::Bytes;
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use serde_json::json;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 use super::context::RequestCtx;
@@ -27,12 +31,34 @@ use crate::upstream::h1::response::BodyError;
 use crate::upstream::UpstreamBody;
 
 /// When a response body gives up.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Deadlines {
     /// Longest pause between frames (zero: none).
     pub idle: Duration,
     /// The request's end (none: no limit).
     pub end: Option<tokio::time::Instant>,
+    /// Ends the body when the proxy's drain timeout passes.
+    pub drain: Option<Arc<DrainCut>>,
+}
+
+/// Set when the drain timeout passed with responses still streaming: each of them ends as a
+/// failed body does (an SSE stream with a final `proxy_shutdown` event) before the process
+/// exits, instead of a bare close.
+#[derive(Debug, Default)]
+pub struct DrainCut {
+    cut: AtomicBool,
+    notify: Arc<Notify>,
+}
+
+impl DrainCut {
+    pub fn trigger(&self) {
+        self.cut.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    fn is_cut(&self) -> bool {
+        self.cut.load(Ordering::Acquire)
+    }
 }
 
 pub struct ObservedBody {
@@ -43,6 +69,7 @@ pub struct ObservedBody {
     /// Armed when the body first has to wait (a body that is all there never allocates one).
     idle: Option<Pin<Box<Sleep>>>,
     end: Option<Pin<Box<Sleep>>>,
+    drain: Option<Pin<Box<OwnedNotified>>>,
     done: bool,
 }
 
@@ -73,6 +100,7 @@ pub fn respond(
         deadlines,
         idle: None,
         end: None,
+        drain: None,
         done: false,
     };
     if body.inner.is_end_stream() {
@@ -116,6 +144,18 @@ impl ObservedBody {
 
     /// Whether a deadline passed while the body waits.
     fn poll_deadlines(&mut self, cx: &mut Context<'_>) -> Option<(&'static str, String)> {
+        if let Some(cut) = &self.deadlines.drain {
+            let waiting = self
+                .drain
+                .get_or_insert_with(|| Box::pin(Arc::clone(&cut.notify).notified_owned()));
+            // The flag is read after the wait is registered, so a trigger in between counts.
+            if waiting.as_mut().poll(cx).is_ready() || cut.is_cut() {
+                return Some((
+                    "proxy_shutdown",
+                    "the proxy is shutting down and its drain timeout passed".into(),
+                ));
+            }
+        }
         if let Some(end) = self.deadlines.end {
             let sleep = self
                 .end
