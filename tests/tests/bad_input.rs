@@ -235,6 +235,12 @@ fn rows() -> Vec<Row> {
             from: From::Framing,
         },
         Row {
+            case: "a control character in a header value (not a key that falls through: invalid HTTP)",
+            request: chat(&[("x-session-id", b"ab\x01c".as_slice())], &ok_body()),
+            status: 400,
+            from: From::Framing,
+        },
+        Row {
             case: "NUL in the path",
             request: raw("GET /v1/mod\0els HTTP/1.1\r\nhost: proxy\r\n\r\n"),
             status: 400,
