@@ -159,18 +159,16 @@ async fn pipeline(
             ClientBody::Streamed(_) => None,
         };
         let depth = shared.limits.max_json_depth;
-        let mut unreadable = false;
-        let fields = match bytes
+        let parsed = bytes
             .as_deref()
-            .map(|b| (b, BodyFields::parse_with_depth(b, depth)))
-        {
-            Some((_, Ok(f))) => Some(f),
-            Some((_, Err(BodyError::TooDeep))) => return Err(ApiError::json_too_deep(depth)),
-            Some((b, Err(BodyError::NotObject))) => {
-                unreadable = !b.trim_ascii().is_empty();
-                None
-            }
-            None => None,
+            .map(|b| BodyFields::parse_with_depth(b, depth));
+        // A body that is there but is not a JSON object: no model can come from it.
+        let unreadable = matches!(parsed, Some(Err(BodyError::NotObject)))
+            && bytes.as_deref().is_some_and(|b| !b.trim_ascii().is_empty());
+        let fields = match parsed {
+            Some(Ok(f)) => Some(f),
+            Some(Err(BodyError::TooDeep)) => return Err(ApiError::json_too_deep(depth)),
+            Some(Err(BodyError::NotObject)) | None => None,
         };
         let route = match route {
             Some(r) => r,

@@ -5,9 +5,10 @@
 //! connection closes, the context still records).
 //!
 //! A body that stops (the pod dies, nothing arrives within the stream idle timeout, the
-//! request timeout passes, or the proxy's drain timeout cuts it) ends an SSE stream with a final
-//! `data: {"error": ...}` event, so the client reads an error instead of a cut stream; any other body is aborted (the client sees a
-//! truncated response, which is all HTTP/1.1 allows once the head is out).
+//! request timeout passes, or the proxy's drain timeout cuts it) ends an SSE stream with a
+//! final `data: {"error": ...}` event, so the client reads an error instead of a cut stream;
+//! any other body is aborted (the client sees a truncated response, which is all HTTP/1.1
+//! allows once the head is out).
 
 use std::future::Future;
 use std::pin::Pin;
