@@ -302,6 +302,56 @@ pub async fn pending_reservations(admin: SocketAddr) -> u64 {
         .sum()
 }
 
+/// A streamed chat request whose first SSE event has arrived: what the tests that break a
+/// stream mid-way (kill its pod) hold while they break it. Killed before its first event, the
+/// pod's reset would be a retryable failure before any byte, not a broken stream.
+pub struct OpenStream {
+    body: hyper::body::Incoming,
+    /// What has arrived so far.
+    pub got: Vec<u8>,
+}
+
+/// POST a streamed chat request of `max_tokens` for `model` and wait for its first event
+/// (status 200).
+pub async fn open_stream(addr: SocketAddr, model: &str, max_tokens: u32) -> OpenStream {
+    let extra = format!(r#"{{"stream":true,"max_tokens":{max_tokens}}}"#);
+    let req = Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(chat_body(model, None, "s", &extra))))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = OpenStream {
+        body: resp.into_body(),
+        got: Vec::new(),
+    };
+    while !stream.got.starts_with(b"data: ") {
+        let frame = stream.body.frame().await.expect("a first event").unwrap();
+        if let Ok(d) = frame.into_data() {
+            stream.got.extend_from_slice(&d);
+        }
+    }
+    stream
+}
+
+impl OpenStream {
+    /// Everything the stream sent, read to its end; panics if it broke instead of ending
+    /// (a failure mid-stream must end it with an error event).
+    pub async fn finish(mut self) -> String {
+        while let Some(frame) = self.body.frame().await {
+            match frame {
+                Ok(f) => {
+                    if let Ok(d) = f.into_data() {
+                        self.got.extend_from_slice(&d);
+                    }
+                }
+                Err(e) => panic!("the stream broke instead of ending with an error event: {e}"),
+            }
+        }
+        String::from_utf8_lossy(&self.got).into_owned()
+    }
+}
+
 /// A chat body with a system prompt, a user message and optional extra top-level fields.
 pub fn chat_body(model: &str, system: Option<&str>, user: &str, extra: &str) -> String {
     let mut messages = Vec::new();

@@ -355,37 +355,14 @@ async fn timeouts_retries_and_ejection_leave_no_phantom_load() {
 
     // A stream whose pod dies mid-way: killed once its first event has arrived (before it,
     // the kill would be a reset before any byte, which the proxy answers with a 502).
-    use http_body_util::BodyExt as _;
-    let body = chat_body("stream", None, "s", r#"{"stream":true,"max_tokens":50}"#);
-    let req = hyper::Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-        .unwrap();
-    let resp = client().request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut stream = resp.into_body();
-    let mut got = Vec::new();
-    while !got.starts_with(b"data: ") {
-        let frame = stream.frame().await.expect("a first event").unwrap();
-        if let Ok(d) = frame.into_data() {
-            got.extend_from_slice(&d);
-        }
-    }
+    let stream = open_stream(proxy.addr, "stream", 50).await;
     assert_eq!(
         kernel_load(&pins, streamer.addr),
         1,
         "the stream is in flight"
     );
     streamer.proc.kill().unwrap();
-    while let Some(frame) = stream.frame().await {
-        if let Ok(d) = frame
-            .expect("an error event, not a broken stream")
-            .into_data()
-        {
-            got.extend_from_slice(&d);
-        }
-    }
-    let text = String::from_utf8_lossy(&got);
+    let text = stream.finish().await;
     assert!(text.contains("upstream_stream_broken"), "{text}");
 
     for (name, pod) in [

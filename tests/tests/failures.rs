@@ -190,44 +190,11 @@ async fn a_pod_killed_mid_stream_ends_the_stream_with_an_error_event() {
     let addr = sim.addr;
     let models = ModelsFile::new().model(ModelEntry::new("chat").routing("prefix").endpoint(addr));
     let proxy = start_proxy(&models, &[], &[], dir.path()).await;
-    let body = chat_body("chat", None, "stream", r#"{"stream":true,"max_tokens":50}"#);
-    let req = Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let resp = client().request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.into_body();
-    let mut got = Vec::new();
-    while !got.starts_with(b"data: ") {
-        let frame = body.frame().await.expect("a first event").unwrap();
-        if let Ok(d) = frame.into_data() {
-            got.extend_from_slice(&d);
-        }
-    }
+    let stream = open_stream(proxy.addr, "chat", 50).await;
     assert_eq!(pod_view(&proxy, "chat", addr).await["active"], 1);
     sim.proc.kill().unwrap();
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(f) => {
-                if let Ok(d) = f.into_data() {
-                    got.extend_from_slice(&d);
-                }
-            }
-            Err(e) => panic!("the stream broke instead of ending with an error event: {e}"),
-        }
-    }
-    let text = String::from_utf8_lossy(&got);
-    let last = text
-        .split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .last()
-        .unwrap();
-    let event: serde_json::Value = serde_json::from_str(
-        last.strip_prefix("data: ")
-            .unwrap_or_else(|| panic!("{last:?}")),
-    )
-    .unwrap();
+    let text = stream.finish().await;
+    let event = last_event(&text);
     assert_eq!(event["error"]["code"], "upstream_stream_broken", "{event}");
     assert!(
         !text.contains("[DONE]"),
