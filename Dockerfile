@@ -60,7 +60,7 @@ COPY . .
 # The eBPF object first: routing-userspace's build script embeds target/bpf/routing-ebpf.o.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo xtask build-ebpf --release \
+    cargo xtask build-ebpf \
  && cargo build --release --locked -p routing-userspace --bin flexinfer-proxy \
  && objcopy --strip-debug target/release/flexinfer-proxy /flexinfer-proxy \
  && /flexinfer-proxy --version

@@ -38,7 +38,7 @@ pub fn run(args: &Bench) -> Result<()> {
         Group::Route => ("routing-userspace", "route"),
     };
     // Both benches read the embedded object, so build it first.
-    crate::ebpf::build(&crate::ebpf::BuildEbpf { release: true })?;
+    crate::ebpf::build()?;
     let status = Command::new("cargo")
         .current_dir(crate::ebpf::workspace_root())
         .args(["bench", "-p", package, "--bench", bench])

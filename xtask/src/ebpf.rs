@@ -2,7 +2,12 @@
 //! where routing-userspace's build script looks for it.
 //!
 //! The eBPF crate needs nightly (`-Z build-std=core`) and bpf-linker, so it is built here, on
-//! demand, rather than by a build script every `cargo build` would run.
+//! demand, rather than by a build script every `cargo build` would run. It is always built
+//! with the release profile: an unoptimized build keeps register spills and pointer
+//! arithmetic the kernel's verifier refuses (`R1 bitwise operator &= on pointer prohibited`),
+//! so there is no profile of this command that gives an object the kernel would not load.
+//! What it needs (the nightly toolchain, rust-src, bpf-linker) it installs first, as
+//! `cargo xtask setup` does; each check costs well under a second when all is there.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -10,11 +15,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 #[derive(clap::Args)]
-pub struct BuildEbpf {
-    /// Build with the release profile (the only one the verifier reliably accepts).
-    #[arg(long)]
-    pub release: bool,
-}
+pub struct BuildEbpf {}
 
 pub use xtask::paths::{target_dir, workspace_root};
 
@@ -32,7 +33,7 @@ pub fn nightly() -> String {
 pub fn release_proxy(build: bool, with_ebpf: bool) -> Result<PathBuf> {
     if build {
         if with_ebpf {
-            self::build(&BuildEbpf { release: true })?;
+            self::build()?;
         }
         let status = Command::new("cargo")
             .current_dir(workspace_root())
@@ -58,20 +59,43 @@ pub fn release_proxy(build: bool, with_ebpf: bool) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Build the object by running `cargo xtask build-ebpf` itself, the command the README gives,
+/// so that a broken default of that very command fails whoever calls this (CI does).
+pub fn build_as_documented() -> Result<()> {
+    let status = Command::new("cargo")
+        .current_dir(workspace_root())
+        .args(["xtask", "build-ebpf"])
+        .status()
+        .context("running cargo xtask build-ebpf")?;
+    if !status.success() {
+        bail!("cargo xtask build-ebpf failed ({status})");
+    }
+    Ok(())
+}
+
 /// The stable path of the built object: `<target>/bpf/routing-ebpf.o`.
 pub fn object_path() -> PathBuf {
     target_dir().join("bpf").join("routing-ebpf.o")
 }
 
-pub fn build(args: &BuildEbpf) -> Result<()> {
-    let root = workspace_root();
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(&root)
+/// Where cargo leaves the eBPF crate's release build.
+fn built_object() -> PathBuf {
+    target_dir()
+        .join("bpfel-unknown-none")
+        .join("release")
+        .join("routing-ebpf")
+}
+
+pub fn build() -> Result<()> {
+    crate::setup::ensure_ebpf_toolchain().context("installing what the eBPF build needs")?;
+    let status = Command::new("cargo")
+        .current_dir(workspace_root())
         .arg(format!("+{}", nightly()))
         .args([
             "build",
             "-p",
             "routing-ebpf",
+            "--release",
             "--target",
             "bpfel-unknown-none",
             "-Z",
@@ -86,37 +110,32 @@ pub fn build(args: &BuildEbpf) -> Result<()> {
         // The host toolchain's rustup override would otherwise leak into the nightly build.
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("RUSTC")
-        .env_remove("RUSTC_WRAPPER");
-    if args.release {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().context(
-        "running cargo +nightly (is the nightly toolchain installed? try `cargo xtask setup`)",
-    )?;
+        .env_remove("RUSTC_WRAPPER")
+        .status()
+        .with_context(|| format!("running cargo +{}", nightly()))?;
     if !status.success() {
-        bail!("building routing-ebpf failed ({status}); `cargo xtask setup` installs bpf-linker and rust-src");
+        bail!("building routing-ebpf failed ({status})");
     }
-    let profile = if args.release { "release" } else { "debug" };
-    let built = target_dir()
-        .join("bpfel-unknown-none")
-        .join(profile)
-        .join("routing-ebpf");
-    let dest = object_path();
+    install_object(&built_object(), &object_path())
+}
+
+/// Copy the built object to `dest`, unless it is there already.
+fn install_object(built: &std::path::Path, dest: &std::path::Path) -> Result<()> {
     std::fs::create_dir_all(dest.parent().expect("object path has a parent"))
         .with_context(|| format!("creating {}", dest.display()))?;
     // An unchanged object is left alone: rewriting it would make routing-userspace's build
     // script (which watches the directory) rebuild the proxy for nothing.
-    if std::fs::read(&dest).ok()
-        == Some(std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?)
+    if std::fs::read(dest).ok()
+        == Some(std::fs::read(built).with_context(|| format!("reading {}", built.display()))?)
     {
         println!("{}", dest.display());
         return Ok(());
     }
     // Copy through a temporary name so a concurrent reader never sees half an object.
     let tmp = dest.with_extension("o.tmp");
-    std::fs::copy(&built, &tmp)
+    std::fs::copy(built, &tmp)
         .with_context(|| format!("copying {} to {}", built.display(), tmp.display()))?;
-    std::fs::rename(&tmp, &dest).with_context(|| format!("renaming to {}", dest.display()))?;
+    std::fs::rename(&tmp, dest).with_context(|| format!("renaming to {}", dest.display()))?;
     println!("{}", dest.display());
     Ok(())
 }

@@ -24,7 +24,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Build the eBPF object and copy it to `<target>/bpf/routing-ebpf.o`.
+    /// Build the eBPF object (optimized: the only build the kernel's verifier accepts) and copy
+    /// it to `<target>/bpf/routing-ebpf.o`, installing the nightly toolchain, rust-src and
+    /// bpf-linker first if they are missing.
     BuildEbpf(ebpf::BuildEbpf),
     /// Install what building and testing the eBPF data plane needs (idempotent).
     Setup(setup::Setup),
@@ -44,9 +46,24 @@ enum Task {
     Replay(replay::Replay),
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().task {
-        Task::BuildEbpf(args) => ebpf::build(&args),
+/// Errors end with status 1 and their causes, never a backtrace (many shells and CI images set
+/// `RUST_BACKTRACE=1`, and anyhow would print one): the reason is what the reader needs.
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.task {
+        Task::BuildEbpf(_) => ebpf::build(),
         Task::Setup(args) => setup::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Test(args) => test::run(&args),

@@ -25,14 +25,20 @@ const LLVM_PREFIX: &str = "/opt/rust-llvm";
 const FALLBACK_BPF_LINKER: &str = "0.10.4";
 
 pub fn run(args: &Setup) -> Result<()> {
-    ensure_nightly()?;
-    ensure_rust_src()?;
-    ensure_bpf_linker()?;
+    ensure_ebpf_toolchain()?;
     if !args.no_apt {
         ensure_apt(&["bpftool"])?;
     }
     println!("setup: done");
     Ok(())
+}
+
+/// What building the eBPF object needs: the nightly toolchain, its rust-src and bpf-linker
+/// (`cargo xtask build-ebpf` runs this first, so it works alone on a fresh machine).
+pub fn ensure_ebpf_toolchain() -> Result<()> {
+    ensure_nightly()?;
+    ensure_rust_src()?;
+    ensure_bpf_linker()
 }
 
 fn output(cmd: &mut Command) -> Result<String> {

@@ -119,6 +119,12 @@ impl PinnedSet {
     /// removing the pins of an earlier layout).
     pub fn open_or_create(opts: &EbpfOptions) -> Result<Self, EbpfError> {
         let object = super::embedded_object().ok_or(EbpfError::NotEmbedded)?;
+        Self::open_or_create_with(object, opts)
+    }
+
+    /// [`PinnedSet::open_or_create`] with a given object instead of the embedded one (the
+    /// tests load the object `cargo xtask build-ebpf` wrote, and deliberately broken ones).
+    pub fn open_or_create_with(object: &[u8], opts: &EbpfOptions) -> Result<Self, EbpfError> {
         prepare_dirs(opts)?;
         let base = &opts.pin_dir;
         let dir = set_dir(base);
@@ -245,6 +251,9 @@ impl PinnedSet {
             None => super::cgroup::cgroup2_root()?,
         };
         let cgroup = File::open(&cgroup_path).map_err(io_err("opening cgroup", &cgroup_path))?;
+        if !sys::is_cgroup2(&cgroup_path).map_err(io_err("checking", &cgroup_path))? {
+            return Err(EbpfError::NotCgroup2 { path: cgroup_path });
+        }
         // Without the link pin nothing is attached, so map pins left here (a crash between
         // pinning maps and pinning the link) hold counts no program will ever count down.
         // Start from fresh maps rather than reuse them.
@@ -256,9 +265,10 @@ impl PinnedSet {
             for (name, path) in &pins {
                 loader.map_pin_path(name, path.as_path());
             }
-            let mut bpf = loader.load(object).map_err(|e| {
-                EbpfError::classify("loading the object", e, |e| EbpfError::Load(box_err(e)))
-            })?;
+            let btf = Path::new(super::KERNEL_BTF);
+            let mut bpf = loader
+                .load(object)
+                .map_err(|e| super::classify_load("loading the object", e, btf))?;
 
             let sockops: &mut SockOps = bpf
                 .program_mut(programs::SOCK_OPS)
@@ -268,7 +278,7 @@ impl PinnedSet {
                 .try_into()
                 .map_err(|e| EbpfError::Load(box_err(e)))?;
             sockops.load().map_err(|e| {
-                EbpfError::classify("loading sock_ops", e, |e| EbpfError::Load(box_err(e)))
+                super::classify_program_load("loading sock_ops", programs::SOCK_OPS, e, btf)
             })?;
             let attach_err = |e: Box<dyn std::error::Error + Send + Sync>| EbpfError::Attach {
                 cgroup: cgroup_path.clone(),

@@ -13,6 +13,8 @@ use std::sync::atomic::AtomicU64;
 
 /// `BPF_FS_MAGIC` from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// `CGROUP2_SUPER_MAGIC` from linux/magic.h.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// `BPF_CGROUP_SOCK_OPS` attach type.
 const BPF_CGROUP_SOCK_OPS: u32 = 3;
 /// `BPF_PROG_QUERY` command.
@@ -23,8 +25,8 @@ fn cpath(p: &Path) -> io::Result<CString> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
-/// Whether `path` is on a bpf filesystem.
-pub fn is_bpffs(path: &Path) -> io::Result<bool> {
+/// The filesystem magic of the filesystem `path` is on (`statfs`'s `f_type`).
+fn fs_magic(path: &Path) -> io::Result<i64> {
     let c = cpath(path)?;
     // SAFETY: statfs writes only into `buf`, a properly sized, owned struct; `c` is a valid
     // NUL-terminated path.
@@ -33,7 +35,17 @@ pub fn is_bpffs(path: &Path) -> io::Result<bool> {
     if unsafe { libc::statfs(c.as_ptr(), &mut buf) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(buf.f_type as i64 == BPF_FS_MAGIC)
+    Ok(buf.f_type as i64)
+}
+
+/// Whether `path` is on a bpf filesystem.
+pub fn is_bpffs(path: &Path) -> io::Result<bool> {
+    Ok(fs_magic(path)? == BPF_FS_MAGIC)
+}
+
+/// Whether `path` is on the cgroup v2 (unified) hierarchy.
+pub fn is_cgroup2(path: &Path) -> io::Result<bool> {
+    Ok(fs_magic(path)? == CGROUP2_SUPER_MAGIC)
 }
 
 /// Mount bpffs at `path` unless it is one already; returns whether this call mounted it.
