@@ -10,7 +10,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use routing_userspace::ebpf::{pins, EbpfGauge, EbpfOptions};
+use routing_userspace::ebpf::{pins, EbpfOptions};
+use routing_userspace::load::ebpf::EbpfGauge;
 use routing_userspace::load::userspace::UserspaceGauge;
 use routing_userspace::load::LoadGauge;
 

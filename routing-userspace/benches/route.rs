@@ -26,7 +26,7 @@ use routing_userspace::keys::{chain, extract, KeyLimits, RequestParts};
 use routing_userspace::load::slots::SlotAllocator;
 use routing_userspace::load::userspace::UserspaceGauge;
 use routing_userspace::metrics::Metrics;
-use routing_userspace::router::Router;
+use routing_userspace::router::{Decision, Router};
 use routing_userspace::table::{Route, RoutingTable};
 use routing_userspace::vocab::{LabelGroupMode, Strategy};
 
@@ -152,7 +152,16 @@ fn router_with(strategy: Strategy, pods: u16, balance: HashBalance) -> (RoutingT
     )
 }
 
+/// The request starts on the decision's first target, as the proxy starts it (its reservation
+/// consumed, its pending pick released), and ends at once.
+fn start(d: &mut Decision, gauge: &Arc<UserspaceGauge>) {
+    if let Some(a) = d.next_attempt() {
+        black_box(d.start_on(a, gauge));
+    }
+}
+
 fn least_loaded(c: &mut Criterion) {
+    let gauge = Arc::new(UserspaceGauge::default());
     let (t, r) = router(Strategy::LeastLoaded, 100);
     let route = t.lookup("m").expect("route");
     let headers = HeaderMap::new();
@@ -164,15 +173,14 @@ fn least_loaded(c: &mut Criterion) {
                 model: Some("m"),
             };
             let mut d = r.decide(&route, &parts, 7, Instant::now());
-            if let Some(token) = d.pod_reservation.take() {
-                token.consume();
-            }
+            start(&mut d, &gauge);
             black_box(d.picked_pod().map(|p| p.addr))
         })
     });
 }
 
 fn decide(c: &mut Criterion) {
+    let gauge = Arc::new(UserspaceGauge::default());
     let mut g = c.benchmark_group("decide");
     let session_header = {
         let mut h = HeaderMap::new();
@@ -236,9 +244,7 @@ fn decide(c: &mut Criterion) {
                     model: Some("m"),
                 };
                 let mut d = r.decide(&route, &parts, 7, Instant::now());
-                if let Some(token) = d.pod_reservation.take() {
-                    token.consume();
-                }
+                start(&mut d, &gauge);
                 black_box(d.picked_pod().map(|p| p.addr))
             })
         });

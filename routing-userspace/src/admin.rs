@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use serde_json::{json, Value};
 
 use crate::load::LoadGauge;
-use crate::state::Shared;
+use crate::proxy::Shared;
 use crate::table::ModelRoute;
 
 pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {

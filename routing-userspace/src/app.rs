@@ -17,15 +17,15 @@ use crate::discovery::file::LoadError;
 use crate::discovery::kube::KubeOptions;
 use crate::discovery::Update;
 use crate::ebpf::EbpfError;
-use crate::ebpf::EbpfGauge;
+use crate::load::ebpf::EbpfGauge;
 use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
 use crate::metrics::{KeyTracking, Metrics};
 use crate::proxy::retry_budget::RetryBudget;
 use crate::proxy::server::{Drained, ServeOptions};
+use crate::proxy::{RequestLimits, Shared};
 use crate::router::health::EjectionPolicy;
 use crate::router::Router;
-use crate::state::{RequestLimits, Shared};
 use crate::upstream::{ConnTrack, ConnectionHook, Upstream, UpstreamOptions};
 use crate::{admin, proxy};
 
@@ -85,7 +85,7 @@ pub fn open_gauge(
         }
         return Ok(fallback());
     }
-    match crate::ebpf::EbpfGauge::open(&args.options()) {
+    match EbpfGauge::open(&args.options()) {
         Ok(g) => {
             tracing::info!(
                 "eBPF gauge loaded; least-loaded picks read the node-wide requests in flight"
@@ -249,9 +249,7 @@ pub async fn serve(
     let delay = args.shutdown_delay;
     tokio::spawn(async move {
         shutdown.await;
-        draining
-            .draining
-            .store(true, std::sync::atomic::Ordering::Release);
+        draining.start_draining();
         tracing::info!(?delay, "not ready; still serving for the shutdown delay");
         tokio::time::sleep(delay).await;
         tracing::info!("no longer accepting; draining requests in flight");

@@ -24,7 +24,6 @@ pub mod replay;
 pub mod router;
 pub mod rules;
 pub mod sim;
-pub mod state;
 pub mod table;
 pub mod upstream;
 pub mod vocab;

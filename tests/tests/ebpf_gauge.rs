@@ -13,7 +13,8 @@ use std::time::Duration;
 use flexinfer_tests::ebpf::{
     bpf_or_skip, ebpf_required, test_cgroup, wait_for, Cgroup, Holder, TestPins,
 };
-use routing_userspace::ebpf::{cli, pins, sys, EbpfError, EbpfGauge, EbpfOptions};
+use routing_userspace::ebpf::{cli, pins, sys, EbpfError, EbpfOptions};
+use routing_userspace::load::ebpf::EbpfGauge;
 use routing_userspace::load::LoadGauge;
 
 const HOLDER: &str = env!("CARGO_BIN_EXE_conn-holder");

@@ -2,26 +2,13 @@
 //! process (the proxy need not be running).
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 
-use routing_common::{BackendKey, PodConns, FAMILY_V4};
+use routing_common::PodConns;
 
+use super::addr::key_addr;
 use super::pins::{self, PinnedSet};
 use super::EbpfOptions;
-
-/// The socket address a BACKENDS key stands for.
-pub fn key_addr(k: &BackendKey) -> SocketAddr {
-    let ip = if k.family == FAMILY_V4 {
-        IpAddr::V4(Ipv4Addr::from(k.addr[0].to_ne_bytes()))
-    } else {
-        let mut o = [0u8; 16];
-        for (i, w) in k.addr.iter().enumerate() {
-            o[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
-        }
-        IpAddr::V6(Ipv6Addr::from(o))
-    };
-    SocketAddr::new(ip, k.port as u16)
-}
 
 /// One pod as the kernel sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +103,7 @@ pub fn detach(opts: &EbpfOptions) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::ebpf::backend_key;
+    use crate::ebpf::addr::backend_key;
 
     #[test]
     fn key_addr_round_trips() {

@@ -6,6 +6,7 @@
 //! how many proxies run. `cli::detach` removes the set. The object itself is embedded at build
 //! time by `build.rs`; an empty embedding means "built without eBPF" and `open` says so.
 
+pub mod addr;
 pub mod cgroup;
 pub mod cli;
 pub mod pins;
@@ -14,7 +15,6 @@ pub mod sys;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use crate::load::ebpf::EbpfGauge;
 pub use pins::PinnedSet;
 
 /// The embedded eBPF object (empty when the binary was built without one).

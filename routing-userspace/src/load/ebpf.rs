@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use routing_common::{BackendKey, LiveWord, PodConns, CONN_WORDS, MAX_PODS};
 
 use super::{LoadGauge, Slot, MAX_SLOTS};
+use crate::ebpf::addr::backend_key;
 use crate::ebpf::pins::{map_data, PinnedSet};
 use crate::ebpf::sys::{self, MappedWords};
 use crate::ebpf::{EbpfError, EbpfOptions};
@@ -129,14 +130,6 @@ impl ConnTrack {
 
 /// No kernel slot for this proxy slot.
 const UNMAPPED: u32 = u32::MAX;
-
-/// `BackendKey` for a socket address, as the kernel builds it from a connecting socket.
-pub fn backend_key(addr: &SocketAddr) -> BackendKey {
-    match addr {
-        SocketAddr::V4(a) => BackendKey::from_octets_v4(a.ip().octets(), a.port()),
-        SocketAddr::V6(a) => BackendKey::from_octets_v6(a.ip().octets(), a.port()),
-    }
-}
 
 pub struct EbpfGauge {
     pods: Arc<Pods>,

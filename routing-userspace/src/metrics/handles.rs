@@ -10,9 +10,28 @@ use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
 
 use super::keys::ModelKeys;
 use super::Metrics;
-use crate::router::reservation::ReservationCounters;
 use crate::rules::{can_spill, possible_decisions};
 use crate::vocab::{GroupOutcome, KeySource, LabelGroupMode, Outcome, Strategy};
+
+/// Per-model counters of reservations made, consumed and expired.
+#[derive(Debug, Clone)]
+pub struct ReservationCounters {
+    pub made: IntCounter,
+    pub consumed: IntCounter,
+    pub expired: IntCounter,
+}
+
+impl ReservationCounters {
+    /// Counters that belong to no registry (tests, benches).
+    pub fn detached() -> Arc<Self> {
+        let c = || IntCounter::new("reservations", "reservations").expect("valid counter");
+        Arc::new(Self {
+            made: c(),
+            consumed: c(),
+            expired: c(),
+        })
+    }
+}
 
 /// `requests_total{model,status}`: `200` resolved up front (a series at zero, so `rate()` works
 /// from the first scrape), every other status resolved the first time it is seen, then kept.

@@ -268,17 +268,19 @@ impl Metrics {
         }
     }
 
-    /// A new routing table was published: the ready endpoint counts follow it, and key
-    /// statistics of models it no longer has are dropped.
-    pub fn table_rebuilt(&self, table: &crate::table::RoutingTable) {
+    /// A new routing table was published with these models and their ready endpoint counts:
+    /// the ready endpoint gauges follow it, and key statistics of models it no longer has are
+    /// dropped.
+    pub fn table_rebuilt<'a>(&self, models: impl IntoIterator<Item = (&'a str, usize)>) {
         self.ready_endpoints.reset();
-        for model in table.models() {
+        let mut names = std::collections::HashSet::new();
+        for (name, pods) in models {
             self.ready_endpoints
-                .with_label_values(&[&model.name])
-                .set(model.pods.len() as i64);
+                .with_label_values(&[name])
+                .set(pods as i64);
+            names.insert(name);
         }
-        self.keys
-            .retain(|name| table.models().any(|model| &*model.name == name));
+        self.keys.retain(|name| names.contains(name));
     }
 
     /// The Prometheus text exposition: every family, sorted by name; the cardinality gauges are

@@ -1,15 +1,19 @@
 //! Phase 5, forward: try the decision's targets in order until one answers.
 //!
+//! One function makes one attempt ([`attempt`]) and says what happened: answered, moved on
+//! (nothing reached the target), retry (something did, and it is worth sending elsewhere), or
+//! fail. A short driver ([`forward`]) asks the decision for the next target and the retry
+//! budget whether a retry may go, in the shape of tower's `retry::Policy`.
+//!
 //! Connecting comes before the request exists on the wire, so a target that cannot be reached
 //! costs nothing but the attempt: the request moves on to the next candidate untouched. When a
-//! connection is in hand the request starts there: it counts in flight on that pod and
-//! replaces the reservations its decision made. A pooled connection its server closed just
-//! then hands the request back, and it goes out once more on a fresh connection to the same
-//! target. Before any byte reaches the client, a connection that breaks or a pod that answers
-//! 502 or 503 sends the request on to the next candidate, as long as the body can be sent
-//! again and the retry budget has room. A pod that does not answer within the first-byte
-//! timeout gets a 504 (the request may be running there; it is not sent twice). Every attempt's
-//! outcome feeds passive outlier ejection.
+//! connection is in hand the request starts there ([`Decision::start_on`]). A pooled
+//! connection its server closed just then hands the request back, and it goes out once more on
+//! a fresh connection to the same target. Before any byte reaches the client, a connection that
+//! breaks or a pod that answers 502 or 503 sends the request on to the next candidate, as long
+//! as the body can be sent again and the retry budget has room. A pod that does not answer
+//! within the first-byte timeout gets a 504 (the request may be running there; it is not sent
+//! twice). Every attempt's outcome feeds passive outlier ejection.
 
 use std::time::{Duration, Instant};
 
@@ -19,10 +23,11 @@ use http::{Response, Uri};
 
 use super::context::RequestCtx;
 use super::errors::ApiError;
+use super::Shared;
+use crate::load::userspace::InFlight;
 use crate::router::health::{Failure, Verdict};
 use crate::router::{Attempt, Decision};
-use crate::state::Shared;
-use crate::upstream::{ConnectError, PoolKey, SendError, Sent, UpBody, UpstreamBody};
+use crate::upstream::{Conn, ConnectError, PoolKey, SendError, Sent, UpBody, UpstreamBody};
 use crate::vocab::RetryReason;
 
 /// The response of the target that served (its body reads the rest from the connection).
@@ -30,16 +35,237 @@ pub struct Forwarded {
     pub response: Response<UpstreamBody>,
 }
 
+/// What one attempt came to.
+enum Step {
+    /// A target answered, and its answer is the answer.
+    Answered(Forwarded),
+    /// Nothing reached the target (it could not be connected to): the next one gets the body
+    /// untouched, at no cost to the retry budget.
+    Moved {
+        body: UpBody,
+        error: String,
+    },
+    /// The request reached the target and failed in a way another target may not: it may go
+    /// to the next one, within the retry budget. `answer` is what the client gets if it may not
+    /// (a 502/503 the pod sent); without one, the request fails.
+    Retry {
+        reason: RetryReason,
+        replay: UpBody,
+        error: String,
+        answer: Option<Forwarded>,
+    },
+    Fail(ApiError),
+}
+
+/// The request as every attempt sends it: the head (its `Host` and URI set per target).
+struct Outgoing {
+    head: Parts,
+    /// The origin-form URI the client asked for.
+    uri: Uri,
+}
+
+pub async fn forward(
+    shared: &Shared,
+    ctx: &mut RequestCtx,
+    mut head: Parts,
+    body: UpBody,
+) -> Result<Forwarded, ApiError> {
+    let RequestCtx {
+        decision,
+        in_flight,
+        served,
+        active,
+        start,
+        ..
+    } = ctx;
+    let d = decision.as_mut().expect("forward runs after the decision");
+    let name = d.model().name.clone();
+    if !d.has_targets() {
+        return Err(ApiError::no_upstream(&name));
+    }
+    d.model().metrics.active.inc();
+    *active = true;
+    shared.retry_budget.request(*start);
+    let uri = std::mem::take(&mut head.uri);
+    let mut out = Outgoing { head, uri };
+    let mut body = body;
+    let mut last_error = String::from("no target left to try");
+    let mut next = d.next_attempt();
+    while let Some(a) = next {
+        match attempt(shared, d, a, &mut out, body, in_flight).await {
+            Step::Answered(f) => {
+                *served = Some(a);
+                return Ok(f);
+            }
+            Step::Fail(e) => return Err(e),
+            Step::Moved { body: b, error } => {
+                (body, last_error) = (b, error);
+                next = d.next_attempt();
+            }
+            Step::Retry {
+                reason,
+                replay,
+                error,
+                answer,
+            } => {
+                next = d.next_attempt();
+                if next.is_none() || !shared.retry_budget.try_retry(Instant::now()) {
+                    // No target left, or no budget: the pod's answer is the answer, if any.
+                    *served = answer.is_some().then_some(a);
+                    return answer.ok_or_else(|| ApiError::upstream_failed(&name, error));
+                }
+                tracing::debug!(model = %name, %error, "retrying on the next target");
+                d.model().metrics.retries[reason as usize].inc();
+                *in_flight = None;
+                (body, last_error) = (replay, error);
+            }
+        }
+    }
+    Err(ApiError::upstream_unreachable(&name, last_error))
+}
+
+/// One attempt on the target of `a`: connect, start the request there, send it, read the
+/// response head; classify what happened.
+async fn attempt(
+    shared: &Shared,
+    d: &mut Decision,
+    a: Attempt,
+    out: &mut Outgoing,
+    body: UpBody,
+    in_flight: &mut Option<InFlight>,
+) -> Step {
+    let (key, host, uri) = target_of(d, a, &out.uri);
+    let conn = match shared.upstream.acquire(&key).await {
+        Ok(c) => c,
+        Err(e) => {
+            let error = connect_failed(shared, d, a, &e);
+            return Step::Moved { body, error };
+        }
+    };
+    conn.mark_busy();
+    *in_flight = d.start_on(a, &shared.inflight);
+    out.head.headers.insert(HOST, host);
+    out.head.uri = uri;
+    let first_byte = shared.limits.first_byte_timeout;
+    match send_resending(shared, &key, conn, &out.head, body, first_byte).await {
+        Err((e, body)) => {
+            // The fresh connection for a resend could not be made: the next target, untouched.
+            *in_flight = None;
+            let error = connect_failed(shared, d, a, &e);
+            Step::Moved { body, error }
+        }
+        Ok(None) => {
+            report(shared, d, a, Err(Failure::FirstByteTimeout));
+            let target = d.target(a).to_string();
+            tracing::warn!(model = %d.model().name, %target, timeout = ?first_byte, "no response head within the first-byte timeout");
+            Step::Fail(ApiError::upstream_timeout(
+                &d.model().name,
+                &target,
+                first_byte,
+            ))
+        }
+        Ok(Some(Ok(sent))) => answered(shared, d, a, sent),
+        Ok(Some(Err(e))) => send_failed(shared, d, a, e),
+    }
+}
+
+/// A response head arrived: it is the answer, unless it is a 502/503 that another target may
+/// do better with.
+fn answered(shared: &Shared, d: &Decision, a: Attempt, sent: Sent) -> Step {
+    let Sent { response, replay } = sent;
+    let status = response.status().as_u16();
+    let health = match status {
+        500.. => Err(Failure::Status(status)),
+        _ => Ok(()),
+    };
+    report(shared, d, a, health);
+    let reason = match status {
+        502 => Some(RetryReason::Status502),
+        503 => Some(RetryReason::Status503),
+        _ => None,
+    };
+    let answer = Forwarded { response };
+    match (reason, replay) {
+        (Some(reason), Some(replay)) => Step::Retry {
+            reason,
+            replay,
+            error: format!("{} answered {status}", d.target(a)),
+            answer: Some(answer),
+        },
+        _ => Step::Answered(answer),
+    }
+}
+
+/// Sending failed before a response head: a client-side problem fails the request, a broken
+/// connection may be retried elsewhere (if the body can go out again).
+fn send_failed(shared: &Shared, d: &Decision, a: Attempt, e: SendError) -> Step {
+    let name = &d.model().name;
+    let target = d.target(a).to_string();
+    match e {
+        SendError::TooLarge(t) => Step::Fail(ApiError::body_too_large(t.limit)),
+        SendError::ClientBody(e) => Step::Fail(ApiError::bad_body(e)),
+        SendError::Head(e) => {
+            report(shared, d, a, Err(Failure::Reset));
+            tracing::warn!(model = %name, %target, error = %e, "upstream sent an invalid response");
+            Step::Fail(ApiError::upstream_failed(name, e))
+        }
+        SendError::Broken { reason, replay, .. } => {
+            report(shared, d, a, Err(Failure::Reset));
+            tracing::warn!(model = %name, %target, error = %reason, "upstream connection broke before a response");
+            let error = format!("{target}: {reason}");
+            match replay {
+                Some(replay) => Step::Retry {
+                    reason: RetryReason::Reset,
+                    replay,
+                    error,
+                    answer: None,
+                },
+                None => Step::Fail(ApiError::upstream_failed(name, error)),
+            }
+        }
+    }
+}
+
+/// Send on `conn`; a pooled connection its server had closed (a broken reused connection that
+/// hands the body back) gets the request once more on a fresh connection (not a retry: nothing
+/// reached the server). `None` when no head came within `first_byte`; `Err` when the fresh
+/// connection could not be made (with the body, untouched).
+async fn send_resending(
+    shared: &Shared,
+    key: &PoolKey,
+    mut conn: Conn,
+    head: &Parts,
+    mut body: UpBody,
+    first_byte: Duration,
+) -> Result<Option<Result<Sent, SendError>>, (ConnectError, UpBody)> {
+    loop {
+        match send_within(first_byte, conn, head, body).await {
+            Some(Err(SendError::Broken {
+                reused: true,
+                replay: Some(again),
+                reason,
+            })) => {
+                tracing::debug!(%key, %reason, "pooled upstream connection was closed; resending on a new one");
+                match shared.upstream.connect(key).await {
+                    Ok(fresh) => (conn, body) = (fresh, again),
+                    Err(e) => return Err((e, again)),
+                }
+            }
+            other => return Ok(other),
+        }
+    }
+}
+
 /// What connecting to an attempt's target needs.
 fn target_of(d: &Decision, a: Attempt, uri: &Uri) -> (PoolKey, http::HeaderValue, Uri) {
+    let model = d.model();
     match a {
         Attempt::Pod(i) => {
-            let p = &d.model.pods[i];
+            let p = &model.pods[i];
             (PoolKey::Addr(p.addr), p.host.clone(), uri.clone())
         }
         Attempt::Service => {
-            let s = d
-                .model
+            let s = model
                 .service
                 .as_ref()
                 .expect("a Service attempt has a Service");
@@ -57,67 +283,32 @@ fn target_of(d: &Decision, a: Attempt, uri: &Uri) -> (PoolKey, http::HeaderValue
     }
 }
 
-/// The request starts on `a`: count it in flight there and consume the reservations it
-/// replaces (a pod reservation only when `a` is the reserved pod).
-fn start_on(shared: &Shared, ctx: &mut RequestCtx, a: Attempt) {
-    let d = ctx.decision.as_mut().expect("decided");
-    // The request is counted in flight first, then what stood for it is released, so a
-    // concurrent pick never sees the pod without either.
-    let slot = match a {
-        Attempt::Pod(i) => d.model.pods[i].slot,
-        Attempt::Service => None,
-    };
-    ctx.in_flight = slot.map(|s| shared.inflight.enter(s));
-    // From here the gauge counts the request (or the Service has it): its pick is not pending.
-    d.pending_pick = None;
-    if let Some(r) = d.member_reservation.take() {
-        r.consume();
-    }
-    if let Some(r) = d
-        .pod_reservation
-        .take_if(|r| slot.is_some_and(|s| r.key() == u64::from(s)))
-    {
-        r.consume();
-    }
-}
-
-/// The attempt on `a` failed before the request started there: its pod reservation (if it was
-/// the reserved pod) ends now rather than lingering as load on a pod that is not serving it.
-fn abandon(d: &mut Decision, a: Attempt) {
-    if let Attempt::Pod(i) = a {
-        let slot = d.model.pods[i].slot;
-        drop(
-            d.pod_reservation
-                .take_if(|r| slot.is_some_and(|s| r.key() == u64::from(s))),
-        );
-    }
-}
-
 /// Tell passive health how an attempt on a pod went (the Service is not tracked).
 fn report(shared: &Shared, d: &Decision, a: Attempt, outcome: Result<(), Failure>) {
     let Attempt::Pod(i) = a else { return };
     let health = shared.router.health();
-    let pod = &d.model.pods[i];
-    match outcome {
-        Ok(()) => health.success(pod.slot),
-        Err(failure) => {
-            let peers = d.model.pods.iter().map(|p| p.slot);
-            match health.failure(pod.slot, failure, peers, Instant::now()) {
-                Verdict::Ejected(cool) => {
-                    d.model.metrics.pod_ejections[i].inc();
-                    tracing::warn!(model = %d.model.name, target = %pod.label, ?failure, cool_down = ?cool, "ejecting pod from the candidates");
-                }
-                Verdict::Spared => {
-                    tracing::warn!(model = %d.model.name, target = %pod.label, ?failure, "pod keeps failing, but the model has ejected its share of pods already");
-                }
-                Verdict::Kept => {}
-            }
+    let model = d.model();
+    let pod = &model.pods[i];
+    let failure = match outcome {
+        Ok(()) => return health.success(pod.slot),
+        Err(failure) => failure,
+    };
+    let peers = model.pods.iter().map(|p| p.slot);
+    match health.failure(pod.slot, failure, peers, Instant::now()) {
+        Verdict::Ejected(cool) => {
+            model.metrics.pod_ejections[i].inc();
+            tracing::warn!(model = %model.name, target = %pod.label, ?failure, cool_down = ?cool, "ejecting pod from the candidates");
         }
+        Verdict::Spared => {
+            tracing::warn!(model = %model.name, target = %pod.label, ?failure, "pod keeps failing, but the model has ejected its share of pods already");
+        }
+        Verdict::Kept => {}
     }
 }
 
+/// A connection could not be made: counted, reported to health, the attempt abandoned.
 fn connect_failed(shared: &Shared, d: &mut Decision, a: Attempt, error: &ConnectError) -> String {
-    let m = &d.model.metrics;
+    let m = &d.model().metrics;
     match a {
         Attempt::Pod(i) => m.pod_connect_errors[i].inc(),
         Attempt::Service => {
@@ -126,19 +317,19 @@ fn connect_failed(shared: &Shared, d: &mut Decision, a: Attempt, error: &Connect
             }
         }
     }
-    tracing::warn!(model = %d.model.name, target = %d.target(a), error = %error, "upstream connect failed; trying the next target");
+    tracing::warn!(model = %d.model().name, target = %d.target(a), error = %error, "upstream connect failed; trying the next target");
     let failure = match error {
         ConnectError::Timeout { .. } => Failure::ConnectTimeout,
         _ => Failure::Connect,
     };
     report(shared, d, a, Err(failure));
-    abandon(d, a);
+    d.abandon(a);
     error.to_string()
 }
 
 async fn send_within(
     timeout: Duration,
-    conn: crate::upstream::Conn,
+    conn: Conn,
     head: &Parts,
     body: UpBody,
 ) -> Option<Result<Sent, SendError>> {
@@ -148,157 +339,4 @@ async fn send_within(
     tokio::time::timeout(timeout, conn.send(head, body))
         .await
         .ok()
-}
-
-pub async fn forward(
-    shared: &Shared,
-    ctx: &mut RequestCtx,
-    mut head: Parts,
-    body: UpBody,
-) -> Result<Forwarded, ApiError> {
-    let d = ctx.decision.as_mut().expect("decided");
-    let name = d.model.name.clone();
-    if !d.has_targets() {
-        return Err(ApiError::no_upstream(&name));
-    }
-    d.model.metrics.active.inc();
-    ctx.active = true;
-    let uri = std::mem::take(&mut head.uri);
-    let upstream = &shared.upstream;
-    let first_byte = shared.limits.first_byte_timeout;
-    shared.retry_budget.request(ctx.start);
-    let mut last_error = String::from("no target left to try");
-    let mut body = Some(body);
-    let mut attempt = d.next_attempt();
-    loop {
-        let d = ctx.decision.as_mut().expect("decided");
-        let Some(a) = attempt else {
-            return Err(ApiError::upstream_unreachable(&name, last_error));
-        };
-        let Some(this_body) = body.take() else {
-            return Err(ApiError::upstream_failed(&name, last_error));
-        };
-        let (key, host, target_uri) = target_of(d, a, &uri);
-        let mut conn = match upstream.acquire(&key).await {
-            Ok(c) => c,
-            Err(e) => {
-                last_error = connect_failed(shared, d, a, &e);
-                body = Some(this_body);
-                attempt = d.next_attempt();
-                continue;
-            }
-        };
-        conn.mark_busy();
-        start_on(shared, ctx, a);
-        head.headers.insert(HOST, host);
-        head.uri = target_uri;
-        let mut sending = this_body;
-        // A pooled connection its server had closed: once more on a fresh one (not a retry).
-        let result = loop {
-            let result = send_within(first_byte, conn, &head, sending).await;
-            match result {
-                Some(Err(SendError::Broken {
-                    reused: true,
-                    replay: Some(again),
-                    reason,
-                })) => {
-                    tracing::debug!(model = %name, %reason, "pooled upstream connection was closed; resending on a new one");
-                    let d = ctx.decision.as_mut().expect("decided");
-                    match upstream.connect(&key).await {
-                        Ok(fresh) => {
-                            conn = fresh;
-                            sending = again;
-                        }
-                        Err(e) => {
-                            last_error = connect_failed(shared, d, a, &e);
-                            break Err(Some(again));
-                        }
-                    }
-                }
-                other => break Ok(other),
-            }
-        };
-        let d = ctx.decision.as_mut().expect("decided");
-        let target = d.target(a).to_string();
-        let (reason, replay) = match result {
-            // The fresh connection could not be made: the next target, body untouched.
-            Err(again) => {
-                ctx.in_flight = None;
-                body = again;
-                attempt = d.next_attempt();
-                continue;
-            }
-            Ok(None) => {
-                report(shared, d, a, Err(Failure::FirstByteTimeout));
-                tracing::warn!(model = %name, %target, timeout = ?first_byte, "no response head within the first-byte timeout");
-                return Err(ApiError::upstream_timeout(&name, &target, first_byte));
-            }
-            Ok(Some(Ok(Sent { response, replay }))) => {
-                let status = response.status().as_u16();
-                report(
-                    shared,
-                    d,
-                    a,
-                    if status >= 500 {
-                        Err(Failure::Status(status))
-                    } else {
-                        Ok(())
-                    },
-                );
-                let reason = match status {
-                    502 => Some(RetryReason::Status502),
-                    503 => Some(RetryReason::Status503),
-                    _ => None,
-                };
-                match (reason, replay) {
-                    (Some(reason), Some(replay)) => {
-                        // Sent on only if a target is left and the budget allows; else the
-                        // pod's answer is the answer.
-                        let next = d.next_attempt();
-                        if next.is_none() || !shared.retry_budget.try_retry(Instant::now()) {
-                            ctx.served = Some(a);
-                            return Ok(Forwarded { response });
-                        }
-                        tracing::debug!(model = %name, %target, status, "retrying on the next target");
-                        last_error = format!("{target} answered {status}");
-                        d.model.metrics.retries[reason as usize].inc();
-                        ctx.in_flight = None;
-                        body = Some(replay);
-                        attempt = next;
-                        continue;
-                    }
-                    _ => {
-                        ctx.served = Some(a);
-                        return Ok(Forwarded { response });
-                    }
-                }
-            }
-            Ok(Some(Err(SendError::TooLarge(t)))) => return Err(ApiError::body_too_large(t.limit)),
-            Ok(Some(Err(SendError::ClientBody(e)))) => return Err(ApiError::bad_body(e)),
-            Ok(Some(Err(SendError::Head(e)))) => {
-                report(shared, d, a, Err(Failure::Reset));
-                tracing::warn!(model = %name, %target, error = %e, "upstream sent an invalid response");
-                return Err(ApiError::upstream_failed(&name, e));
-            }
-            Ok(Some(Err(SendError::Broken { reason, replay, .. }))) => {
-                report(shared, d, a, Err(Failure::Reset));
-                tracing::warn!(model = %name, %target, error = %reason, "upstream connection broke before a response");
-                last_error = format!("{target}: {reason}");
-                (RetryReason::Reset, replay)
-            }
-        };
-        // The connection broke before a response: send it on, if the body can go out again,
-        // a target is left and the budget allows.
-        let Some(replay) = replay else {
-            return Err(ApiError::upstream_failed(&name, last_error));
-        };
-        let next = d.next_attempt();
-        if next.is_none() || !shared.retry_budget.try_retry(Instant::now()) {
-            return Err(ApiError::upstream_failed(&name, last_error));
-        }
-        d.model.metrics.retries[reason as usize].inc();
-        ctx.in_flight = None;
-        body = Some(replay);
-        attempt = next;
-    }
 }

@@ -23,6 +23,7 @@ pub mod record;
 pub mod resolve;
 pub mod retry_budget;
 pub mod server;
+pub mod shared;
 pub mod stream;
 
 use std::sync::Arc;
@@ -37,12 +38,12 @@ use serde_json::json;
 
 use crate::body::{BodyError, BodyFields};
 use crate::keys::RequestParts;
-use crate::state::Shared;
 use crate::table::{Route, RoutingTable};
 use context::RequestCtx;
 use errors::ApiError;
 use read_body::ClientBody;
 use server::Peer;
+pub use shared::{RequestLimits, Shared};
 use stream::ObservedBody;
 
 /// What the proxy answers with: a streamed upstream body, or a small body of its own.
@@ -201,7 +202,7 @@ async fn pipeline(
         let decision = shared
             .router
             .decide(&route, &request, rand::random(), ctx.start);
-        let served = decision.model.spec.served_model_name.as_deref();
+        let served = decision.model().spec.served_model_name.as_deref();
         let up_body = prepare::body(client_body, fields.as_ref(), served, limit);
         let read_len = match &up_body {
             crate::upstream::UpBody::Bytes(b) => Some(b.as_ref().map_or(0, Bytes::len)),

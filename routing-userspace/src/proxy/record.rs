@@ -17,7 +17,7 @@ pub fn record(ctx: &mut RequestCtx) {
         ctx.metrics.unknown_model_requests.inc(status);
         return;
     };
-    let m = &d.model.metrics;
+    let m = &d.model().metrics;
     let now = ctx.end.unwrap_or_else(Instant::now);
     m.requests.inc(status);
     if ctx.active {
@@ -31,17 +31,17 @@ pub fn record(ctx: &mut RequestCtx) {
                 .observe(t.saturating_duration_since(ctx.start).as_secs_f64());
         }
     }
-    let model = &*d.model.name;
-    let strategy = d.strategy.as_str();
+    let model = &*d.model().name;
+    let strategy = d.strategy().as_str();
     let source = d.key_source();
-    match m.decision(source, d.outcome) {
+    match m.decision(source, d.outcome()) {
         Some(c) => c.inc(),
         // The rules in `crate::rules` missed a case: count it anyway, and say so.
         None => {
-            tracing::warn!(model = %model, strategy = %strategy, key_source = %source, outcome = d.outcome.as_str(), "decision outside the pre-resolved series");
+            tracing::warn!(model = %model, strategy = %strategy, key_source = %source, outcome = d.outcome().as_str(), "decision outside the pre-resolved series");
             ctx.metrics
                 .routing_decisions_total
-                .with_label_values(&[model, strategy, source.as_str(), d.outcome.as_str()])
+                .with_label_values(&[model, strategy, source.as_str(), d.outcome().as_str()])
                 .inc();
         }
     }
@@ -54,18 +54,20 @@ pub fn record(ctx: &mut RequestCtx) {
         }
         None => {}
     }
-    if let Some(k) = d.key {
-        m.keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .observe(d.strategy, k.source, k.hash, now);
+    if let Some(k) = d.key() {
+        m.keys.lock().unwrap_or_else(|p| p.into_inner()).observe(
+            d.strategy(),
+            k.source,
+            k.hash,
+            now,
+        );
     }
-    if let Some(g) = &d.group {
+    if let Some(g) = d.group() {
         g.group.metrics.decision(g.outcome).inc();
         g.group.metrics.member_hits[g.member].inc();
     }
     record_balance(d);
-    for ignored in &d.ignored {
+    for ignored in d.ignored() {
         tracing::debug!(model = %model, source = %ignored.source, reason = ?ignored.reason, "ignoring malformed routing key");
     }
     match d.picked_pod() {
@@ -81,21 +83,21 @@ pub fn record(ctx: &mut RequestCtx) {
 /// The hash-balance and cache-aware part of a decision: spill counters and their debug lines,
 /// the matched depth.
 fn record_balance(d: &crate::router::Decision) {
-    let model = &*d.model.name;
-    if let (Some(c), Some(depth)) = (&d.model.metrics.cache_aware, d.match_depth) {
+    let model = &*d.model().name;
+    if let (Some(c), Some(depth)) = (&d.model().metrics.cache_aware, d.match_depth()) {
         c.observe(depth);
     }
-    if let Some(s) = d.spill {
-        if let Some(c) = &d.model.metrics.spills {
+    if let Some(s) = d.spill() {
+        if let Some(c) = &d.model().metrics.spills {
             c.inc();
         }
         let target = d.picked_pod().map_or("-", |p| &*p.label);
-        tracing::debug!(model = %model, strategy = %d.strategy, preferred = %d.model.pods[s.preferred].label, target = %target, load = s.load, bound = s.bound, "routing spilled past a pod at the load bound");
+        tracing::debug!(model = %model, strategy = %d.strategy(), preferred = %d.model().pods[s.preferred].label, target = %target, load = s.load, bound = s.bound, "routing spilled past a pod at the load bound");
     }
-    if let Some((g, s)) = d.group.as_ref().and_then(|g| Some((g, g.spill?))) {
+    if let Some((g, s)) = d.group().and_then(|g| Some((g, g.spill?))) {
         if let Some(c) = &g.group.metrics.spills {
             c.inc();
         }
-        tracing::debug!(label = %g.group.label, mode = %g.mode, preferred = %g.group.members[s.preferred].name, member = %d.model.name, load = s.load, bound = s.bound, "label group spilled past a member at the load bound");
+        tracing::debug!(label = %g.group.label, mode = %g.mode, preferred = %g.group.members[s.preferred].name, member = %d.model().name, load = s.load, bound = s.bound, "label group spilled past a member at the load bound");
     }
 }

@@ -132,7 +132,7 @@ impl ObservedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if let Some(ctx) = &self.ctx {
             if let Some(d) = &ctx.decision {
-                tracing::warn!(model = %d.model.name, code, error = %message, "response stream ended early");
+                tracing::warn!(model = %d.model().name, code, error = %message, "response stream ended early");
             }
         }
         self.finish();

@@ -105,24 +105,20 @@ impl Placement for RouterPlacement {
         // The random draw of session requests without a key: a fixed sequence, so runs repeat.
         self.draws = self.draws.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut d = self.router.decide(&self.route, &parts, self.draws, now);
-        if d.outcome == Outcome::Spill {
+        if d.outcome() == Outcome::Spill {
             self.spills += 1;
         }
-        let pod = match d.next_attempt() {
-            Some(Attempt::Pod(i)) => i,
+        let attempt = match d.next_attempt() {
+            Some(a @ Attempt::Pod(_)) => a,
             // No pod was picked (no key and no Service cannot happen here): the first pod.
-            _ => 0,
+            _ => Attempt::Pod(0),
         };
-        // The request starts on its pod now: its reservation is consumed, its pick is no longer
-        // pending, the gauge counts it.
-        if let Some(token) = d.pod_reservation.take() {
-            token.consume();
+        // The request starts on its pod now, exactly as the proxy starts it.
+        self.in_flight[index] = d.start_on(attempt, &self.gauge);
+        match attempt {
+            Attempt::Pod(i) => i,
+            Attempt::Service => 0,
         }
-        d.pending_pick = None;
-        if let Some(slot) = d.model.pods[pod].slot {
-            self.in_flight[index] = Some(self.gauge.enter(slot));
-        }
-        pod
     }
 
     fn finished(&mut self, index: usize, _pod: usize) {

@@ -99,7 +99,7 @@ fn the_default_bound_keeps_light_traffic_on_the_plain_ring() {
         let port = pod_port(&p);
         let _lingering = bounded.busy(port, 3);
         let b = bounded.simple("m", &body);
-        assert_eq!((pod_port(&b), b.outcome), (port, Outcome::Pod), "{i}");
+        assert_eq!((pod_port(&b), b.outcome()), (port, Outcome::Pod), "{i}");
     }
 }
 
@@ -115,11 +115,11 @@ fn a_hot_key_spills_along_its_walk_and_says_so() {
     // bound max(ceil(1.2 * 5 / 4), 4) = 4.
     let _held = w.busy(plain[0], 4);
     let mut d = w.simple("m", &body);
-    assert_eq!(d.outcome, Outcome::Spill);
-    let spill = d.spill.expect("spill recorded");
+    assert_eq!(d.outcome(), Outcome::Spill);
+    let spill = d.spill().expect("spill recorded");
     assert_eq!(
         (
-            d.model.pods[spill.preferred].addr.port(),
+            d.model().pods[spill.preferred].addr.port(),
             spill.load,
             spill.bound
         ),
@@ -127,11 +127,11 @@ fn a_hot_key_spills_along_its_walk_and_says_so() {
     );
     assert_eq!(d.key_source(), KeySource::Canonical);
     assert!(d
-        .model
+        .model()
         .metrics
         .decision(KeySource::Canonical, Outcome::Spill)
         .is_some());
-    assert!(d.model.metrics.spills.is_some());
+    assert!(d.model().metrics.spills.is_some());
     // Alternates continue the same walk: the full pod comes last.
     assert_eq!(order(&mut d), [plain[1], plain[2], plain[3], plain[0]]);
     let h = d.route_header();
@@ -204,7 +204,7 @@ proptest! {
         let mut h = HeaderMap::new();
         h.insert("x-session-id", key.parse().unwrap());
         let mut d = w.decide("m", &h, "{}", 0);
-        prop_assert_eq!(d.outcome, Outcome::Pod);
+        prop_assert_eq!(d.outcome(), Outcome::Pod);
         let m = w.model("m");
         let ring: Vec<u16> = m
             .ring
@@ -227,16 +227,17 @@ fn label_group_hashing_modes_spill_members_at_the_bound() {
     let w = world_with(members, DEFAULT_HASH_BALANCE, LabelGroupMode::Prefix);
     let body = chat(SYS, &["q"]);
     let first = w.simple("g", &body);
-    let home = first.model.name.clone();
-    assert!(first.group.as_ref().unwrap().spill.is_none());
+    let home = first.model().name.clone();
+    assert!(first.group().unwrap().spill.is_none());
     let port = pod_port(&first);
     let _held = w.busy(port, 5);
     let d = w.simple("g", &body);
     assert_ne!(
-        d.model.name, home,
+        d.model().name,
+        home,
         "the member at the bound passes the key on"
     );
-    let g = d.group.as_ref().unwrap();
+    let g = d.group().unwrap();
     let spill = g.spill.expect("group spill");
     assert_eq!(g.group.members[spill.preferred].name, home);
     assert!(d.any_spill());
@@ -253,14 +254,14 @@ fn cache_aware_sends_a_conversation_back_to_the_pod_that_has_its_prefix() {
     let turn1 = chat(SYS, &[&q1]);
     let d1 = w.simple("m", &turn1);
     assert_eq!(d1.key_source(), KeySource::PromptChain);
-    assert_eq!(d1.match_depth, Some(0), "nothing learned yet");
+    assert_eq!(d1.match_depth(), Some(0), "nothing learned yet");
     let pod_a = pod_port(&d1);
     // Turn 2 repeats turn 1 and adds to it: back to the same pod, turn 1's five links matched
     // (the system message, then four cuts of the 4,000-character question).
     let turn2 = chat(SYS, &[&q1, "and a follow-up"]);
     let d2 = w.simple("m", &turn2);
-    assert_eq!((pod_port(&d2), d2.match_depth), (pod_a, Some(5)));
-    assert_eq!(d2.outcome, Outcome::Pod);
+    assert_eq!((pod_port(&d2), d2.match_depth()), (pod_a, Some(5)));
+    assert_eq!(d2.outcome(), Outcome::Pod);
     assert_eq!(
         d2.route_header().to_str().unwrap(),
         "strategy=cache-aware; key-source=prompt-chain; outcome=pod; depth=5; spill=false"
@@ -271,18 +272,18 @@ fn cache_aware_sends_a_conversation_back_to_the_pod_that_has_its_prefix() {
     }
     let turn3 = chat(SYS, &[&q1, "and a follow-up", &long("third")]);
     let d3 = w.simple("m", &turn3);
-    assert_eq!((pod_port(&d3), d3.match_depth), (pod_a, Some(6)));
+    assert_eq!((pod_port(&d3), d3.match_depth()), (pod_a, Some(6)));
     // At the bound, A's pod passes the conversation on: the others hold at most the system
     // message, so the walk picks among them.
     let _held = w.busy(pod_a, 6);
     let d4 = w.simple("m", &turn3);
     assert_ne!(pod_port(&d4), pod_a);
-    assert_eq!(d4.outcome, Outcome::Spill);
+    assert_eq!(d4.outcome(), Outcome::Spill);
     assert_eq!(
-        d4.model.pods[d4.spill.unwrap().preferred].addr.port(),
+        d4.model().pods[d4.spill().unwrap().preferred].addr.port(),
         pod_a
     );
-    assert!(d4.match_depth.unwrap() <= 1, "{:?}", d4.match_depth);
+    assert!(d4.match_depth().unwrap() <= 1, "{:?}", d4.match_depth());
 }
 
 #[test]
@@ -302,10 +303,10 @@ fn cache_aware_without_a_match_is_the_ring_pick_of_the_first_link_in_any_router(
     for i in 0..20 {
         let body = chat(&format!("brand new system prompt {i}"), &["question"]);
         let (da, db) = (a.simple("m", &body), b.simple("m", &body));
-        assert_eq!((da.match_depth, db.match_depth), (Some(0), Some(0)));
+        assert_eq!((da.match_depth(), db.match_depth()), (Some(0), Some(0)));
         assert_eq!(pod_port(&da), pod_port(&db), "{i}");
         let m = a.model("m");
-        let first_link = da.key.unwrap().hash;
+        let first_link = da.key().unwrap().hash;
         assert_eq!(
             da.picked_pod().unwrap().addr,
             m.pods[m.ring.pick(first_link).unwrap()].addr
@@ -323,7 +324,7 @@ fn cache_aware_explicit_keys_win_as_in_prefix_routing() {
     h.insert("x-flexinfer-cache-key", "tenant-a/doc-1".parse().unwrap());
     let d = w.decide("m", &h, &chat(SYS, &["q"]), 0);
     assert_eq!(d.key_source(), KeySource::ExplicitHeader);
-    assert_eq!(d.match_depth, None, "the index is not consulted");
+    assert_eq!(d.match_depth(), None, "the index is not consulted");
     let m = w.model("m");
     assert_eq!(
         d.picked_pod().unwrap().addr,
@@ -340,7 +341,7 @@ fn cache_aware_explicit_keys_win_as_in_prefix_routing() {
     // Without a prompt at all: the Service, as for prefix routing.
     let d = w.simple("m", "{}");
     assert_eq!(
-        (d.outcome, d.key_source()),
+        (d.outcome(), d.key_source()),
         (Outcome::ServiceFallback, KeySource::None)
     );
 }
@@ -386,17 +387,17 @@ fn a_burst_of_bounded_picks_sees_itself_before_the_gauge_moves() {
     let mut per_pod = std::collections::BTreeMap::new();
     for d in &held {
         *per_pod.entry(pod_port(d)).or_insert(0) += 1;
-        assert!(d.pending_pick.is_some());
+        assert!(d.held().pending_pick);
     }
     assert!(per_pod.len() >= 3, "{per_pod:?}");
     assert!(per_pod.values().all(|&n| n <= 4), "{per_pod:?}");
     // The spec's counters are untouched: these are not least-loaded reservations.
-    assert!(held.iter().all(|d| d.pod_reservation.is_none()));
+    assert!(held.iter().all(|d| d.held().pod_reservation.is_none()));
     // Started (or gone) requests stop counting as pending.
     let slot = held[0].picked_pod().unwrap().slot.unwrap();
     drop(held);
     assert_eq!(w.router.pending.get(slot), 0);
     // The plain ring reads no load and holds nothing.
     let plain = world(vec![model("m", Strategy::Prefix, 1..5)], HashBalance::OFF);
-    assert!(plain.simple("m", &body).pending_pick.is_none());
+    assert!(!plain.simple("m", &body).held().pending_pick);
 }

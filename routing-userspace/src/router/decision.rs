@@ -2,9 +2,13 @@
 //!
 //! The decision owns its remaining candidates as a cursor (pods in the strategy's order, up
 //! to the attempt limit, then the model's Service), so a failed attempt moves on without
-//! re-hashing, and nothing past the candidates actually tried is computed. It also carries the
-//! reservations its pick made, as tokens: the proxy consumes a token when the request starts on
-//! what it reserved, and a token dropped unconsumed expires (see [`super::reservation`]).
+//! re-hashing, and nothing past the candidates actually tried is computed. It also holds what
+//! its pick stands for until the request starts upstream (a least-loaded reservation of the
+//! pod, a label group's reservation of the member, a bounded pick pending on its pod), and it
+//! owns their lifecycle: [`Decision::start_on`] when the request starts on an attempt's target
+//! (counted in flight there first, then what stood for it is released), [`Decision::abandon`]
+//! when an attempt fails before starting. The proxy and the replay call the same two methods;
+//! a decision dropped without starting releases everything (reservations expire, counted).
 
 use std::fmt;
 use std::sync::Arc;
@@ -19,6 +23,8 @@ use crate::balance::least_loaded::Ranked;
 use crate::balance::ring::WalkState;
 use crate::balance::round_robin::Rotation;
 use crate::keys::{Ignored, RoutingKey};
+use crate::load::userspace::{InFlight, UserspaceGauge};
+use crate::load::Slot;
 use crate::table::{LabelGroup, ModelRoute, Pod};
 use crate::vocab::{GroupOutcome, KeySource, LabelGroupMode, Outcome, Strategy};
 
@@ -125,30 +131,44 @@ pub struct GroupChoice {
     pub spill: Option<Spill>,
 }
 
+/// What a pick stands for until its request starts upstream (see the module doc).
+#[derive(Debug, Default)]
+pub(super) struct Holds {
+    /// The least-loaded reservation of a pod.
+    pub(super) pod: Option<Reservation>,
+    /// The least-loaded reservation of a label-group member.
+    pub(super) member: Option<Reservation>,
+    /// A bounded (or cache-aware) pick counted on its pod until the request starts.
+    pub(super) pending: Option<PendingPick>,
+}
+
+/// What a decision holds right now (for tests and `/debug` views).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// The key (gauge slot) of the pod reservation, if one is held.
+    pub pod_reservation: Option<u64>,
+    pub member_reservation: bool,
+    pub pending_pick: bool,
+}
+
 /// A routing decision for one request.
 #[derive(Debug)]
 pub struct Decision {
     /// The model that serves the request (for a label group, the chosen member).
-    pub model: Arc<ModelRoute>,
-    pub strategy: Strategy,
-    pub key: Option<RoutingKey>,
-    pub outcome: Outcome,
-    pub group: Option<GroupChoice>,
+    model: Arc<ModelRoute>,
+    strategy: Strategy,
+    key: Option<RoutingKey>,
+    outcome: Outcome,
+    group: Option<GroupChoice>,
     /// Malformed explicit keys that were skipped.
-    pub ignored: Vec<Ignored>,
-    /// The pick's reservation of a pod (least-loaded).
-    pub pod_reservation: Option<Reservation>,
-    /// The pick's reservation of a label-group member (least-loaded mode).
-    pub member_reservation: Option<Reservation>,
-    /// A bounded (or cache-aware) pick counts on its pod until the request starts upstream;
-    /// the forward phase drops this when it does.
-    pub pending_pick: Option<PendingPick>,
+    ignored: Vec<Ignored>,
+    holds: Holds,
     /// The pod the key preferred, when the hash-balance bound moved the pick off it (the
     /// outcome is then [`Outcome::Spill`]).
-    pub spill: Option<Spill>,
+    spill: Option<Spill>,
     /// Cache-aware: leading prompt-chain links the picked pod held (`None` when the index was
     /// not consulted).
-    pub match_depth: Option<u32>,
+    match_depth: Option<u32>,
     /// The pod the decision picked (the first candidate).
     picked: Option<usize>,
     /// The first candidate until an attempt takes it.
@@ -191,14 +211,113 @@ impl Decision {
             key,
             group: None,
             ignored,
-            pod_reservation: None,
-            member_reservation: None,
-            pending_pick: None,
+            holds: Holds::default(),
             spill: None,
             match_depth: None,
             health,
             at,
         }
+    }
+
+    /// The model that serves the request (for a label group, the chosen member).
+    pub fn model(&self) -> &Arc<ModelRoute> {
+        &self.model
+    }
+
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// The routing key (hashed; never the key's text).
+    pub fn key(&self) -> Option<RoutingKey> {
+        self.key
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// The label-group part, when the request named a label.
+    pub fn group(&self) -> Option<&GroupChoice> {
+        self.group.as_ref()
+    }
+
+    /// Malformed explicit keys that were skipped.
+    pub fn ignored(&self) -> &[Ignored] {
+        &self.ignored
+    }
+
+    /// The pod the key preferred when the bound moved the pick off it.
+    pub fn spill(&self) -> Option<Spill> {
+        self.spill
+    }
+
+    /// Cache-aware: leading prompt-chain links the picked pod held.
+    pub fn match_depth(&self) -> Option<u32> {
+        self.match_depth
+    }
+
+    /// What the decision holds for its pick right now.
+    pub fn held(&self) -> Held {
+        Held {
+            pod_reservation: self.holds.pod.as_ref().map(Reservation::key),
+            member_reservation: self.holds.member.is_some(),
+            pending_pick: self.holds.pending.is_some(),
+        }
+    }
+
+    pub(super) fn hold(&mut self, holds: Holds) {
+        self.holds = holds;
+    }
+
+    pub(super) fn set_group(&mut self, group: GroupChoice, member: Option<Reservation>) {
+        self.group = Some(group);
+        self.holds.member = member;
+    }
+
+    pub(super) fn set_match_depth(&mut self, depth: u32) {
+        self.match_depth = Some(depth);
+    }
+
+    /// The gauge slot an attempt's target counts under (the Service has none).
+    fn slot_of(&self, a: Attempt) -> Option<Slot> {
+        match a {
+            Attempt::Pod(i) => self.model.pods[i].slot,
+            Attempt::Service => None,
+        }
+    }
+
+    /// The pod reservation, when it is the reservation of `slot`'s pod.
+    fn take_pod_reservation(&mut self, slot: Option<Slot>) -> Option<Reservation> {
+        self.holds
+            .pod
+            .take_if(|r| slot.is_some_and(|s| r.key() == u64::from(s)))
+    }
+
+    /// The request starts on the target of `a`: it counts in flight there (in this process's
+    /// gauge, until the returned guard drops), and what stood for it is released: the pending
+    /// pick, the member reservation, and the pod reservation when `a` is the reserved pod
+    /// (consumed, so counted as such). The count comes first, so a concurrent pick never sees
+    /// the pod without either.
+    pub fn start_on(&mut self, a: Attempt, gauge: &Arc<UserspaceGauge>) -> Option<InFlight> {
+        let slot = self.slot_of(a);
+        let in_flight = slot.map(|s| gauge.enter(s));
+        self.holds.pending = None;
+        if let Some(r) = self.holds.member.take() {
+            r.consume();
+        }
+        if let Some(r) = self.take_pod_reservation(slot) {
+            r.consume();
+        }
+        in_flight
+    }
+
+    /// The attempt on `a` failed before the request started there: its pod reservation (if it
+    /// was the reserved pod) ends now, counted as expired, rather than lingering as load on a
+    /// pod that is not serving it.
+    pub fn abandon(&mut self, a: Attempt) {
+        let slot = self.slot_of(a);
+        drop(self.take_pod_reservation(slot));
     }
 
     /// Record that the bound moved the pick: the outcome becomes [`Outcome::Spill`].

@@ -46,14 +46,14 @@ pub fn decide(
         }
     };
     let mut d = router.decide_model(&g.members[member], req, draw, now);
-    d.member_reservation = reservation;
-    d.group = Some(GroupChoice {
+    let choice = GroupChoice {
         group: Arc::clone(g),
         member,
         mode,
         outcome,
         spill,
-    });
+    };
+    d.set_group(choice, reservation);
     d
 }
 

@@ -38,11 +38,12 @@ use crate::load::LoadGauge;
 use crate::rules::{pod_choice, PodChoice};
 use crate::table::{ModelRoute, Pod, Route, RoutingTable};
 use crate::vocab::Strategy;
-pub use decision::{Attempt, Cursor, Decision, GroupChoice, Spill, Target};
+use decision::Holds;
+pub use decision::{Attempt, Cursor, Decision, GroupChoice, Held, Spill, Target};
 use health::{EjectionPolicy, Health};
 use pending::PendingPicks;
 use prefix_index::PrefixIndex;
-use reservation::{Ledger, Loads};
+use reservation::{Ledger, Loads, Reservation};
 
 pub struct Router {
     gauge: Arc<dyn LoadGauge>,
@@ -201,112 +202,117 @@ impl Router {
             (keys::extract(strategy, &parts, &self.knobs.limits), None)
         };
         let key = extraction.key;
-        let source = key.map_or(KeySource::None, |k| k.source);
-        let n = m.pods.len();
-        let attempts = self.knobs.max_pod_attempts;
-        let mut reservation = None;
-        let mut spill = None;
-        let mut depths_of_pods = None;
-        let mut counted = false;
-        let cursor = if n == 0 {
-            Cursor::None
-        } else {
-            match pod_choice(strategy, source, m.service.is_some()) {
-                PodChoice::Service => Cursor::None,
-                PodChoice::RoundRobin => Cursor::Rotation(round_robin(m.next_ticket(), n)),
-                PodChoice::Random => Cursor::Rotation(random(draw, n)),
-                PodChoice::Ring => {
-                    let hash = key.map_or(0, |k| k.hash);
-                    let balance = self.balance_for(m);
-                    if balance.is_on() {
-                        let loads = self.pod_loads(m, now);
-                        let loads = loads.as_slice();
-                        let bound = balance
-                            .bound(loads.iter().sum(), n)
-                            .expect("a bound that is on, over pods");
-                        spill = spilled_from(&m.ring, hash, loads, bound).map(|p| Spill {
-                            preferred: p,
-                            load: loads[p],
-                            bound,
-                        });
-                        counted = true;
-                        Cursor::Bounded(BoundedWalk::new(&m.ring, hash, loads, bound))
-                    } else {
-                        Cursor::Walk(WalkState::new(&m.ring, hash))
-                    }
-                }
-                PodChoice::CacheAware => {
-                    let chain = chain.as_ref().expect("a prompt-chain key has its chain");
-                    let (cursor, s, depths) = self.cache_aware(m, chain, now);
-                    spill = s;
-                    depths_of_pods = Some(depths);
-                    counted = true;
-                    cursor
-                }
-                PodChoice::LeastLoaded => {
-                    let rr = m.next_ticket();
-                    let (order, token) = self.pods.pick(
-                        n,
-                        |i| m.pods[i].slot.map(u64::from),
-                        // An ejected pod ranks last (it is skipped unless nothing else is left).
-                        |i| match self.health.is_ejected(m.pods[i].slot, now) {
-                            true => u64::MAX / 2,
-                            false => self.pod_load(&m.pods[i]),
-                        },
-                        |loads| rank(loads, rr, attempts),
-                        |order| order.clone().next(),
-                        |_| Arc::clone(&m.metrics.reservations),
-                        now,
-                    );
-                    reservation = token;
-                    Cursor::Ranked(order)
-                }
-            }
-        };
+        let pick = self.pick(m, key, chain.as_ref(), draw, now);
         let mut d = Decision::new(
             Arc::clone(m),
             strategy,
             key,
             extraction.ignored,
-            cursor,
-            attempts,
+            pick.cursor,
+            self.knobs.max_pod_attempts,
             Arc::clone(&self.health),
             now,
         );
-        d.pod_reservation = reservation;
-        if let Some(depths) = depths_of_pods {
+        let picked_slot = d.picked_pod().and_then(|p| p.slot);
+        if let (Some(depths), Some(chain)) = (pick.depths, &chain) {
             // The index learns the chain for the pod the decision picked: the cache-aware
             // choice, unless passive health moved it off an ejected pod.
-            if let Some(i) = d.picked_index() {
-                if let Some(slot) = m.pods[i].slot {
-                    let chain = chain.as_ref().expect("a prompt-chain key has its chain");
-                    self.index.learn(slot, chain.links());
-                }
-                d.match_depth = Some(depths[i]);
-            } else {
-                d.match_depth = Some(0);
+            if let Some(slot) = picked_slot {
+                self.index.learn(slot, chain.links());
             }
+            d.set_match_depth(d.picked_index().map_or(0, |i| depths[i]));
         }
-        if counted {
-            d.pending_pick = d
-                .picked_pod()
-                .and_then(|p| p.slot)
-                .map(|s| self.pending.hold(s));
-        }
-        if let Some(s) = spill {
+        d.hold(Holds {
+            pod: pick.reservation,
+            member: None,
+            pending: picked_slot
+                .filter(|_| pick.reads_bound)
+                .map(|s| self.pending.hold(s)),
+        });
+        if let Some(s) = pick.spill {
             d.spilled(s);
         }
         d
     }
 
-    /// The cache-aware pick: depths from the index, loads from the gauge, the choice (pure),
-    /// then the index learns the chain for the pod it picked.
-    fn cache_aware(
+    /// The candidates of one model for `key` by its strategy: a value per rule, with what the
+    /// pick reserved, spilled and matched.
+    fn pick(
         &self,
         m: &ModelRoute,
-        chain: &PromptChain,
+        key: Option<keys::RoutingKey>,
+        chain: Option<&PromptChain>,
+        draw: u64,
         now: Instant,
-    ) -> (Cursor, Option<Spill>, Vec<u32>) {
+    ) -> Pick {
+        let n = m.pods.len();
+        if n == 0 {
+            return Pick::plain(Cursor::None);
+        }
+        let source = key.map_or(KeySource::None, |k| k.source);
+        match pod_choice(m.spec.routing, source, m.service.is_some()) {
+            PodChoice::Service => Pick::plain(Cursor::None),
+            PodChoice::RoundRobin => Pick::plain(Cursor::Rotation(round_robin(m.next_ticket(), n))),
+            PodChoice::Random => Pick::plain(Cursor::Rotation(random(draw, n))),
+            PodChoice::Ring => self.ring_pick(m, key.map_or(0, |k| k.hash), now),
+            PodChoice::CacheAware => {
+                let chain = chain.expect("a prompt-chain key has its chain");
+                self.cache_aware(m, chain, now)
+            }
+            PodChoice::LeastLoaded => self.least_loaded(m, now),
+        }
+    }
+
+    /// The ring walk of `hash`, under the hash-balance bound when it is on.
+    fn ring_pick(&self, m: &ModelRoute, hash: u64, now: Instant) -> Pick {
+        let balance = self.balance_for(m);
+        if !balance.is_on() {
+            return Pick::plain(Cursor::Walk(WalkState::new(&m.ring, hash)));
+        }
+        let loads = self.pod_loads(m, now);
+        let loads = loads.as_slice();
+        let bound = balance
+            .bound(loads.iter().sum(), m.pods.len())
+            .expect("a bound that is on, over pods");
+        Pick {
+            spill: spilled_from(&m.ring, hash, loads, bound).map(|p| Spill {
+                preferred: p,
+                load: loads[p],
+                bound,
+            }),
+            reads_bound: true,
+            ..Pick::plain(Cursor::Bounded(BoundedWalk::new(
+                &m.ring, hash, loads, bound,
+            )))
+        }
+    }
+
+    /// Least loaded first, reserving the pick.
+    fn least_loaded(&self, m: &ModelRoute, now: Instant) -> Pick {
+        let rr = m.next_ticket();
+        let attempts = self.knobs.max_pod_attempts;
+        let (order, token) = self.pods.pick(
+            m.pods.len(),
+            |i| m.pods[i].slot.map(u64::from),
+            // An ejected pod ranks last (it is skipped unless nothing else is left).
+            |i| match self.health.is_ejected(m.pods[i].slot, now) {
+                true => u64::MAX / 2,
+                false => self.pod_load(&m.pods[i]),
+            },
+            |loads| rank(loads, rr, attempts),
+            |order| order.clone().next(),
+            |_| Arc::clone(&m.metrics.reservations),
+            now,
+        );
+        Pick {
+            reservation: token,
+            ..Pick::plain(Cursor::Ranked(order))
+        }
+    }
+
+    /// The cache-aware pick: depths from the index, loads from the gauge, the choice (pure);
+    /// the caller teaches the index the chain for the pod the decision ends up with.
+    fn cache_aware(&self, m: &ModelRoute, chain: &PromptChain, now: Instant) -> Pick {
         let n = m.pods.len();
         let links = chain.links();
         let mut depths = vec![0u32; n];
@@ -317,11 +323,39 @@ impl Router {
         let loads = loads.as_slice();
         let bound = balance.bound(loads.iter().sum(), n);
         let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound);
-        let spill = choice.spilled_from.map(|p| Spill {
-            preferred: p,
-            load: loads[p],
-            bound: bound.unwrap_or(u64::MAX),
-        });
-        (Cursor::CacheAware(choice.order), spill, depths)
+        Pick {
+            spill: choice.spilled_from.map(|p| Spill {
+                preferred: p,
+                load: loads[p],
+                bound: bound.unwrap_or(u64::MAX),
+            }),
+            depths: Some(depths),
+            reads_bound: true,
+            ..Pick::plain(Cursor::CacheAware(choice.order))
+        }
+    }
+}
+
+/// What a strategy's rule chose for one model: the candidates, and what the choice holds or
+/// tells (a reservation, a spill, the index's matched depths).
+struct Pick {
+    cursor: Cursor,
+    reservation: Option<Reservation>,
+    spill: Option<Spill>,
+    /// Cache-aware: links of the chain each pod holds.
+    depths: Option<Vec<u32>>,
+    /// A bounded pick: it counts as pending on its pod until the request starts.
+    reads_bound: bool,
+}
+
+impl Pick {
+    fn plain(cursor: Cursor) -> Self {
+        Self {
+            cursor,
+            reservation: None,
+            spill: None,
+            depths: None,
+            reads_bound: false,
+        }
     }
 }

@@ -18,27 +18,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prometheus::IntCounter;
-
-/// Per-model counters of reservations made, consumed and expired.
-#[derive(Debug, Clone)]
-pub struct ReservationCounters {
-    pub made: IntCounter,
-    pub consumed: IntCounter,
-    pub expired: IntCounter,
-}
-
-impl ReservationCounters {
-    /// Counters that belong to no registry (tests, benches).
-    pub fn detached() -> Arc<Self> {
-        let c = || IntCounter::new("reservations", "reservations").expect("valid counter");
-        Arc::new(Self {
-            made: c(),
-            consumed: c(),
-            expired: c(),
-        })
-    }
-}
+pub use crate::metrics::handles::ReservationCounters;
 
 #[derive(Debug)]
 struct Entry {

@@ -58,7 +58,7 @@ const SYS_BODY: &str = r#"{"messages":[{"role":"system","content":"Shared system
 fn default_routes_to_the_service() {
     let w = world(vec![model("m", Strategy::Default, [1, 2])], Duration::ZERO);
     let mut d = w.simple("m", SYS_BODY);
-    assert_eq!(d.outcome, Outcome::ServiceFallback);
+    assert_eq!(d.outcome(), Outcome::ServiceFallback);
     assert_eq!(d.key_source(), KeySource::None);
     assert_eq!(targets(&mut d), vec![T::Service("http://m.svc:80".into())]);
 }
@@ -70,7 +70,7 @@ fn prefix_same_context_same_pod_with_alternates_then_service() {
         Duration::ZERO,
     );
     let mut a = w.simple("m", SYS_BODY);
-    assert_eq!(a.outcome, Outcome::Pod);
+    assert_eq!(a.outcome(), Outcome::Pod);
     assert_eq!(a.key_source(), KeySource::Canonical);
     let first = first_pod(&a);
     let all = targets(&mut a);
@@ -92,14 +92,14 @@ fn graceful_degradation() {
     ] {
         let w = world(vec![model("m", s, NO_PODS)], Duration::from_secs(10));
         let mut d = w.simple("m", SYS_BODY);
-        assert_eq!(d.outcome, Outcome::ServiceFallback, "{s}");
+        assert_eq!(d.outcome(), Outcome::ServiceFallback, "{s}");
         assert_eq!(targets(&mut d), vec![T::Service("http://m.svc:80".into())]);
     }
     // Prefix with no key at all -> Service.
     let w = world(vec![model("m", Strategy::Prefix, [1, 2])], Duration::ZERO);
     let d = w.simple("m", r#"{"model":"m"}"#);
     assert_eq!(
-        (d.outcome, d.key_source()),
+        (d.outcome(), d.key_source()),
         (Outcome::ServiceFallback, KeySource::None)
     );
     // Session with no key -> a random pod (the draw decides).
@@ -222,9 +222,9 @@ fn label_group_round_robin_spreads_over_members() {
         Duration::ZERO,
     );
     let d: Vec<_> = (0..4).map(|_| w.simple("chat", "{}")).collect();
-    let names: Vec<&str> = d.iter().map(|d| &*d.model.name).collect();
+    let names: Vec<&str> = d.iter().map(|d| &*d.model().name).collect();
     assert_eq!(names, vec!["a", "b", "a", "b"]);
-    let g = d[0].group.as_ref().unwrap();
+    let g = d[0].group().unwrap();
     assert_eq!(
         (g.mode, g.outcome.as_str(), &*g.group.label),
         (LabelGroupMode::RoundRobin, "round_robin", "chat")
@@ -242,8 +242,8 @@ fn label_group_priority_pick_then_degrade_then_cold_start() {
     );
     for _ in 0..5 {
         let d = w.simple("tts", "{}");
-        assert_eq!(&*d.model.name, "fast");
-        assert_eq!(d.group.unwrap().outcome, GroupOutcome::PriorityPick);
+        assert_eq!(&*d.model().name, "fast");
+        assert_eq!(d.group().unwrap().outcome, GroupOutcome::PriorityPick);
     }
     let w = world(
         vec![
@@ -253,9 +253,9 @@ fn label_group_priority_pick_then_degrade_then_cold_start() {
         Duration::ZERO,
     );
     let d = w.simple("tts", "{}");
-    assert_eq!(&*d.model.name, "slow", "primary left Ready: next tier");
+    assert_eq!(&*d.model().name, "slow", "primary left Ready: next tier");
     assert_eq!(
-        d.group.unwrap().outcome,
+        d.group().unwrap().outcome,
         GroupOutcome::Mode(LabelGroupMode::RoundRobin)
     );
     let w = world(
@@ -267,8 +267,8 @@ fn label_group_priority_pick_then_degrade_then_cold_start() {
         Duration::ZERO,
     );
     let mut d = w.simple("tts", "{}");
-    assert_eq!(&*d.model.name, "beta");
-    assert_eq!(d.group.as_ref().unwrap().outcome, GroupOutcome::ColdStart);
+    assert_eq!(&*d.model().name, "beta");
+    assert_eq!(d.group().unwrap().outcome, GroupOutcome::ColdStart);
     assert_eq!(
         targets(&mut d),
         vec![T::Service("http://beta.svc:80".into())]
@@ -288,7 +288,7 @@ fn label_group_least_loaded_reserves_members() {
     );
     let _busy = w.gauge.enter(w.slots.get(&addr(1)).unwrap());
     let held: Vec<Decision> = (0..5).map(|_| w.simple("g", "{}")).collect();
-    let names: Vec<String> = held.iter().map(|d| d.model.name.to_string()).collect();
+    let names: Vec<String> = held.iter().map(|d| d.model().name.to_string()).collect();
     // a is busy: b and c first; then reservations make every member equal at 1, so the next
     // three picks take each member once.
     let mut first_two = names[..2].to_vec();
@@ -298,7 +298,7 @@ fn label_group_least_loaded_reserves_members() {
     next.sort();
     assert_eq!(next, ["a", "b", "c"]);
     let d = w.simple("g", "{}");
-    assert_eq!(d.group.unwrap().outcome.as_str(), "least_loaded");
+    assert_eq!(d.group().unwrap().outcome.as_str(), "least_loaded");
 }
 
 #[test]
@@ -312,12 +312,14 @@ fn label_group_prefix_mode_pins_a_context_to_one_member() {
     );
     let first = w
         .decide("g", &HeaderMap::new(), SYS_BODY, 0)
-        .model
+        .model()
         .name
         .clone();
     for draw in 0..10 {
         assert_eq!(
-            w.decide("g", &HeaderMap::new(), SYS_BODY, draw).model.name,
+            w.decide("g", &HeaderMap::new(), SYS_BODY, draw)
+                .model()
+                .name,
             first
         );
     }
@@ -332,32 +334,58 @@ fn ledger(w: &World, m: &str) -> (u64, u64, u64) {
     (c.made.get(), c.consumed.get(), c.expired.get())
 }
 
+/// The one meaning of "a request starts on a pod", which the proxy's forward phase and the
+/// replay both use: counted in flight there first, then what stood for it released (the
+/// reservation consumed only when it is that pod's); an attempt that fails before starting
+/// abandons its pod's reservation; a decision dropped unstarted lets everything expire. Each
+/// reservation ends exactly once.
 #[test]
-fn a_decision_carries_its_reservation_and_it_ends_exactly_once() {
+fn a_decision_starts_on_its_pick_or_abandons_it_and_each_hold_ends_once() {
     let w = world(
         vec![model("m", Strategy::LeastLoaded, [1, 2])],
         Duration::from_secs(10),
     );
-    // Consumed: the request started on the reserved pod.
+    let gauge = &w.gauge;
+    // Started on the reserved pod.
     let mut d = w.simple("m", "{}");
-    let token = d
-        .pod_reservation
-        .take()
-        .expect("least-loaded reserves its pick");
+    let slot = d
+        .picked_pod()
+        .and_then(|p| p.slot)
+        .expect("a pod with a slot");
+    assert_eq!(d.held().pod_reservation, Some(u64::from(slot)));
+    let first = d.next_attempt().expect("a first attempt");
+    let in_flight = d.start_on(first, gauge);
+    assert!(in_flight.is_some());
+    assert_eq!(gauge.active(slot), 1, "counted in flight where it started");
     assert_eq!(
-        Some(token.key()),
-        d.picked_pod().and_then(|p| p.slot).map(u64::from)
+        d.held(),
+        Held {
+            pod_reservation: None,
+            member_reservation: false,
+            pending_pick: false
+        }
     );
-    assert!(token.consume());
     assert_eq!(ledger(&w, "m"), (1, 1, 0));
-    // Expired at once: the decision ended without starting on its pick (dropped).
-    drop(w.simple("m", "{}"));
+    drop(in_flight);
+    assert_eq!(gauge.active(slot), 0);
+    // Abandoned (the connect failed), then started on the next pod: nothing to consume there.
+    let mut d = w.simple("m", "{}");
+    let first = d.next_attempt().expect("a first attempt");
+    d.abandon(first);
     assert_eq!(ledger(&w, "m"), (2, 1, 1));
-    // Expired by the sweep while its decision is still alive; consuming later changes nothing.
+    let second = d.next_attempt().expect("an alternate");
+    assert_ne!(second, first);
+    let _in_flight = d.start_on(second, gauge);
+    assert_eq!(ledger(&w, "m"), (2, 1, 1));
+    // Dropped without starting: expired at once.
+    drop(w.simple("m", "{}"));
+    assert_eq!(ledger(&w, "m"), (3, 1, 2));
+    // Expired by the sweep while its decision is alive; starting later consumes nothing.
     let mut d = w.simple("m", "{}");
     assert_eq!(w.router.sweep(Instant::now() + Duration::from_secs(11)), 1);
-    assert!(!d.pod_reservation.take().unwrap().consume());
-    assert_eq!(ledger(&w, "m"), (3, 1, 2));
+    let a = d.next_attempt().expect("a first attempt");
+    assert!(d.start_on(a, gauge).is_some());
+    assert_eq!(ledger(&w, "m"), (4, 1, 3));
     assert_eq!(w.router.pending_reservations(), 0);
 }
 
@@ -373,7 +401,8 @@ fn strategies_that_do_not_read_load_reserve_nothing() {
     );
     for m in ["p", "s", "d"] {
         let d = w.simple(m, SYS_BODY);
-        assert!(d.pod_reservation.is_none() && d.member_reservation.is_none());
+        let held = d.held();
+        assert!(held.pod_reservation.is_none() && !held.member_reservation);
         assert_eq!(ledger(&w, m), (0, 0, 0));
     }
 }
@@ -411,13 +440,13 @@ fn the_rules_cover_every_decision_a_model_makes() {
                         }
                         let d = w.decide("m", &h, body, 0);
                         assert!(
-                            d.model
+                            d.model()
                                 .metrics
-                                .decision(d.key_source(), d.outcome)
+                                .decision(d.key_source(), d.outcome())
                                 .is_some(),
                             "{s} service={service} pods={ports:?} {body} {hs:?}: {:?} {:?}",
                             d.key_source(),
-                            d.outcome
+                            d.outcome()
                         );
                     }
                 }
@@ -470,7 +499,7 @@ fn ejected_pods_leave_the_candidates_and_a_lone_ejected_pod_is_still_tried() {
     // Every pod of a model ejected: the first pick still tries it, then the Service.
     eject(&w, "one", 9);
     let mut d = w.simple("one", SYS_BODY);
-    assert_eq!(d.outcome, Outcome::Pod);
+    assert_eq!(d.outcome(), Outcome::Pod);
     assert_eq!(
         targets(&mut d),
         vec![T::Pod(addr(9)), T::Service("http://one.svc:80".into())]
@@ -505,9 +534,9 @@ fn cache_aware_learns_the_pod_health_moved_the_pick_to() {
     let d = w.simple("ca", turn1);
     let moved = first_pod(&d).unwrap();
     assert_ne!(moved, preferred, "the ejected pod is skipped");
-    assert_eq!(d.match_depth, Some(0));
+    assert_eq!(d.match_depth(), Some(0));
     // The second turn extends the first turn's chain: it finds it on the pod that served it.
     let d2 = w.simple("ca", turn2);
     assert_eq!(first_pod(&d2), Some(moved));
-    assert!(d2.match_depth.unwrap() >= 2, "{:?}", d2.match_depth);
+    assert!(d2.match_depth().unwrap() >= 2, "{:?}", d2.match_depth());
 }

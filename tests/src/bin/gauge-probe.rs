@@ -10,7 +10,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use routing_userspace::ebpf::{EbpfGauge, EbpfOptions};
+use routing_userspace::ebpf::EbpfOptions;
+use routing_userspace::load::ebpf::EbpfGauge;
 use routing_userspace::load::LoadGauge;
 
 fn main() -> Result<()> {

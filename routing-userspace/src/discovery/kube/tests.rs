@@ -466,8 +466,8 @@ mod routing {
         })?;
         Some((
             first,
-            d.group.as_ref().map(|g| g.outcome),
-            d.model.name.to_string(),
+            d.group().map(|g| g.outcome),
+            d.model().name.to_string(),
         ))
     }
 

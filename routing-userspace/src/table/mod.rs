@@ -3,6 +3,8 @@
 //! `ArcSwap`. The request path does one atomic load and takes no lock; everything it needs
 //! per model or pod (a ring, a `Host` header, a counter) was built here, once.
 
+pub mod publish;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,94 @@
+//! What every request of the proxy shares: the published routing table, the router, the
+//! metrics, the upstream pools, the per-request bounds, the retry budget and the shutdown
+//! state. Built once by `app` for `serve`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::retry_budget::RetryBudget;
+use super::stream::DrainCut;
+use crate::discovery::Update;
+use crate::load::userspace::UserspaceGauge;
+use crate::metrics::Metrics;
+use crate::router::Router;
+use crate::table::publish::Published;
+use crate::upstream::Upstream;
+
+/// Per-request bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    /// Largest request body read or streamed (413 past it).
+    pub max_body_bytes: usize,
+    /// Largest request head (431 past it).
+    pub max_header_bytes: usize,
+    /// Deepest JSON nesting parsed (400 past it).
+    pub max_json_depth: u32,
+    /// From a request sent to its response head (0: none).
+    pub first_byte_timeout: Duration,
+    /// Longest pause inside a response body (0: none).
+    pub stream_idle_timeout: Duration,
+    /// A whole request, body included (0: none).
+    pub request_timeout: Duration,
+}
+
+pub struct Shared {
+    pub table: Published,
+    pub router: Router,
+    pub metrics: Arc<Metrics>,
+    /// This process's in-flight requests per pod (always kept, whichever gauge picks read).
+    pub inflight: Arc<UserspaceGauge>,
+    pub upstream: Upstream,
+    pub limits: RequestLimits,
+    pub retry_budget: RetryBudget,
+    /// Set when shutdown began: `/readyz` answers 503 from then on.
+    draining: AtomicBool,
+    /// Triggered when the drain timeout passes: streams still running end with an error event.
+    pub drain_cut: Arc<DrainCut>,
+}
+
+impl Shared {
+    pub fn new(
+        router: Router,
+        metrics: Arc<Metrics>,
+        inflight: Arc<UserspaceGauge>,
+        upstream: Upstream,
+        limits: RequestLimits,
+        retry_budget: RetryBudget,
+    ) -> Self {
+        Self {
+            table: Published::new(Arc::clone(&metrics), router.knobs().label_group_mode),
+            router,
+            metrics,
+            inflight,
+            upstream,
+            limits,
+            retry_budget,
+            draining: AtomicBool::new(false),
+            drain_cut: Arc::default(),
+        }
+    }
+
+    /// Discovery has synced and shutdown has not begun.
+    pub fn is_ready(&self) -> bool {
+        self.table.is_synced() && !self.is_draining()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Shutdown began: not ready from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Fold one discovery update in: a new table when something changed, which the router
+    /// (gauge slots, health records, the cache-aware index) follows.
+    pub fn apply(&self, update: Update) {
+        self.table.apply(update, |pods, table| {
+            self.router.pods_changed(pods);
+            self.router.table_rebuilt(table);
+        });
+    }
+}
