@@ -1,22 +1,21 @@
 //! Phase 1, model resolution: `X-Model-ID` header > `/model/<name>/...` path prefix (stripped
-//! before forwarding) > body `model` > the only model when just one is configured. This file
-//! reads the first two, which need no body.
+//! before forwarding) > body `model` > the only model when just one is configured. [`named`]
+//! reads the first two, which need no body; [`complete`] finishes once the body was read (if
+//! routing needed it), and also answers `GET /v1/models` requests that name no model.
 
 use std::borrow::Cow;
 
+use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::HeaderMap;
+use http::{HeaderMap, Method, Response};
+use http_body_util::Full;
+
+use super::errors::ApiError;
+use super::model_list;
+use crate::body::BodyFields;
+use crate::table::{Route, RoutingTable};
 
 pub const HEADER_MODEL_ID: http::HeaderName = http::HeaderName::from_static("x-model-id");
-
-/// Where the model name came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModelFrom {
-    Header,
-    Path,
-    Body,
-    OnlyModel,
-}
 
 /// What the request's head names: the model (header first, then path prefix), and the path
 /// to forward when the prefix had to be stripped.
@@ -46,6 +45,65 @@ pub fn named<'a>(headers: &'a HeaderMap, uri: &'a http::Uri) -> Named<'a> {
             forward_path: None,
         },
     }
+}
+
+/// The route the head names, if it names a model (404 if the table has no such model).
+pub fn lookup(table: &RoutingTable, named: Option<&str>) -> Result<Option<Route>, ApiError> {
+    named
+        .map(|name| {
+            table
+                .lookup(name)
+                .ok_or_else(|| ApiError::model_not_found(name))
+        })
+        .transpose()
+}
+
+/// What model resolution came to once the body (if routing read it) is known.
+pub enum Resolved {
+    Route(Route),
+    /// A request the proxy answers itself: the model list.
+    Local(Response<Full<Bytes>>),
+}
+
+/// The request as model resolution sees it once the body was read.
+pub struct Request<'a> {
+    pub method: &'a Method,
+    pub path: &'a str,
+    /// The body's fields, if it was read and is a JSON object.
+    pub fields: Option<&'a BodyFields<'a>>,
+    /// A body was there but is not a JSON object (it cannot name a model).
+    pub unreadable: bool,
+}
+
+/// Finish model resolution: the head's route, else the body's `model`, else the only model;
+/// else a `GET`/`HEAD` of the model list is answered here; else the request names no model.
+pub fn complete(
+    table: &RoutingTable,
+    from_head: Option<Route>,
+    req: &Request<'_>,
+) -> Result<Resolved, ApiError> {
+    if let Some(route) = from_head {
+        return Ok(Resolved::Route(route));
+    }
+    if let Some(name) = req.fields.and_then(|f| f.model()) {
+        return match table.lookup(&name) {
+            Some(route) => Ok(Resolved::Route(route)),
+            None => Err(ApiError::model_not_found(&name)),
+        };
+    }
+    if let Some(route) = table.only_model() {
+        return Ok(Resolved::Route(route));
+    }
+    if matches!(*req.method, Method::GET | Method::HEAD) {
+        return match model_list::answer(table, req.path) {
+            Some(answer) => answer.map(Resolved::Local),
+            None => Err(ApiError::model_required()),
+        };
+    }
+    Err(match req.unreadable {
+        true => ApiError::model_in_unreadable_body(),
+        false => ApiError::model_required(),
+    })
 }
 
 /// A `/model/<name>/rest` path split into the name and the path to forward (`/rest`).

@@ -32,6 +32,15 @@ impl UpBody {
         UpBody::Bytes((!b.is_empty()).then_some(b))
     }
 
+    /// The length of a body the proxy read (`None` for a streamed one, whose own length
+    /// header stays).
+    pub fn read_len(&self) -> Option<usize> {
+        match self {
+            UpBody::Bytes(b) => Some(b.as_ref().map_or(0, Bytes::len)),
+            UpBody::Stream { .. } => None,
+        }
+    }
+
     pub fn stream(inner: Incoming, limit: usize) -> Self {
         UpBody::Stream {
             inner,
