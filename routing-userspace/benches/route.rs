@@ -20,13 +20,12 @@ use http::{HeaderMap, HeaderValue};
 
 use routing_userspace::balance::bounded::HashBalance;
 use routing_userspace::body::BodyFields;
-use routing_userspace::config::RoutingKnobs;
 use routing_userspace::discovery::{ModelSet, ModelSpec, Update};
 use routing_userspace::keys::{chain, extract, KeyLimits, RequestParts};
 use routing_userspace::load::slots::SlotAllocator;
 use routing_userspace::load::userspace::UserspaceGauge;
 use routing_userspace::metrics::Metrics;
-use routing_userspace::router::{Decision, Router};
+use routing_userspace::router::{Decision, Router, RoutingKnobs};
 use routing_userspace::table::{Route, RoutingTable};
 use routing_userspace::vocab::{LabelGroupMode, Strategy};
 

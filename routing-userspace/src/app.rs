@@ -1,8 +1,9 @@
 //! `flexinfer-proxy serve`: turn the command line into typed settings, open the load gauge,
 //! start discovery, and run the two listeners until shutdown.
 //!
-//! This is the only module that reads the CLI structs as a whole and decides what is fatal: a
-//! library module reports typed errors and never ends the process. A discovery source that
+//! This is the only module that decides what is fatal (the settings come from
+//! `config::Settings::from_args`): a library module reports typed errors and never ends the
+//! process. A discovery source that
 //! fails for good ends `serve` with its error, so the binary exits non-zero.
 
 use std::net::SocketAddr;
@@ -12,21 +13,20 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::config::{DiscoveryKind, GaugeKind, KeepAlive, RoutingKnobs, ServeArgs};
+use crate::config::settings::{DiscoverySettings, GaugeSettings, Settings};
+use crate::config::{GaugeKind, ServeArgs};
 use crate::discovery::file::LoadError;
-use crate::discovery::kube::KubeOptions;
 use crate::discovery::Update;
 use crate::ebpf::EbpfError;
 use crate::load::ebpf::EbpfGauge;
 use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
-use crate::metrics::{KeyTracking, Metrics};
+use crate::metrics::Metrics;
 use crate::proxy::retry_budget::RetryBudget;
 use crate::proxy::server::{Drained, ServeOptions};
-use crate::proxy::{RequestLimits, Shared};
-use crate::router::health::EjectionPolicy;
+use crate::proxy::Shared;
 use crate::router::Router;
-use crate::upstream::{ConnTrack, ConnectionHook, Upstream, UpstreamOptions};
+use crate::upstream::{ConnTrack, ConnectionHook, Upstream};
 use crate::{admin, proxy};
 
 /// Why `serve` stopped with an error.
@@ -69,23 +69,23 @@ impl ConnectionHook for RegisterWithGauge {
     }
 }
 
-/// Open the gauge `args` asks for: the node-wide eBPF gauge when it loads (fatal if required),
-/// else this process's userspace gauge.
+/// Open the gauge the settings ask for: the node-wide eBPF gauge when it loads (fatal if
+/// required), else this process's userspace gauge.
 pub fn open_gauge(
-    args: &crate::config::EbpfArgs,
+    settings: &GaugeSettings,
     userspace: &Arc<UserspaceGauge>,
 ) -> Result<GaugeChoice, ServeError> {
     let fallback = || GaugeChoice {
         gauge: userspace.clone(),
         ebpf: None,
     };
-    if args.gauge == GaugeKind::Userspace {
-        if args.require_ebpf {
+    if settings.kind == GaugeKind::Userspace {
+        if settings.require_ebpf {
             return Err(ServeError::RequireEbpfWithUserspace);
         }
         return Ok(fallback());
     }
-    match EbpfGauge::open(&args.options()) {
+    match EbpfGauge::open(&settings.ebpf) {
         Ok(g) => {
             tracing::info!(
                 "eBPF gauge loaded; least-loaded picks read the node-wide requests in flight"
@@ -96,7 +96,7 @@ pub fn open_gauge(
                 ebpf: Some(g),
             })
         }
-        Err(why) if args.require_ebpf || args.gauge == GaugeKind::Ebpf => {
+        Err(why) if settings.require_ebpf || settings.kind == GaugeKind::Ebpf => {
             Err(ServeError::EbpfRequired(why))
         }
         Err(why) => {
@@ -106,34 +106,20 @@ pub fn open_gauge(
     }
 }
 
-/// The key tracking settings of the flags.
-pub fn key_tracking(args: &ServeArgs) -> KeyTracking {
-    KeyTracking {
-        cardinality_cap: args.key_cardinality_cap,
-        cardinality_window: Some(args.key_cardinality_window),
-        hot_keys: args.hot_keys,
-        hot_keys_half_life: Some(args.hot_keys_half_life),
-    }
-}
-
 /// Start the discovery source. The file is read once here (a broken file is fatal at start);
 /// the returned task ends only if the source fails for good.
 fn start_discovery(
-    args: &ServeArgs,
+    settings: &DiscoverySettings,
     tx: mpsc::UnboundedSender<Update>,
 ) -> Result<tokio::task::JoinHandle<Result<(), ServeError>>, ServeError> {
-    match args.discovery {
-        DiscoveryKind::File => {
-            let path = args.config.clone().ok_or(ServeError::NoModelsFile)?;
-            crate::discovery::file::start(path, args.config_poll, tx)?;
+    match settings {
+        DiscoverySettings::File { path, poll } => {
+            let path = path.clone().ok_or(ServeError::NoModelsFile)?;
+            crate::discovery::file::start(path, *poll, tx)?;
             Ok(tokio::spawn(std::future::pending()))
         }
-        DiscoveryKind::Kubernetes => {
-            let opts = KubeOptions {
-                namespace: Some(args.namespace.clone()).filter(|n| !n.is_empty()),
-                kubeconfig: args.kubeconfig.clone(),
-                service_label_key: args.service_label_key.clone(),
-            };
+        DiscoverySettings::Kubernetes(opts) => {
+            let opts = opts.clone();
             Ok(tokio::spawn(async move {
                 crate::discovery::kube::run(opts, tx)
                     .await
@@ -156,27 +142,43 @@ pub async fn serve(
     args: ServeArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let (settings, warnings) = Settings::from_args(&args);
     // What a user gets wrong is reported before anything touches the node (eBPF, ports): a
     // missing or invalid models file fails here, as loading it is discovery's first step.
     // Updates wait in the channel until the table exists.
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let discovery = start_discovery(&args, tx)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let discovery = start_discovery(&settings.discovery, tx)?;
     // Clients that connect before the table is ready wait in the listen backlog.
-    let listener = bind(args.listen, "proxy").await?;
-    let admin_listener = bind(args.admin_listen, "admin").await?;
-    let (mut knobs, warnings) = RoutingKnobs::from_raw(&args.routing);
-    knobs.max_pod_attempts = usize::from(args.max_pod_attempts);
+    let listener = bind(settings.listen, "proxy").await?;
+    let admin_listener = bind(settings.admin_listen, "admin").await?;
     for w in &warnings {
         tracing::warn!(knob = w.knob, value = %w.value, using = %w.used, "invalid routing knob; using the default");
     }
-    let metrics = Arc::new(Metrics::with_key_tracking(key_tracking(&args)));
+    let shared = Arc::new(shared_state(&settings)?);
+    start_background(&shared, rx);
+    let local = |l: &TcpListener| l.local_addr().map_err(ServeError::Serve);
+    tracing::info!(listen = %local(&listener)?, admin = %local(&admin_listener)?, "flexinfer-proxy serving");
+    run_listeners(
+        &shared,
+        &settings,
+        listener,
+        admin_listener,
+        discovery,
+        shutdown,
+    )
+    .await
+}
+
+/// What every request shares, with the gauge opened (the one step that touches the node).
+fn shared_state(settings: &Settings) -> Result<Shared, ServeError> {
+    let metrics = Arc::new(Metrics::with_key_tracking(settings.key_tracking));
     let inflight = Arc::new(UserspaceGauge::default());
-    let GaugeChoice { gauge, ebpf } = open_gauge(&args.ebpf, &inflight)?;
+    let GaugeChoice { gauge, ebpf } = open_gauge(&settings.gauge, &inflight)?;
     metrics.ebpf_enabled.set(i64::from(ebpf.is_some()));
-    let keepalive = args.upstream_keepalive != KeepAlive::Off;
+    let knobs = &settings.routing;
     tracing::info!(
         gauge = gauge.name(),
-        upstream_keepalive = keepalive,
+        upstream_keepalive = settings.upstream.keepalive,
         explicit_key_max_length = knobs.limits.explicit_key_max_length,
         system_segment_max_length = knobs.limits.system_segment_max_length,
         document_segment_max_length = knobs.limits.document_segment_max_length,
@@ -185,39 +187,21 @@ pub async fn serve(
         max_pod_attempts = knobs.max_pod_attempts,
         "settings"
     );
-    let upstream = Upstream::new(
-        UpstreamOptions {
-            connect_timeout: args.connect_timeout,
-            keepalive,
-            idle_timeout: args.upstream_idle_timeout,
-            ..UpstreamOptions::default()
-        },
-        ebpf.map(|g| Arc::new(RegisterWithGauge(g)) as Arc<dyn ConnectionHook>),
-    );
-    let t = &args.timeouts;
-    let r = &args.resilience;
-    let ejection = EjectionPolicy {
-        after_failures: r.eject_after_failures,
-        base_time: r.eject_base_time,
-        max_share: r.max_ejected_share.clamp(0.0, 1.0),
-    };
-    let shared = Arc::new(Shared::new(
-        Router::with_ejection(gauge, knobs, ejection),
+    let hook = ebpf.map(|g| Arc::new(RegisterWithGauge(g)) as Arc<dyn ConnectionHook>);
+    Ok(Shared::new(
+        Router::with_ejection(gauge, settings.routing, settings.ejection),
         metrics,
         inflight,
-        upstream,
-        RequestLimits {
-            max_body_bytes: args.max_body_bytes,
-            max_header_bytes: args.limits.max_header_bytes,
-            max_json_depth: args.limits.max_json_depth,
-            first_byte_timeout: t.first_byte_timeout,
-            stream_idle_timeout: t.stream_idle_timeout,
-            request_timeout: t.request_timeout,
-        },
-        RetryBudget::new(r.retry_budget, r.retry_min_per_second),
-    ));
+        Upstream::new(settings.upstream, hook),
+        settings.limits,
+        RetryBudget::new(settings.retry.share, settings.retry.min_per_second),
+    ))
+}
 
-    // Apply the first update before listening, so a file-configured proxy is ready at once.
+/// Discovery updates into new tables, and the once-a-second housekeeping (reservation expiry,
+/// idle upstream connections). The first update is applied at once, so a file-configured proxy
+/// is ready when it starts listening.
+fn start_background(shared: &Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Update>) {
     if let Ok(first) = rx.try_recv() {
         shared.apply(first);
     }
@@ -236,48 +220,37 @@ pub async fn serve(
             housekeeper.upstream.purge_idle();
         }
     });
+}
 
-    let local = |l: &TcpListener| l.local_addr().map_err(ServeError::Serve);
-    tracing::info!(listen = %local(&listener)?, admin = %local(&admin_listener)?, "flexinfer-proxy serving");
-
-    // Shutdown: /readyz answers 503 at once while the proxy keeps serving for the shutdown
-    // delay (so Kubernetes takes the endpoint out), then the proxy stops accepting and lets
-    // requests in flight finish for up to the drain timeout; the admin listener (metrics,
-    // /readyz) stays up until then.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let draining = shared.clone();
-    let delay = args.shutdown_delay;
-    tokio::spawn(async move {
-        shutdown.await;
-        draining.start_draining();
-        tracing::info!(?delay, "not ready; still serving for the shutdown delay");
-        tokio::time::sleep(delay).await;
-        tracing::info!("no longer accepting; draining requests in flight");
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+/// Serve both listeners until shutdown (or until discovery fails for good).
+///
+/// Shutdown: /readyz answers 503 at once while the proxy keeps serving for the shutdown delay
+/// (so Kubernetes takes the endpoint out), then the proxy stops accepting and lets requests in
+/// flight finish for up to the drain timeout; the admin listener (metrics, /readyz) stays up
+/// until then.
+async fn run_listeners(
+    shared: &Arc<Shared>,
+    settings: &Settings,
+    listener: TcpListener,
+    admin_listener: TcpListener,
+    discovery: tokio::task::JoinHandle<Result<(), ServeError>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let stop_rx = stop_after_delay(shared.clone(), settings.shutdown_delay, shutdown);
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::watch::channel(false);
     let admin_shared = shared.clone();
     let admin_task = tokio::spawn(proxy::server::serve(
         admin_listener,
         move |req, _peer| admin::handle(admin_shared.clone(), req),
         stopped(admin_stop_rx),
-        ServeOptions::default(),
+        ServeOptions::ADMIN,
     ));
     let proxy_shared = shared.clone();
     let serving = proxy::server::serve(
         listener,
         move |req, peer| proxy::handle(proxy_shared.clone(), req, peer),
         stopped(stop_rx),
-        ServeOptions {
-            name: "proxy",
-            drain: args.drain_timeout,
-            header_read_timeout: t.header_read_timeout,
-            max_head_bytes: args.limits.max_header_bytes,
-            max_connections: args.limits.max_client_connections,
-        },
+        settings.server,
     );
     tokio::select! {
         served = serving => {
@@ -298,6 +271,30 @@ pub async fn serve(
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;
     Ok(())
+}
+
+/// On `shutdown`: not ready at once, then, after `delay`, the proxy listener stops accepting
+/// (the returned receiver turns true).
+fn stop_after_delay(
+    shared: Arc<Shared>,
+    delay: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::sync::watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        shared.start_draining();
+        tracing::info!(?delay, "not ready; still serving for the shutdown delay");
+        tokio::time::sleep(delay).await;
+        tracing::info!("no longer accepting; draining requests in flight");
+        let _ = stop_tx.send(true);
+    });
+    stop_rx
+}
+
+/// Resolves once `rx` turns true.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -86,34 +86,34 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
     let a = parse(json!({}), "10.1.2.3");
     assert_eq!(a.admin_listen.to_string(), "10.1.2.3:9090");
     assert_eq!(a.listen.to_string(), "0.0.0.0:8080");
-    assert_eq!(a.timeouts.first_byte_timeout, Duration::from_secs(300));
-    assert_eq!(a.timeouts.stream_idle_timeout, Duration::from_secs(60));
-    assert_eq!(a.timeouts.header_read_timeout, Duration::from_secs(30));
-    assert_eq!(a.timeouts.request_timeout, Duration::ZERO);
-    assert_eq!(a.connect_timeout, Duration::from_secs(2));
-    assert_eq!(a.upstream_idle_timeout, Duration::from_secs(4));
+    assert_eq!(a.timeouts.first_byte_timeout.0, Duration::from_secs(300));
+    assert_eq!(a.timeouts.stream_idle_timeout.0, Duration::from_secs(60));
+    assert_eq!(a.timeouts.header_read_timeout.0, Duration::from_secs(30));
+    assert_eq!(a.timeouts.request_timeout.0, Duration::ZERO);
+    assert_eq!(a.connect_timeout.0, Duration::from_secs(2));
+    assert_eq!(a.upstream_idle_timeout.0, Duration::from_secs(4));
     assert_eq!(a.max_body_bytes, 32 << 20);
     assert_eq!(a.limits.max_header_bytes, 64 << 10);
     assert_eq!(a.limits.max_client_connections, 16_384);
     assert_eq!(a.limits.max_json_depth, 128);
-    assert_eq!(a.max_pod_attempts, 3);
+    assert_eq!(a.routing.max_pod_attempts, 3);
     assert_eq!(a.resilience.retry_budget, 0.2);
     assert_eq!(a.resilience.retry_min_per_second, 5);
     assert_eq!(a.resilience.eject_after_failures, 5);
-    assert_eq!(a.resilience.eject_base_time, Duration::from_secs(10));
+    assert_eq!(a.resilience.eject_base_time.0, Duration::from_secs(10));
     assert_eq!(a.resilience.max_ejected_share, 0.5);
-    assert_eq!(a.shutdown_delay, Duration::from_secs(5));
-    assert_eq!(a.drain_timeout, Duration::from_secs(30));
+    assert_eq!(a.shutdown_delay.0, Duration::from_secs(5));
+    assert_eq!(a.drain_timeout.0, Duration::from_secs(30));
 
     // The grace period outlasts the shutdown delay plus the drain, or the kubelet's SIGKILL
     // would cut streams that were still draining.
     let values = flexinfer_tests::chart::default_values(&chart_dir()).unwrap();
     let grace = Duration::from_secs(values["terminationGracePeriodSeconds"].as_u64().unwrap());
     assert!(
-        grace > a.shutdown_delay + a.drain_timeout,
+        grace > a.shutdown_delay.0 + a.drain_timeout.0,
         "grace {grace:?} <= delay {:?} + drain {:?}",
-        a.shutdown_delay,
-        a.drain_timeout
+        a.shutdown_delay.0,
+        a.drain_timeout.0
     );
 
     // An IPv6 pod: "$(POD_IP):9090" expands to a bare address before the port.
@@ -136,22 +136,22 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
         "10.1.2.3",
     );
     assert_eq!(a.admin_listen.to_string(), "0.0.0.0:9090");
-    assert_eq!(a.connect_timeout, Duration::from_millis(500));
-    assert_eq!(a.timeouts.first_byte_timeout, Duration::from_secs(120));
-    assert_eq!(a.timeouts.stream_idle_timeout, Duration::from_secs(15));
-    assert_eq!(a.timeouts.header_read_timeout, Duration::from_secs(5));
-    assert_eq!(a.timeouts.request_timeout, Duration::from_secs(3600));
-    assert_eq!(a.upstream_idle_timeout, Duration::from_secs(1));
+    assert_eq!(a.connect_timeout.0, Duration::from_millis(500));
+    assert_eq!(a.timeouts.first_byte_timeout.0, Duration::from_secs(120));
+    assert_eq!(a.timeouts.stream_idle_timeout.0, Duration::from_secs(15));
+    assert_eq!(a.timeouts.header_read_timeout.0, Duration::from_secs(5));
+    assert_eq!(a.timeouts.request_timeout.0, Duration::from_secs(3600));
+    assert_eq!(a.upstream_idle_timeout.0, Duration::from_secs(1));
     assert_eq!(a.max_body_bytes, 1 << 20);
     assert_eq!(a.limits.max_header_bytes, 16 << 10);
     assert_eq!(a.limits.max_client_connections, 100);
     assert_eq!(a.limits.max_json_depth, 32);
-    assert_eq!(a.max_pod_attempts, 2);
+    assert_eq!(a.routing.max_pod_attempts, 2);
     assert_eq!(a.resilience.retry_budget, 0.1);
     assert_eq!(a.resilience.retry_min_per_second, 1);
     assert_eq!(a.resilience.eject_after_failures, 0);
-    assert_eq!(a.resilience.eject_base_time, Duration::from_secs(30));
+    assert_eq!(a.resilience.eject_base_time.0, Duration::from_secs(30));
     assert_eq!(a.resilience.max_ejected_share, 0.25);
-    assert_eq!(a.shutdown_delay, Duration::ZERO);
-    assert_eq!(a.drain_timeout, Duration::from_secs(120));
+    assert_eq!(a.shutdown_delay.0, Duration::ZERO);
+    assert_eq!(a.drain_timeout.0, Duration::from_secs(120));
 }

@@ -15,26 +15,18 @@ use clap::Args;
 
 use super::file::{parse, ParseError};
 use super::{ModelSet, ModelSpec, Strategy, Update};
-use crate::balance::bounded::HashBalance;
-use crate::config::{HashBalanceArgs, DEFAULT_HASH_BALANCE};
-use crate::vocab::LabelGroupMode;
+use crate::config::{routing_knobs, KnobWarning, RoutingArgs};
+use crate::router::RoutingKnobs;
 
-/// `flexinfer-proxy config check` options.
+/// `flexinfer-proxy config check` options: the file, and the routing flags `serve` will run
+/// with (the same flags and variables, so the report shows what that proxy does).
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
     /// The models file (`--discovery file` format).
     pub file: PathBuf,
 
-    /// The label group mode `serve` will run with (shown for label groups).
-    #[arg(
-        long,
-        env = "FLEXINFER_PROXY_LABEL_GROUP_ROUTING",
-        default_value = "round-robin"
-    )]
-    pub label_group_routing: String,
-
     #[command(flatten)]
-    pub hash_balance: HashBalanceArgs,
+    pub routing: RoutingArgs,
 }
 
 /// A file that does not pass: `FILE:LINE:COLUMN: message`.
@@ -61,29 +53,25 @@ fn located(path: &Path, e: &ParseError) -> String {
     }
 }
 
-/// Check `text` (read from `path`) and describe it; `Err` when the proxy would refuse it.
-pub fn check(path: &Path, text: &str, group_mode: &str) -> Result<String, CheckError> {
-    check_with(path, text, group_mode, DEFAULT_HASH_BALANCE)
+/// Check `text` (read from `path`) and describe it as a proxy with the default knobs would
+/// route it; `Err` when the proxy would refuse it.
+pub fn check(path: &Path, text: &str) -> Result<String, CheckError> {
+    check_with(path, text, &RoutingKnobs::DEFAULT, &[])
 }
 
-/// [`check`], describing hash balance as a proxy with `balance` would run it.
+/// [`check`], describing the routing as a proxy with `knobs` would run it; `fallbacks` are
+/// the knobs whose flags were unusable (shown as warnings: `serve` warns of them too).
 pub fn check_with(
     path: &Path,
     text: &str,
-    group_mode: &str,
-    balance: HashBalance,
+    knobs: &RoutingKnobs,
+    fallbacks: &[KnobWarning],
 ) -> Result<String, CheckError> {
     let models = parse(text).map_err(|error| CheckError {
         path: path.to_owned(),
         error,
     })?;
-    Ok(describe(path, models, group_mode, balance))
-}
-
-/// The proxy's hash balance from the command line, as `serve` validates it (a bad value is the
-/// default there too; `serve` warns of it).
-fn balance_of(args: &CheckArgs) -> HashBalance {
-    args.hash_balance.validate(&mut |_, _, _| {})
+    Ok(describe(path, models, knobs, fallbacks))
 }
 
 /// Run the command: the report on stdout and `Ok(true)`, or the error on stderr and
@@ -92,12 +80,8 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
     use anyhow::Context as _;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
-    match check_with(
-        &args.file,
-        &text,
-        &args.label_group_routing,
-        balance_of(args),
-    ) {
+    let (knobs, fallbacks) = routing_knobs(&args.routing);
+    match check_with(&args.file, &text, &knobs, &fallbacks) {
         Ok(report) => {
             print!("{report}");
             Ok(true)
@@ -109,18 +93,28 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
     }
 }
 
-fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str, balance: HashBalance) -> String {
+fn describe(
+    path: &Path,
+    models: Vec<ModelSpec>,
+    knobs: &RoutingKnobs,
+    fallbacks: &[KnobWarning],
+) -> String {
     let listed: BTreeMap<String, usize> = models
         .iter()
         .map(|m| (m.name.clone(), m.endpoints.len()))
         .collect();
     let mut set = ModelSet::default();
     set.apply(Update::Reset(models));
-    let mut warnings = Vec::new();
-    let mode = group_mode.parse::<LabelGroupMode>().unwrap_or_else(|e| {
-        warnings.push(format!("{e}; serve falls back to round-robin"));
-        LabelGroupMode::default()
-    });
+    let mut warnings: Vec<String> = fallbacks
+        .iter()
+        .map(|w| {
+            format!(
+                "{} = {:?} is not usable; serve falls back to {}",
+                w.knob, w.value, w.used
+            )
+        })
+        .collect();
+    let mode = knobs.label_group_mode;
     let mut groups: BTreeMap<&str, Vec<&ModelSpec>> = BTreeMap::new();
     for m in set.models() {
         if let Some(label) = &m.service_label {
@@ -141,7 +135,7 @@ fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str, balance: Hash
     for m in set.models() {
         let _ = writeln!(out, "\nmodel {}", m.name);
         let _ = writeln!(out, "  routing:           {}", routing(m));
-        if let Some(line) = hash_balance(m, balance) {
+        if let Some(line) = hash_balance(m, knobs) {
             let _ = writeln!(out, "  hash balance:      {line}");
         }
         let pods: Vec<String> = m.endpoints.iter().map(ToString::to_string).collect();
@@ -264,14 +258,14 @@ fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str, balance: Hash
 
 /// The hash-balance line of a model whose strategy walks a ring, with where each value comes
 /// from.
-fn hash_balance(m: &ModelSpec, proxy: HashBalance) -> Option<String> {
+fn hash_balance(m: &ModelSpec, knobs: &RoutingKnobs) -> Option<String> {
     if !matches!(
         m.routing,
         Strategy::SessionAffinity | Strategy::Prefix | Strategy::CacheAware
     ) {
         return None;
     }
-    let b = proxy.overridden(&m.hash_balance);
+    let b = knobs.balance_for(m);
     let from = |own: bool| if own { "this model" } else { "proxy" };
     if !b.is_on() {
         return Some(format!(
@@ -347,7 +341,7 @@ mod tests {
     use super::*;
 
     fn run_check(text: &str) -> Result<String, String> {
-        check(Path::new("models.yaml"), text, "round-robin").map_err(|e| e.to_string())
+        check(Path::new("models.yaml"), text).map_err(|e| e.to_string())
     }
 
     #[test]

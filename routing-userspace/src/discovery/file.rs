@@ -105,6 +105,9 @@ fn load(path: &Path) -> Result<(String, Vec<ModelSpec>), LoadError> {
 }
 
 /// Load `path` now (an error here is fatal to the caller), then watch it forever.
+/// How often the file is checked for changes unless `--config-poll` says otherwise.
+pub const DEFAULT_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
 pub fn start(
     path: PathBuf,
     poll: Duration,

@@ -114,13 +114,18 @@ pub struct KeyLimits {
     pub document_segment_max_length: usize,
 }
 
+impl KeyLimits {
+    /// The spec's defaults.
+    pub const DEFAULT: Self = Self {
+        explicit_key_max_length: 128,
+        system_segment_max_length: 512,
+        document_segment_max_length: 256,
+    };
+}
+
 impl Default for KeyLimits {
     fn default() -> Self {
-        Self {
-            explicit_key_max_length: 128,
-            system_segment_max_length: 512,
-            document_segment_max_length: 256,
-        }
+        Self::DEFAULT
     }
 }
 

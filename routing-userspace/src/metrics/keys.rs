@@ -32,14 +32,18 @@ pub struct KeyTracking {
     pub hot_keys_half_life: Option<Duration>,
 }
 
+impl KeyTracking {
+    pub const DEFAULT: Self = Self {
+        cardinality_cap: 10_000,
+        cardinality_window: Some(Duration::from_secs(600)),
+        hot_keys: 20,
+        hot_keys_half_life: Some(Duration::from_secs(60)),
+    };
+}
+
 impl Default for KeyTracking {
     fn default() -> Self {
-        Self {
-            cardinality_cap: 10_000,
-            cardinality_window: Some(Duration::from_secs(600)),
-            hot_keys: 20,
-            hot_keys_half_life: Some(Duration::from_secs(60)),
-        }
+        Self::DEFAULT
     }
 }
 

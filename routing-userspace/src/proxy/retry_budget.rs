@@ -28,6 +28,11 @@ pub struct RetryBudget {
 }
 
 impl RetryBudget {
+    /// Retries may add this share of requests.
+    pub const DEFAULT_SHARE: f64 = 0.2;
+    /// Retries always allowed per second.
+    pub const DEFAULT_MIN_PER_SECOND: u32 = 5;
+
     pub fn new(ratio: f64, min_per_second: u32) -> Self {
         Self {
             ratio: if ratio.is_finite() {

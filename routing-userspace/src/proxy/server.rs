@@ -45,15 +45,27 @@ pub struct ServeOptions {
     pub max_connections: usize,
 }
 
+impl ServeOptions {
+    /// The proxy listener's defaults (each a `serve` flag).
+    pub const PROXY: Self = Self {
+        name: "proxy",
+        drain: Duration::from_secs(30),
+        header_read_timeout: Duration::from_secs(30),
+        max_head_bytes: 64 * 1024,
+        max_connections: 16_384,
+    };
+
+    /// The admin listener (metrics, probes, `/debug/routing`): a short drain.
+    pub const ADMIN: Self = Self {
+        name: "admin",
+        drain: Duration::from_secs(1),
+        ..Self::PROXY
+    };
+}
+
 impl Default for ServeOptions {
     fn default() -> Self {
-        Self {
-            name: "admin",
-            drain: Duration::from_secs(1),
-            header_read_timeout: Duration::from_secs(30),
-            max_head_bytes: 64 * 1024,
-            max_connections: 16_384,
-        }
+        Self::ADMIN
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::retry_budget::RetryBudget;
+use super::server::ServeOptions;
 use super::stream::DrainCut;
 use crate::discovery::Update;
 use crate::load::userspace::UserspaceGauge;
@@ -30,6 +31,24 @@ pub struct RequestLimits {
     pub stream_idle_timeout: Duration,
     /// A whole request, body included (0: none).
     pub request_timeout: Duration,
+}
+
+impl RequestLimits {
+    /// The defaults (each a `serve` flag).
+    pub const DEFAULT: Self = Self {
+        max_body_bytes: 32 * 1024 * 1024,
+        max_header_bytes: ServeOptions::PROXY.max_head_bytes,
+        max_json_depth: crate::body::DEFAULT_MAX_DEPTH,
+        first_byte_timeout: Duration::from_secs(300),
+        stream_idle_timeout: Duration::from_secs(60),
+        request_timeout: Duration::ZERO,
+    };
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
 }
 
 pub struct Shared {

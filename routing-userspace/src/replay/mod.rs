@@ -28,7 +28,8 @@ use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
 
 use crate::balance::bounded::HashBalance;
-use crate::config::{RoutingArgs, RoutingKnobs};
+use crate::config::RoutingArgs;
+use crate::router::RoutingKnobs;
 use crate::vocab::Strategy;
 use chat::ChatRenderer;
 use fleet::{FleetSpec, PodTiming};
@@ -263,7 +264,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if requests.is_empty() {
         bail!("{} holds no requests", path.display());
     }
-    let (knobs, warnings) = RoutingKnobs::from_raw(&args.routing);
+    let (knobs, warnings) = crate::config::routing_knobs(&args.routing);
     for w in &warnings {
         eprintln!(
             "warning: {}={:?} is not usable; using {}",

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use super::test_world::{addr, model, World};
 use super::*;
 use crate::balance::bounded::{BalanceOverride, HashBalance};
-use crate::config::DEFAULT_HASH_BALANCE;
+const DEFAULT_HASH_BALANCE: HashBalance = RoutingKnobs::DEFAULT.hash_balance;
 use crate::discovery::{ModelSet, ModelSpec, Update};
 use crate::load::userspace::InFlight;
 use crate::metrics::Metrics;

@@ -72,13 +72,18 @@ pub struct EjectionPolicy {
     pub max_share: f64,
 }
 
+impl EjectionPolicy {
+    /// Envoy's outlier-detection defaults: 5 consecutive failures, 10 s, half the pods.
+    pub const DEFAULT: Self = Self {
+        after_failures: 5,
+        base_time: Duration::from_secs(10),
+        max_share: 0.5,
+    };
+}
+
 impl Default for EjectionPolicy {
     fn default() -> Self {
-        Self {
-            after_failures: 5,
-            base_time: Duration::from_secs(10),
-            max_share: 0.5,
-        }
+        Self::DEFAULT
     }
 }
 

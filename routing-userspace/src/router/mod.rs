@@ -11,6 +11,7 @@
 pub mod decision;
 pub mod group;
 pub mod health;
+pub mod knobs;
 pub mod pending;
 pub mod prefix_index;
 pub mod reservation;
@@ -31,7 +32,6 @@ use crate::balance::least_loaded::rank;
 use crate::balance::random::random;
 use crate::balance::ring::WalkState;
 use crate::balance::round_robin::round_robin;
-use crate::config::RoutingKnobs;
 use crate::keys::chain::PromptChain;
 use crate::keys::{self, KeySource, RequestParts};
 use crate::load::LoadGauge;
@@ -41,6 +41,7 @@ use crate::vocab::Strategy;
 use decision::Holds;
 pub use decision::{Attempt, Cursor, Decision, GroupChoice, Held, Spill, Target};
 use health::{EjectionPolicy, Health};
+pub use knobs::RoutingKnobs;
 use pending::PendingPicks;
 use prefix_index::PrefixIndex;
 use reservation::{Ledger, Loads, Reservation};
@@ -95,17 +96,9 @@ impl Router {
         self.index.retain_pods(|s| live.contains(&s));
     }
 
-    /// The hash-balance settings of a model: the proxy's, with the model's own overrides.
-    /// Cache-aware models start from their own factor (`--cache-aware-balance-factor`).
+    /// The hash-balance settings of a model (see [`RoutingKnobs::balance_for`]).
     pub fn balance_for(&self, m: &ModelRoute) -> HashBalance {
-        let base = match m.spec.routing {
-            Strategy::CacheAware => HashBalance {
-                factor_milli: self.knobs.cache_aware_factor_milli,
-                ..self.knobs.hash_balance
-            },
-            _ => self.knobs.hash_balance,
-        };
-        base.overridden(&m.spec.hash_balance)
+        self.knobs.balance_for(&m.spec)
     }
 
     /// A pod's load as a bounded pick reads it, reservations apart: the gauge plus the bounded

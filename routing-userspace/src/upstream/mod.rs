@@ -60,14 +60,18 @@ pub struct UpstreamOptions {
     pub max_idle_per_target: usize,
 }
 
+impl UpstreamOptions {
+    pub const DEFAULT: Self = Self {
+        connect_timeout: Duration::from_secs(2),
+        keepalive: true,
+        idle_timeout: Duration::from_secs(4),
+        max_idle_per_target: 256,
+    };
+}
+
 impl Default for UpstreamOptions {
     fn default() -> Self {
-        Self {
-            connect_timeout: Duration::from_secs(2),
-            keepalive: true,
-            idle_timeout: Duration::from_secs(4),
-            max_idle_per_target: 256,
-        }
+        Self::DEFAULT
     }
 }
 

@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let path = Path::new("models.yaml");
     let parsed = parse(text);
-    let checked = check(path, text, "round-robin");
+    let checked = check(path, text);
     match &parsed {
         Err(e) => {
             assert_eq!(e.line.is_some(), e.column.is_some(), "{e:?}");

@@ -417,11 +417,11 @@ mod routing {
     use http::{HeaderMap, HeaderValue};
 
     use super::*;
-    use crate::config::RoutingKnobs;
     use crate::keys::RequestParts;
     use crate::load::slots::SlotAllocator;
     use crate::load::userspace::UserspaceGauge;
     use crate::metrics::Metrics;
+    use crate::router::RoutingKnobs;
     use crate::router::{Router, Target};
     use crate::table::RoutingTable;
     use crate::vocab::{GroupOutcome, LabelGroupMode};

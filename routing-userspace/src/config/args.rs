@@ -1,0 +1,401 @@
+//! The command line of `serve` (and the routing flags `replay` and `config check` share), as
+//! clap structs. Every default is the `DEFAULT` of the setting it feeds, declared once where
+//! that setting lives; [`super::settings`] turns these into typed settings.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use super::parse::{
+    format_bytes, format_duration, parse_header_limit, parse_listen, parse_share, Dur,
+};
+use crate::balance::least_loaded::MAX_RANKED;
+use crate::metrics::KeyTracking;
+use crate::proxy::retry_budget::RetryBudget;
+use crate::proxy::server::ServeOptions;
+use crate::proxy::RequestLimits;
+use crate::router::health::EjectionPolicy;
+use crate::router::RoutingKnobs;
+use crate::upstream::UpstreamOptions;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiscoveryKind {
+    /// A YAML file of models and pods, reloaded when it changes.
+    File,
+    /// Model custom resources, EndpointSlices and Services from the Kubernetes API.
+    Kubernetes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GaugeKind {
+    /// eBPF when it loads, else the userspace gauge.
+    Auto,
+    /// The node-wide eBPF connection gauge (fatal with --require-ebpf if it cannot load).
+    Ebpf,
+    /// The in-process in-flight gauge.
+    Userspace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KeepAlive {
+    /// On (with either gauge: the eBPF gauge counts requests on pooled connections).
+    Auto,
+    On,
+    /// One connection per request.
+    Off,
+}
+
+/// `flexinfer-proxy serve` options.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address the proxy listens on.
+    #[arg(long, env = "FLEXINFER_PROXY_LISTEN", default_value = "0.0.0.0:8080", value_parser = parse_listen)]
+    pub listen: SocketAddr,
+
+    /// Address of the admin server (/metrics, /healthz, /readyz, /debug/routing). Loopback by
+    /// default: the routing view is for the node's operators (the chart binds the pod address
+    /// for Prometheus and the kubelet's probes).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9090",
+        value_parser = parse_listen
+    )]
+    pub admin_listen: SocketAddr,
+
+    /// Where models and pods come from.
+    #[arg(
+        long,
+        value_enum,
+        env = "FLEXINFER_PROXY_DISCOVERY",
+        default_value = "file"
+    )]
+    pub discovery: DiscoveryKind,
+
+    /// The models file (with --discovery file).
+    #[arg(long, env = "FLEXINFER_PROXY_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// How often the models file is checked for changes.
+    #[arg(long, env = "FLEXINFER_PROXY_CONFIG_POLL", default_value_t = Dur(crate::discovery::file::DEFAULT_POLL))]
+    pub config_poll: Dur,
+
+    /// Namespace to watch (with --discovery kubernetes); empty means all namespaces.
+    #[arg(long, env = "FLEXINFER_PROXY_NAMESPACE", default_value = "")]
+    pub namespace: String,
+
+    /// Model metadata label that carries the shared service label (with --discovery kubernetes).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_SERVICE_LABEL_KEY",
+        default_value = "flexinfer.ai/service"
+    )]
+    pub service_label_key: String,
+
+    /// Kubeconfig file (else in-cluster config, else the default kubeconfig).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Tokio worker threads (default: one per core).
+    #[arg(long, env = "FLEXINFER_PROXY_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
+
+    /// Largest request body buffered for routing; larger requests get 413.
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_BODY_BYTES", default_value_t = RequestLimits::DEFAULT.max_body_bytes)]
+    pub max_body_bytes: usize,
+
+    /// Upstream TCP connect timeout.
+    #[arg(long, env = "FLEXINFER_PROXY_CONNECT_TIMEOUT", default_value_t = Dur(UpstreamOptions::DEFAULT.connect_timeout))]
+    pub connect_timeout: Dur,
+
+    /// Idle upstream connections older than this are closed, not reused (keep it below the
+    /// model servers' keep-alive timeout: uvicorn, behind vLLM, closes after 5 s).
+    #[arg(long, env = "FLEXINFER_PROXY_UPSTREAM_IDLE_TIMEOUT", default_value_t = Dur(UpstreamOptions::DEFAULT.idle_timeout))]
+    pub upstream_idle_timeout: Dur,
+
+    /// Keep-alive pooling of upstream connections.
+    #[arg(
+        long,
+        value_enum,
+        env = "FLEXINFER_PROXY_UPSTREAM_KEEPALIVE",
+        default_value = "auto"
+    )]
+    pub upstream_keepalive: KeepAlive,
+
+    /// How long in-flight requests may finish after SIGTERM (after the shutdown delay).
+    #[arg(long, env = "FLEXINFER_PROXY_DRAIN_TIMEOUT", default_value_t = Dur(ServeOptions::PROXY.drain))]
+    pub drain_timeout: Dur,
+
+    /// After SIGTERM, how long /readyz answers 503 while the proxy still serves, so Kubernetes
+    /// takes the endpoint out before the proxy stops accepting (the pre-stop delay).
+    #[arg(long, env = "FLEXINFER_PROXY_SHUTDOWN_DELAY", default_value_t = Dur(super::settings::DEFAULT_SHUTDOWN_DELAY))]
+    pub shutdown_delay: Dur,
+
+    #[command(flatten)]
+    pub timeouts: TimeoutArgs,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+
+    #[command(flatten)]
+    pub resilience: ResilienceArgs,
+
+    #[command(flatten)]
+    pub routing: RoutingArgs,
+
+    #[command(flatten)]
+    pub ebpf: EbpfArgs,
+
+    /// Cap on distinct keys tracked exactly per (model, strategy, key_source) series.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_KEY_CARDINALITY_CAP",
+        default_value_t = KeyTracking::DEFAULT.cardinality_cap
+    )]
+    pub key_cardinality_cap: usize,
+
+    /// Cardinality window: keys count for one to two windows (two rotating generations); 0
+    /// counts forever.
+    #[arg(long, env = "FLEXINFER_PROXY_KEY_CARDINALITY_WINDOW", default_value_t = Dur(KeyTracking::DEFAULT.cardinality_window.unwrap_or_default()))]
+    pub key_cardinality_window: Dur,
+
+    /// Hottest keys listed per model in /debug/routing (space-saving top-k); 0 disables.
+    #[arg(long, env = "FLEXINFER_PROXY_HOT_KEYS", default_value_t = KeyTracking::DEFAULT.hot_keys)]
+    pub hot_keys: usize,
+
+    /// Half-life of the hot-key counts (shares describe recent traffic); 0 never decays.
+    #[arg(long, env = "FLEXINFER_PROXY_HOT_KEYS_HALF_LIFE", default_value_t = Dur(KeyTracking::DEFAULT.hot_keys_half_life.unwrap_or_default()))]
+    pub hot_keys_half_life: Dur,
+}
+
+/// How long the proxy waits, for the pod and for the client. Each ends in an OpenAI-shaped
+/// 504 (or, once an SSE stream has started, a final SSE error event and a close).
+#[derive(Debug, Clone, Args)]
+pub struct TimeoutArgs {
+    /// From sending a request to a pod to its response head (long enough for a cold start and
+    /// a long non-streaming generation); 0 waits forever.
+    #[arg(long, env = "FLEXINFER_PROXY_FIRST_BYTE_TIMEOUT", default_value_t = Dur(RequestLimits::DEFAULT.first_byte_timeout))]
+    pub first_byte_timeout: Dur,
+
+    /// Longest pause between two chunks of a response body; 0 waits forever.
+    #[arg(long, env = "FLEXINFER_PROXY_STREAM_IDLE_TIMEOUT", default_value_t = Dur(RequestLimits::DEFAULT.stream_idle_timeout))]
+    pub stream_idle_timeout: Dur,
+
+    /// A client must send a request's head within this (against slowloris; also how long an
+    /// idle client connection stays open).
+    #[arg(long, env = "FLEXINFER_PROXY_HEADER_READ_TIMEOUT", default_value_t = Dur(ServeOptions::PROXY.header_read_timeout))]
+    pub header_read_timeout: Dur,
+
+    /// Longest a whole request may take, response body included; 0 (the default) is no limit.
+    #[arg(long, env = "FLEXINFER_PROXY_REQUEST_TIMEOUT", default_value_t = Dur(RequestLimits::DEFAULT.request_timeout))]
+    pub request_timeout: Dur,
+}
+
+/// Bounds on what a client may send.
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// Largest request head (request line and headers) in bytes; larger ones get 431.
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_HEADER_BYTES", default_value_t = ServeOptions::PROXY.max_head_bytes,
+          value_parser = parse_header_limit)]
+    pub max_header_bytes: usize,
+
+    /// Client connections served at once; the next ones get 503 with Retry-After.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_MAX_CLIENT_CONNECTIONS",
+        default_value_t = ServeOptions::PROXY.max_connections
+    )]
+    pub max_client_connections: usize,
+
+    /// Deepest JSON nesting the proxy parses in a request body; deeper bodies get 400.
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_JSON_DEPTH", default_value_t = RequestLimits::DEFAULT.max_json_depth)]
+    pub max_json_depth: u32,
+}
+
+/// Retries and passive outlier ejection.
+#[derive(Debug, Clone, Args)]
+pub struct ResilienceArgs {
+    /// Retries (after a reset or a 502/503 from a pod, before any byte reached the client) may
+    /// add at most this share of requests, over a 10 s window (connect failures, which send
+    /// nothing, always move on).
+    #[arg(long, env = "FLEXINFER_PROXY_RETRY_BUDGET", default_value_t = RetryBudget::DEFAULT_SHARE, value_parser = parse_share)]
+    pub retry_budget: f64,
+
+    /// Retries always allowed per second, whatever the budget (so a quiet model can retry).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_RETRY_MIN_PER_SECOND",
+        default_value_t = RetryBudget::DEFAULT_MIN_PER_SECOND
+    )]
+    pub retry_min_per_second: u32,
+
+    /// Consecutive failures (connect errors, 5xx answers) that eject a pod; a connect or
+    /// first-byte timeout ejects at once. 0 disables ejection.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_EJECT_AFTER_FAILURES",
+        default_value_t = EjectionPolicy::DEFAULT.after_failures
+    )]
+    pub eject_after_failures: u32,
+
+    /// First ejection's cool-down; each repeat ejection doubles it, up to 32 times.
+    #[arg(long, env = "FLEXINFER_PROXY_EJECT_BASE_TIME", default_value_t = Dur(EjectionPolicy::DEFAULT.base_time))]
+    pub eject_base_time: Dur,
+
+    /// Largest share of a model's pods ejected at once (at least one may always be).
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_EJECTED_SHARE", default_value_t = EjectionPolicy::DEFAULT.max_share, value_parser = parse_share)]
+    pub max_ejected_share: f64,
+}
+
+/// The routing knobs: the spec's as raw text (invalid values fall back to the defaults with a
+/// warning, as the spec wants), validated by [`super::settings::routing_knobs`].
+#[derive(Debug, Clone, Args)]
+pub struct RoutingArgs {
+    /// Longest accepted explicit cache key (characters).
+    #[arg(
+        long,
+        env = "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH",
+        default_value_t = RoutingKnobs::DEFAULT.limits.explicit_key_max_length.to_string()
+    )]
+    pub explicit_key_max_length: String,
+
+    /// System-message segment length used by canonical context (characters).
+    #[arg(
+        long,
+        env = "PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH",
+        default_value_t = RoutingKnobs::DEFAULT.limits.system_segment_max_length.to_string()
+    )]
+    pub system_segment_max_length: String,
+
+    /// Document-context segment length used by canonical context (characters).
+    #[arg(
+        long,
+        env = "PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH",
+        default_value_t = RoutingKnobs::DEFAULT.limits.document_segment_max_length.to_string()
+    )]
+    pub document_segment_max_length: String,
+
+    /// Least-loaded reservation lifetime ("10s", "500ms", or seconds); 0 disables reservations.
+    #[arg(
+        long,
+        env = "PROXY_LEAST_LOADED_RESERVATION_TTL",
+        default_value_t = format_duration(RoutingKnobs::DEFAULT.reservation_ttl)
+    )]
+    pub least_loaded_reservation_ttl: String,
+
+    /// Member selection in shared service-label groups.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_LABEL_GROUP_ROUTING",
+        default_value_t = RoutingKnobs::DEFAULT.label_group_mode.to_string()
+    )]
+    pub label_group_routing: String,
+
+    /// Pods tried (the pick, then alternates) when connecting fails, before the Service (1-16).
+    #[arg(long, env = "FLEXINFER_PROXY_MAX_POD_ATTEMPTS", default_value_t = RoutingKnobs::DEFAULT.max_pod_attempts as u16,
+          value_parser = clap::value_parser!(u16).range(1..=MAX_RANKED as i64))]
+    pub max_pod_attempts: u16,
+
+    #[command(flatten)]
+    pub balance: BalanceArgs,
+}
+
+/// The hash-balance bound, as raw text.
+#[derive(Debug, Clone, Args)]
+pub struct HashBalanceArgs {
+    /// Bounded-load factor c for session-affinity, prefix, cache-aware and the prefix/session
+    /// label-group modes: a pod takes a new request only while its load is under
+    /// max(ceil(c x mean load), floor), where mean load = (requests in flight + reservations
+    /// over the candidate pods + 1) / pods; else the next pod on the ring under the bound takes
+    /// it. 0 turns the bound off (the spec's plain ring).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
+        default_value_t = RoutingKnobs::DEFAULT.hash_balance.factor().to_string()
+    )]
+    pub hash_balance_factor: String,
+
+    /// The least bound of --hash-balance-factor: a pod with fewer requests in flight always
+    /// takes its keys, so light traffic routes exactly as the plain ring does.
+    #[arg(long, env = "FLEXINFER_PROXY_HASH_BALANCE_FLOOR", default_value_t = RoutingKnobs::DEFAULT.hash_balance.floor.to_string())]
+    pub hash_balance_floor: String,
+}
+
+/// Bounded-load hashing, the cache-aware index and the route header (beyond the spec), as raw
+/// text where the spec's knobs are raw text.
+#[derive(Debug, Clone, Args)]
+pub struct BalanceArgs {
+    #[command(flatten)]
+    pub hash: HashBalanceArgs,
+
+    /// The bounded-load factor of cache-aware models (its floor is --hash-balance-floor).
+    /// Looser than the rings' because cache-aware ties already go to the least-loaded pod and
+    /// a prefix most pods hold also counts for a pod much less busy than its holders, so load
+    /// spreads without a tight bound;
+    /// see docs/routing-quality.md. 0 turns the bound off for them.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
+        default_value_t = (f64::from(RoutingKnobs::DEFAULT.cache_aware_factor_milli) / 1000.0).to_string()
+    )]
+    pub cache_aware_balance_factor: String,
+
+    /// Memory the cache-aware prefix index may use (all models and pods of this proxy): bytes,
+    /// or with a unit (KiB, MiB, GiB, KB, MB, GB); about 40 bytes per (prefix link, pod).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET",
+        default_value_t = format_bytes(RoutingKnobs::DEFAULT.cache_aware_index_budget)
+    )]
+    pub cache_aware_index_budget: String,
+
+    /// Add an `x-flexinfer-route` header to routed responses: strategy, key source, outcome,
+    /// matched depth (cache-aware) and spill. Never key text.
+    #[arg(long, env = "FLEXINFER_PROXY_ROUTE_HEADER", default_value_t = RoutingKnobs::DEFAULT.route_header)]
+    pub route_header: bool,
+}
+
+/// eBPF gauge options.
+#[derive(Debug, Clone, Args)]
+pub struct EbpfArgs {
+    /// Which load gauge drives least-loaded picks.
+    #[arg(
+        long,
+        value_enum,
+        env = "FLEXINFER_PROXY_GAUGE",
+        default_value = "auto"
+    )]
+    pub gauge: GaugeKind,
+
+    /// Exit if the eBPF gauge cannot be loaded.
+    #[arg(long, env = "FLEXINFER_PROXY_REQUIRE_EBPF", default_value_t = false)]
+    pub require_ebpf: bool,
+
+    /// cgroup v2 path the sock_ops program attaches to (default: the cgroup2 root).
+    #[arg(long, env = "FLEXINFER_PROXY_CGROUP_PATH")]
+    pub cgroup_path: Option<PathBuf>,
+
+    /// Where the BPF maps and links are pinned.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_BPF_PIN_DIR",
+        default_value = crate::ebpf::DEFAULT_PIN_DIR
+    )]
+    pub bpf_pin_dir: PathBuf,
+
+    /// The bpffs mount point.
+    #[arg(long, env = "FLEXINFER_PROXY_BPFFS", default_value = crate::ebpf::DEFAULT_BPFFS)]
+    pub bpffs: PathBuf,
+}
+
+impl EbpfArgs {
+    /// The loader's options.
+    pub fn options(&self) -> crate::ebpf::EbpfOptions {
+        crate::ebpf::EbpfOptions {
+            cgroup: self.cgroup_path.clone(),
+            pin_dir: self.bpf_pin_dir.clone(),
+            bpffs: self.bpffs.clone(),
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The one place raw flags become typed settings: [`Settings::from_args`] yields every options
+//! struct `serve` runs with, and the warnings of the knobs that fell back to their defaults
+//! (the spec wants invalid or non-positive routing values to fall back, not to stop the
+//! proxy). `replay` and `config check` validate the routing flags with [`routing_knobs`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::args::{
+    BalanceArgs, DiscoveryKind, GaugeKind, HashBalanceArgs, KeepAlive, RoutingArgs, ServeArgs,
+};
+use super::parse::{format_bytes, format_duration, parse_bytes, parse_duration};
+use crate::balance::bounded::{parse_factor, parse_floor, HashBalance};
+use crate::discovery::kube::KubeOptions;
+use crate::ebpf::EbpfOptions;
+use crate::keys::KeyLimits;
+use crate::metrics::KeyTracking;
+use crate::proxy::server::ServeOptions;
+use crate::proxy::RequestLimits;
+use crate::router::health::EjectionPolicy;
+use crate::router::RoutingKnobs;
+use crate::upstream::UpstreamOptions;
+
+/// After SIGTERM, how long `/readyz` answers 503 while the proxy still serves.
+pub const DEFAULT_SHUTDOWN_DELAY: Duration = Duration::from_secs(5);
+
+/// A knob value that was not usable, and the default used instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnobWarning {
+    pub knob: &'static str,
+    pub value: String,
+    pub used: String,
+}
+
+/// Where models and pods come from.
+#[derive(Debug, Clone)]
+pub enum DiscoverySettings {
+    /// The models file (`None`: not given, which `serve` refuses), polled this often.
+    File {
+        path: Option<PathBuf>,
+        poll: Duration,
+    },
+    Kubernetes(KubeOptions),
+}
+
+/// Which load gauge picks read.
+#[derive(Debug, Clone)]
+pub struct GaugeSettings {
+    pub kind: GaugeKind,
+    pub require_ebpf: bool,
+    pub ebpf: EbpfOptions,
+}
+
+/// The retry budget: a share of requests, and a floor per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetrySettings {
+    pub share: f64,
+    pub min_per_second: u32,
+}
+
+/// Everything `serve` runs with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub worker_threads: Option<usize>,
+    pub discovery: DiscoverySettings,
+    pub routing: RoutingKnobs,
+    pub limits: RequestLimits,
+    pub upstream: UpstreamOptions,
+    pub server: ServeOptions,
+    pub shutdown_delay: Duration,
+    pub ejection: EjectionPolicy,
+    pub retry: RetrySettings,
+    pub key_tracking: KeyTracking,
+    pub gauge: GaugeSettings,
+}
+
+impl Settings {
+    /// Every setting of `serve`, and what fell back to its default.
+    pub fn from_args(args: &ServeArgs) -> (Self, Vec<KnobWarning>) {
+        let (routing, warnings) = routing_knobs(&args.routing);
+        let t = &args.timeouts;
+        let r = &args.resilience;
+        let settings = Self {
+            listen: args.listen,
+            admin_listen: args.admin_listen,
+            worker_threads: args.worker_threads,
+            discovery: discovery(args),
+            routing,
+            limits: RequestLimits {
+                max_body_bytes: args.max_body_bytes,
+                max_header_bytes: args.limits.max_header_bytes,
+                max_json_depth: args.limits.max_json_depth,
+                first_byte_timeout: t.first_byte_timeout.0,
+                stream_idle_timeout: t.stream_idle_timeout.0,
+                request_timeout: t.request_timeout.0,
+            },
+            upstream: UpstreamOptions {
+                connect_timeout: args.connect_timeout.0,
+                keepalive: args.upstream_keepalive != KeepAlive::Off,
+                idle_timeout: args.upstream_idle_timeout.0,
+                ..UpstreamOptions::DEFAULT
+            },
+            server: ServeOptions {
+                drain: args.drain_timeout.0,
+                header_read_timeout: t.header_read_timeout.0,
+                max_head_bytes: args.limits.max_header_bytes,
+                max_connections: args.limits.max_client_connections,
+                ..ServeOptions::PROXY
+            },
+            shutdown_delay: args.shutdown_delay.0,
+            ejection: EjectionPolicy {
+                after_failures: r.eject_after_failures,
+                base_time: r.eject_base_time.0,
+                max_share: r.max_ejected_share.clamp(0.0, 1.0),
+            },
+            retry: RetrySettings {
+                share: r.retry_budget,
+                min_per_second: r.retry_min_per_second,
+            },
+            key_tracking: KeyTracking {
+                cardinality_cap: args.key_cardinality_cap,
+                cardinality_window: Some(args.key_cardinality_window.0),
+                hot_keys: args.hot_keys,
+                hot_keys_half_life: Some(args.hot_keys_half_life.0),
+            },
+            gauge: GaugeSettings {
+                kind: args.ebpf.gauge,
+                require_ebpf: args.ebpf.require_ebpf,
+                ebpf: args.ebpf.options(),
+            },
+        };
+        (settings, warnings)
+    }
+}
+
+fn discovery(args: &ServeArgs) -> DiscoverySettings {
+    match args.discovery {
+        DiscoveryKind::File => DiscoverySettings::File {
+            path: args.config.clone(),
+            poll: args.config_poll.0,
+        },
+        DiscoveryKind::Kubernetes => DiscoverySettings::Kubernetes(KubeOptions {
+            namespace: Some(args.namespace.clone()).filter(|n| !n.is_empty()),
+            kubeconfig: args.kubeconfig.clone(),
+            service_label_key: args.service_label_key.clone(),
+        }),
+    }
+}
+
+/// Collects the knobs that fell back to their defaults.
+struct Fallbacks(Vec<KnobWarning>);
+
+impl Fallbacks {
+    /// `parsed`, or `default` (recorded as a fallback of `knob` from `value`).
+    fn or<T>(
+        &mut self,
+        knob: &'static str,
+        value: &str,
+        parsed: Option<T>,
+        default: T,
+        shown: String,
+    ) -> T {
+        parsed.unwrap_or_else(|| {
+            self.0.push(KnobWarning {
+                knob,
+                value: value.to_owned(),
+                used: shown,
+            });
+            default
+        })
+    }
+
+    /// A positive length, else `default`.
+    fn length(&mut self, knob: &'static str, value: &str, default: usize) -> usize {
+        let parsed = value
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|&n| n > 0)
+            .map(|n| n as usize);
+        self.or(knob, value, parsed, default, default.to_string())
+    }
+}
+
+/// Validate the routing flags. Invalid or non-positive lengths, unparsable or negative TTLs,
+/// unknown modes and unusable balance values fall back to the defaults; each fallback is
+/// reported.
+pub fn routing_knobs(raw: &RoutingArgs) -> (RoutingKnobs, Vec<KnobWarning>) {
+    let d = RoutingKnobs::DEFAULT;
+    let mut w = Fallbacks(Vec::new());
+    let limits = KeyLimits {
+        explicit_key_max_length: w.length(
+            "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH",
+            &raw.explicit_key_max_length,
+            d.limits.explicit_key_max_length,
+        ),
+        system_segment_max_length: w.length(
+            "PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH",
+            &raw.system_segment_max_length,
+            d.limits.system_segment_max_length,
+        ),
+        document_segment_max_length: w.length(
+            "PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH",
+            &raw.document_segment_max_length,
+            d.limits.document_segment_max_length,
+        ),
+    };
+    let ttl = &raw.least_loaded_reservation_ttl;
+    let reservation_ttl = w.or(
+        "PROXY_LEAST_LOADED_RESERVATION_TTL",
+        ttl,
+        parse_duration(ttl).ok(),
+        d.reservation_ttl,
+        format_duration(d.reservation_ttl),
+    );
+    let mode = &raw.label_group_routing;
+    let label_group_mode = w.or(
+        "FLEXINFER_PROXY_LABEL_GROUP_ROUTING",
+        mode,
+        mode.parse().ok(),
+        d.label_group_mode,
+        d.label_group_mode.to_string(),
+    );
+    let (hash_balance, cache_aware_factor_milli, cache_aware_index_budget) =
+        balance(&raw.balance, &mut w);
+    let knobs = RoutingKnobs {
+        limits,
+        reservation_ttl,
+        label_group_mode,
+        max_pod_attempts: usize::from(raw.max_pod_attempts),
+        hash_balance,
+        cache_aware_factor_milli,
+        cache_aware_index_budget,
+        route_header: raw.balance.route_header,
+    };
+    (knobs, w.0)
+}
+
+/// The bound of every ring, with fallbacks (also what `config check` shows per model).
+pub fn hash_balance(raw: &HashBalanceArgs) -> (HashBalance, Vec<KnobWarning>) {
+    let mut w = Fallbacks(Vec::new());
+    let b = hash_balance_with(raw, &mut w);
+    (b, w.0)
+}
+
+fn hash_balance_with(raw: &HashBalanceArgs, w: &mut Fallbacks) -> HashBalance {
+    let d = RoutingKnobs::DEFAULT.hash_balance;
+    let factor = &raw.hash_balance_factor;
+    let factor_milli = w.or(
+        "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
+        factor,
+        parse_factor(factor).ok(),
+        d.factor_milli,
+        d.factor().to_string(),
+    );
+    let floor = &raw.hash_balance_floor;
+    let floor = w.or(
+        "FLEXINFER_PROXY_HASH_BALANCE_FLOOR",
+        floor,
+        parse_floor(floor).ok(),
+        d.floor,
+        d.floor.to_string(),
+    );
+    HashBalance {
+        factor_milli,
+        floor,
+    }
+}
+
+/// The hash balance, the cache-aware factor and the index budget.
+fn balance(raw: &BalanceArgs, w: &mut Fallbacks) -> (HashBalance, u32, usize) {
+    let d = RoutingKnobs::DEFAULT;
+    let hash = hash_balance_with(&raw.hash, w);
+    let factor = &raw.cache_aware_balance_factor;
+    let cache_aware = w.or(
+        "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
+        factor,
+        parse_factor(factor).ok(),
+        d.cache_aware_factor_milli,
+        (f64::from(d.cache_aware_factor_milli) / 1000.0).to_string(),
+    );
+    let budget = &raw.cache_aware_index_budget;
+    let budget = w.or(
+        "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET",
+        budget,
+        parse_bytes(budget).ok(),
+        d.cache_aware_index_budget,
+        format_bytes(d.cache_aware_index_budget),
+    );
+    (hash, cache_aware, budget)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,167 @@
+use std::time::Duration;
+
+use clap::{Args, FromArgMatches};
+
+use super::*;
+use crate::vocab::LabelGroupMode;
+
+/// `serve`'s flags as the command line gives them, with no environment variable read (a test
+/// must not depend on the environment it runs in).
+fn serve_args(flags: &[&str]) -> ServeArgs {
+    let cmd = ServeArgs::augment_args(clap::Command::new("serve")).mut_args(|a| a.env(None));
+    let matches = cmd
+        .try_get_matches_from(std::iter::once("serve").chain(flags.iter().copied()))
+        .expect("valid flags");
+    ServeArgs::from_arg_matches(&matches).expect("flags into ServeArgs")
+}
+
+fn routing(flags: &[&str]) -> (RoutingKnobs, Vec<&'static str>) {
+    let (k, w) = Settings::from_args(&serve_args(flags));
+    (k.routing, w.iter().map(|w| w.knob).collect())
+}
+
+#[test]
+fn no_flags_are_the_defaults_each_setting_declares() {
+    let (s, warnings) = Settings::from_args(&serve_args(&[]));
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(s.routing, RoutingKnobs::DEFAULT);
+    assert_eq!(
+        format!("{:?}", s.limits),
+        format!("{:?}", RequestLimits::DEFAULT)
+    );
+    assert_eq!(
+        format!("{:?}", s.upstream),
+        format!("{:?}", UpstreamOptions::DEFAULT)
+    );
+    assert_eq!(
+        format!("{:?}", s.server),
+        format!("{:?}", ServeOptions::PROXY)
+    );
+    assert_eq!(s.ejection, EjectionPolicy::DEFAULT);
+    assert_eq!(s.key_tracking, KeyTracking::DEFAULT);
+    assert_eq!(s.shutdown_delay, DEFAULT_SHUTDOWN_DELAY);
+    assert_eq!(
+        s.retry,
+        RetrySettings {
+            share: crate::proxy::retry_budget::RetryBudget::DEFAULT_SHARE,
+            min_per_second: crate::proxy::retry_budget::RetryBudget::DEFAULT_MIN_PER_SECOND,
+        }
+    );
+    assert!(matches!(
+        s.discovery,
+        DiscoverySettings::File { path: None, poll } if poll == crate::discovery::file::DEFAULT_POLL
+    ));
+}
+
+#[test]
+fn valid_knobs_are_taken() {
+    let (k, w) = routing(&[
+        "--explicit-key-max-length=64",
+        "--system-segment-max-length=1024",
+        "--document-segment-max-length=32",
+        "--least-loaded-reservation-ttl=250ms",
+        "--label-group-routing=least-loaded",
+        "--max-pod-attempts=5",
+    ]);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(
+        k.limits,
+        KeyLimits {
+            explicit_key_max_length: 64,
+            system_segment_max_length: 1024,
+            document_segment_max_length: 32
+        }
+    );
+    assert_eq!(k.reservation_ttl, Duration::from_millis(250));
+    assert_eq!(k.label_group_mode, LabelGroupMode::LeastLoaded);
+    assert_eq!(k.max_pod_attempts, 5, "set where it is validated, once");
+}
+
+#[test]
+fn invalid_or_non_positive_knobs_fall_back_to_defaults() {
+    let (k, w) = routing(&[
+        "--explicit-key-max-length=0",
+        "--system-segment-max-length=-5",
+        "--document-segment-max-length=abc",
+        "--least-loaded-reservation-ttl=-1s",
+        "--label-group-routing=random",
+    ]);
+    assert_eq!(k, RoutingKnobs::DEFAULT);
+    assert_eq!(
+        w,
+        [
+            "PROXY_ROUTING_EXPLICIT_KEY_MAX_LENGTH",
+            "PROXY_ROUTING_SYSTEM_SEGMENT_MAX_LENGTH",
+            "PROXY_ROUTING_DOCUMENT_SEGMENT_MAX_LENGTH",
+            "PROXY_LEAST_LOADED_RESERVATION_TTL",
+            "FLEXINFER_PROXY_LABEL_GROUP_ROUTING"
+        ]
+    );
+}
+
+#[test]
+fn ttl_zero_disables_reservations() {
+    let (k, w) = routing(&["--least-loaded-reservation-ttl=0"]);
+    assert!(w.is_empty());
+    assert_eq!(k.reservation_ttl, Duration::ZERO);
+}
+
+#[test]
+fn hash_balance_and_index_knobs_validate_like_the_others() {
+    let (k, w) = routing(&[
+        "--hash-balance-factor=1.5",
+        "--hash-balance-floor=0",
+        "--cache-aware-balance-factor=2",
+        "--cache-aware-index-budget=512KiB",
+        "--route-header",
+    ]);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(
+        (k.hash_balance.factor_milli, k.hash_balance.floor),
+        (1500, 0)
+    );
+    assert_eq!(k.cache_aware_factor_milli, 2000);
+    assert_eq!(k.cache_aware_index_budget, 512 << 10);
+    assert!(k.route_header);
+    assert!(
+        !routing(&["--hash-balance-factor=0"]).0.hash_balance.is_on(),
+        "0 = off"
+    );
+    let (k, w) = routing(&[
+        "--hash-balance-factor=0.5",
+        "--hash-balance-floor=-1",
+        "--cache-aware-balance-factor=0.9",
+        "--cache-aware-index-budget=lots",
+    ]);
+    assert_eq!(k, RoutingKnobs::DEFAULT);
+    assert_eq!(
+        w,
+        [
+            "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
+            "FLEXINFER_PROXY_HASH_BALANCE_FLOOR",
+            "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
+            "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET"
+        ]
+    );
+}
+
+#[test]
+fn the_help_shows_each_default_as_a_flag_takes_it() {
+    let help = ServeArgs::augment_args(clap::Command::new("serve"))
+        .render_long_help()
+        .to_string();
+    for shown in [
+        "[default: 500ms]",
+        "[default: 2s]",
+        "[default: 4s]",
+        "[default: 5m]",
+        "[default: 10m]",
+        "[default: 16MiB]",
+        "[default: 1.2]",
+        "[default: 1.5]",
+        "[default: round-robin]",
+        "[default: /sys/fs/bpf/flexinfer]",
+    ] {
+        assert!(help.contains(shown), "{shown} missing from serve --help");
+    }
+}
