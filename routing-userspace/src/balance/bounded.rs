@@ -142,11 +142,6 @@ impl BoundedWalk {
         }
     }
 
-    /// Whether member `i` is at or over the bound.
-    pub fn is_full(&self, i: usize) -> bool {
-        self.full.contains(i)
-    }
-
     /// The next candidate, or `None` once every member was handed out.
     pub fn next(&mut self, ring: &Ring) -> Option<usize> {
         while let Some(m) = self.first.next(ring) {

@@ -190,11 +190,6 @@ impl EbpfGauge {
         (0..MAX_PODS).map(|k| self.pods.in_flight(k)).collect()
     }
 
-    /// The connection bits of the pod in proxy slot `slot`, read from the mapping.
-    pub fn pod_conns(&self, slot: Slot) -> Option<PodConns> {
-        self.kernel_slot(slot).map(|k| self.pods.snapshot(k))
-    }
-
     /// Register a new upstream connection: find the bit the kernel claimed for it (one map
     /// lookup by socket cookie) and mark it as pooled by this proxy. `None` when the kernel
     /// does not count it (the peer is not a known pod, or the pod has no free bit).

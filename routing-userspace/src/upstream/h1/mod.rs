@@ -7,7 +7,8 @@
 //! response body reads the same socket as the client's side pulls it. One write and one read
 //! for a small request, as a proxy written in C does. An idle connection sits in the pool
 //! unpolled; one its server closed in the meantime is found on the next write or read and
-//! reported as [`SendError::Stale`], with the request handed back when it can go out again.
+//! reported as [`SendError::Broken`] with `reused: true`, with the request handed back when it
+//! can go out again.
 
 pub mod chunked;
 pub mod head;
