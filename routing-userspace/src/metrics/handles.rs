@@ -141,7 +141,7 @@ impl ModelMetrics {
             Default::default();
         for (source, outcome) in possible_decisions(strategy, has_service) {
             decisions[source.index()][outcome.index()] =
-                Some(m.routing_decisions_total.with_label_values(&[
+                Some(m.spec.routing_decisions_total.with_label_values(&[
                     n,
                     strategy.as_str(),
                     source.as_str(),
@@ -149,44 +149,68 @@ impl ModelMetrics {
                 ]));
         }
         let hits = |target: &str| {
-            m.routing_target_hits_total
+            m.spec
+                .routing_target_hits_total
                 .with_label_values(&[n, strategy.as_str(), target])
         };
         let errors = |target: &str| {
-            m.upstream_connect_errors_total
+            m.requests
+                .upstream_connect_errors_total
                 .with_label_values(&[n, target])
         };
         Self {
-            requests: StatusCounters::new(&m.requests_total, n),
-            active: m.active_connections.with_label_values(&[n]),
-            ttfb: m.time_to_first_byte_seconds.with_label_values(&[n]),
-            duration: m.request_duration_seconds.with_label_values(&[n]),
+            requests: StatusCounters::new(&m.spec.requests_total, n),
+            active: m.spec.active_connections.with_label_values(&[n]),
+            ttfb: m
+                .requests
+                .time_to_first_byte_seconds
+                .with_label_values(&[n]),
+            duration: m.requests.request_duration_seconds.with_label_values(&[n]),
             decisions,
             spills: can_spill(strategy, has_service).then(|| {
-                m.routing_spills_total
+                m.balance
+                    .routing_spills_total
                     .with_label_values(&[n, strategy.as_str()])
             }),
             cache_aware: (strategy == Strategy::CacheAware).then(|| CacheAwareMetrics {
-                depth: m.cache_aware_match_depth.with_label_values(&[n]),
-                matched: m.cache_aware_lookups_total.with_label_values(&[n, "match"]),
-                missed: m.cache_aware_lookups_total.with_label_values(&[n, "miss"]),
+                depth: m.balance.cache_aware_match_depth.with_label_values(&[n]),
+                matched: m
+                    .balance
+                    .cache_aware_lookups_total
+                    .with_label_values(&[n, "match"]),
+                missed: m
+                    .balance
+                    .cache_aware_lookups_total
+                    .with_label_values(&[n, "miss"]),
             }),
             pod_hits: pods.iter().map(|p| hits(p)).collect(),
             service_hits: has_service.then(|| hits(SERVICE_TARGET)),
             pod_connect_errors: pods.iter().map(|p| errors(p)).collect(),
             service_connect_errors: has_service.then(|| errors(SERVICE_TARGET)),
-            retries: crate::vocab::RetryReason::ALL
-                .map(|r| m.upstream_retries_total.with_label_values(&[n, r.as_str()])),
+            retries: crate::vocab::RetryReason::ALL.map(|r| {
+                m.requests
+                    .upstream_retries_total
+                    .with_label_values(&[n, r.as_str()])
+            }),
             pod_ejections: pods
                 .iter()
-                .map(|p| m.outlier_ejections_total.with_label_values(&[n, p]))
+                .map(|p| {
+                    m.requests
+                        .outlier_ejections_total
+                        .with_label_values(&[n, p])
+                })
                 .collect(),
             reservations: Arc::new(ReservationCounters {
-                made: m.least_loaded_reservations_total.with_label_values(&[n]),
+                made: m
+                    .spec
+                    .least_loaded_reservations_total
+                    .with_label_values(&[n]),
                 consumed: m
+                    .spec
                     .least_loaded_reservations_consumed_total
                     .with_label_values(&[n]),
                 expired: m
+                    .spec
                     .least_loaded_reservations_expired_total
                     .with_label_values(&[n]),
             }),
@@ -237,27 +261,24 @@ pub struct GroupMetrics {
 impl GroupMetrics {
     pub fn resolve(m: &Metrics, label: &str, mode: LabelGroupMode, members: &[&str]) -> Self {
         let decisions = GroupOutcome::possible(mode).map(|o| {
-            m.label_group_route_decisions_total.with_label_values(&[
-                label,
-                mode.as_str(),
-                o.as_str(),
-            ])
+            m.spec
+                .label_group_route_decisions_total
+                .with_label_values(&[label, mode.as_str(), o.as_str()])
         });
         let hashing = matches!(mode, LabelGroupMode::Prefix | LabelGroupMode::Session);
         Self {
             decisions,
             spills: hashing.then(|| {
-                m.routing_spills_total
+                m.balance
+                    .routing_spills_total
                     .with_label_values(&[label, mode.as_str()])
             }),
             member_hits: members
                 .iter()
                 .map(|member| {
-                    m.label_group_route_target_hits_total.with_label_values(&[
-                        label,
-                        mode.as_str(),
-                        member,
-                    ])
+                    m.spec
+                        .label_group_route_target_hits_total
+                        .with_label_values(&[label, mode.as_str(), member])
                 })
                 .collect(),
         }

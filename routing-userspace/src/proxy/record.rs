@@ -40,6 +40,7 @@ pub fn record(ctx: &mut RequestCtx) {
         None => {
             tracing::warn!(model = %model, strategy = %strategy, key_source = %source, outcome = d.outcome().as_str(), "decision outside the pre-resolved series");
             ctx.metrics
+                .spec
                 .routing_decisions_total
                 .with_label_values(&[model, strategy, source.as_str(), d.outcome().as_str()])
                 .inc();
