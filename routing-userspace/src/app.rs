@@ -133,6 +133,7 @@ fn start_discovery(
                 namespace: Some(args.namespace.clone()).filter(|n| !n.is_empty()),
                 kubeconfig: args.kubeconfig.clone(),
                 service_label_key: args.service_label_key.clone(),
+                inference_pools: args.inference_pools,
             };
             Ok(tokio::spawn(async move {
                 crate::discovery::kube::run(opts, tx)
