@@ -156,8 +156,18 @@ fn hint(what: &str, e: &watcher::Error) -> &'static str {
 fn base_watches(client: &Client, opts: &KubeOptions) -> Vec<BoxStream<'static, Item>> {
     let config = watcher::Config::default();
     let mut streams = vec![
-        watch("models", api::<Model>(client, opts), config.clone(), Ev::Model),
-        watch("services", api::<Service>(client, opts), config.clone(), Ev::Service),
+        watch(
+            "models",
+            api::<Model>(client, opts),
+            config.clone(),
+            Ev::Model,
+        ),
+        watch(
+            "services",
+            api::<Service>(client, opts),
+            config.clone(),
+            Ev::Service,
+        ),
         watch(
             "endpointslices",
             api::<EndpointSlice>(client, opts),
@@ -166,9 +176,12 @@ fn base_watches(client: &Client, opts: &KubeOptions) -> Vec<BoxStream<'static, I
         ),
     ];
     if opts.inference_pools {
-        let pools = watch("inferencepools", api::<InferencePool>(client, opts), config, |e| {
-            Ev::Pool(slim(e))
-        })
+        let pools = watch(
+            "inferencepools",
+            api::<InferencePool>(client, opts),
+            config,
+            |e| Ev::Pool(slim(e)),
+        )
         .map(|item| match item {
             Err((_, e)) if status_code(&e) == 404 => Ok(Ev::PoolsAbsent),
             other => other,

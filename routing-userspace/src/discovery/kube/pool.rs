@@ -205,7 +205,10 @@ mod tests {
         let sel = json!({"matchLabels": {"app": "x"}});
         let port = json!([{"number": 8000}]);
         for (spec, want) in [
-            (json!({"selector": sel, "targetPorts": port}), Ok(vec![8000])),
+            (
+                json!({"selector": sel, "targetPorts": port}),
+                Ok(vec![8000]),
+            ),
             (
                 json!({"selector": sel, "targetPorts": port, "appProtocol": "kubernetes.io/h2c"}),
                 Err(PoolRefusal::Protocol("kubernetes.io/h2c".into())),
@@ -218,7 +221,10 @@ mod tests {
                 json!({"selector": {"matchLabels": {}}, "targetPorts": port}),
                 Err(PoolRefusal::EmptySelector),
             ),
-            (json!({"targetPorts": port}), Err(PoolRefusal::EmptySelector)),
+            (
+                json!({"targetPorts": port}),
+                Err(PoolRefusal::EmptySelector),
+            ),
             (json!({"selector": sel}), Err(PoolRefusal::NoTargetPorts)),
             (
                 json!({"selector": sel, "targetPorts": [{"number": 0}, {"number": 70000}, {}]}),
@@ -231,7 +237,8 @@ mod tests {
         ] {
             assert_eq!(pool(spec.clone()).ports(), want, "{spec}");
         }
-        let h2c = pool(json!({"selector": sel, "targetPorts": port, "appProtocol": "kubernetes.io/h2c"}));
+        let h2c =
+            pool(json!({"selector": sel, "targetPorts": port, "appProtocol": "kubernetes.io/h2c"}));
         let member = pod("a", "ns", "10.0.0.1", &[("app", "x")], true);
         assert!(h2c.selects(&member));
         assert!(h2c.endpoints([&member]).is_err(), "refused, not empty");

@@ -593,7 +593,11 @@ mod tests {
     fn pool_ref_table() {
         for (r, want, warns) in [
             (json!(null), PodSource::Slices, false),
-            (json!({"name": "pool"}), PodSource::Pool("pool".into()), false),
+            (
+                json!({"name": "pool"}),
+                PodSource::Pool("pool".into()),
+                false,
+            ),
             (
                 json!({"name": " pool ", "group": "inference.networking.k8s.io"}),
                 PodSource::Pool("pool".into()),
@@ -604,15 +608,27 @@ mod tests {
                 PodSource::Unusable,
                 true,
             ),
-            (json!({"name": "pool", "group": ""}), PodSource::Unusable, true),
+            (
+                json!({"name": "pool", "group": ""}),
+                PodSource::Unusable,
+                true,
+            ),
             (json!({"name": ""}), PodSource::Unusable, true),
-            (json!({"group": "inference.networking.k8s.io"}), PodSource::Unusable, true),
+            (
+                json!({"group": "inference.networking.k8s.io"}),
+                PodSource::Unusable,
+                true,
+            ),
             (json!("pool"), PodSource::Unusable, true),
             (json!({"name": 7}), PodSource::Unusable, true),
         ] {
             let m = model(json!({"spec": {"inferencePoolRef": r}}));
             let (s, warnings) = model_settings(&m, DEFAULT_SERVICE_LABEL_KEY);
-            assert_eq!((&s.pods, warnings.len()), (&want, usize::from(warns)), "{r}: {warnings:?}");
+            assert_eq!(
+                (&s.pods, warnings.len()),
+                (&want, usize::from(warns)),
+                "{r}: {warnings:?}"
+            );
             if warns {
                 assert!(warnings[0].contains("inferencePoolRef"), "{warnings:?}");
                 assert!(warnings[0].contains("its Service"), "{warnings:?}");
@@ -635,6 +651,9 @@ mod tests {
         let spec = model_spec(&m, &settings, Some(&svc), eps);
         assert_eq!(spec.endpoints.len(), 2);
         assert!(spec.endpoints.windows(2).all(|w| w[0] < w[1]));
-        assert_eq!(spec.service.as_deref(), Some("http://svc.ns.svc.cluster.local:80"));
+        assert_eq!(
+            spec.service.as_deref(),
+            Some("http://svc.ns.svc.cluster.local:80")
+        );
     }
 }

@@ -83,7 +83,9 @@ enum Effect {
     Nothing,
     Relisted,
     /// An object changed; `matters` is false when no Model depends on it.
-    Changed { matters: bool },
+    Changed {
+        matters: bool,
+    },
 }
 
 impl<K> Cache<K> {
@@ -194,9 +196,11 @@ pub struct Discovery {
 
 impl Discovery {
     pub fn new(service_label_key: impl Into<String>, inference_pools: bool) -> Self {
-        let mut pools = Cache::default();
         // Without pool discovery there are no pools: a complete list from the start.
-        pools.synced = !inference_pools;
+        let pools = Cache {
+            synced: !inference_pools,
+            ..Cache::default()
+        };
         Self {
             label_key: service_label_key.into(),
             pools_enabled: inference_pools,
@@ -699,13 +703,22 @@ mod tests {
     #[test]
     fn with_pools_the_first_reset_waits_for_pools_and_for_pods_a_model_needs() {
         let mut d = Discovery::new("flexinfer.ai/service", true);
-        assert!(synced(&mut d, vec![pool_model("m", "p")], vec![service("m")], vec![]).is_empty());
+        assert!(synced(
+            &mut d,
+            vec![pool_model("m", "p")],
+            vec![service("m")],
+            vec![]
+        )
+        .is_empty());
         assert!(d.wants_pods());
         assert!(list(&mut d, Ev::Pool, vec![pool("p", "vllm")]).is_empty());
         let out = list(
             &mut d,
             Ev::Pod,
-            vec![pod("a", "vllm", "10.0.0.1", true), pod("b", "other", "10.0.0.2", true)],
+            vec![
+                pod("a", "vllm", "10.0.0.1", true),
+                pod("b", "other", "10.0.0.2", true),
+            ],
         );
         let [Update::Reset(models)] = out.as_slice() else {
             panic!("{out:?}")
@@ -722,7 +735,10 @@ mod tests {
         let mut d = Discovery::new("flexinfer.ai/service", true);
         assert!(synced(&mut d, vec![model("a", true)], vec![], vec![]).is_empty());
         assert!(!d.wants_pods());
-        assert_eq!(d.handle(Ev::PoolsAbsent), vec![Update::Reset(d.desired().into_values().collect())]);
+        assert_eq!(
+            d.handle(Ev::PoolsAbsent),
+            vec![Update::Reset(d.desired().into_values().collect())]
+        );
         // The watcher retries the list; another 404 changes nothing.
         assert!(d.handle(Ev::PoolsAbsent).is_empty());
         // A Model naming a pool then has no pods, and Pods are wanted (the CRD may come later).
@@ -738,7 +754,11 @@ mod tests {
     fn pod_events_only_matter_for_selected_pods() {
         let mut d = Discovery::new("flexinfer.ai/service", true);
         synced(&mut d, vec![pool_model("m", "p")], vec![], vec![]);
-        list(&mut d, Ev::Pool, vec![pool("p", "vllm"), pool("unused", "other")]);
+        list(
+            &mut d,
+            Ev::Pool,
+            vec![pool("p", "vllm"), pool("unused", "other")],
+        );
         list(&mut d, Ev::Pod, vec![]);
         assert!(d.is_synced());
         // A pod no named pool selects (here: one only an unused pool selects) is quiet.
@@ -746,19 +766,31 @@ mod tests {
             .handle(Ev::Pod(Event::Apply(pod("x", "other", "10.0.0.9", true))))
             .is_empty());
         let out = d.handle(Ev::Pod(Event::Apply(pod("a", "vllm", "10.0.0.1", true))));
-        assert!(matches!(out.as_slice(), [Update::Upsert(m)] if m.endpoints.len() == 1), "{out:?}");
+        assert!(
+            matches!(out.as_slice(), [Update::Upsert(m)] if m.endpoints.len() == 1),
+            "{out:?}"
+        );
         // Relabelled out of the pool: the old version was selected, so it matters.
         let out = d.handle(Ev::Pod(Event::Apply(pod("a", "other", "10.0.0.1", true))));
-        assert!(matches!(out.as_slice(), [Update::Upsert(m)] if m.endpoints.is_empty()), "{out:?}");
+        assert!(
+            matches!(out.as_slice(), [Update::Upsert(m)] if m.endpoints.is_empty()),
+            "{out:?}"
+        );
         // Dropping the reference: Pods are no longer wanted, and the Model uses its slices.
         d.handle(Ev::Pod(Event::Apply(pod("a", "vllm", "10.0.0.1", true))));
         let out = d.handle(Ev::Model(Event::Apply(model("m", true))));
-        assert!(matches!(out.as_slice(), [Update::Upsert(m)] if m.endpoints.is_empty()), "{out:?}");
+        assert!(
+            matches!(out.as_slice(), [Update::Upsert(m)] if m.endpoints.is_empty()),
+            "{out:?}"
+        );
         assert!(!d.wants_pods());
         d.stop_pods();
         assert!(d.pods.live.is_empty() && !d.pods.synced);
         // Still synced for everything else.
-        assert_eq!(d.handle(Ev::Model(Event::Delete(model("m", true)))), vec![Update::Remove("m".into())]);
+        assert_eq!(
+            d.handle(Ev::Model(Event::Delete(model("m", true)))),
+            vec![Update::Remove("m".into())]
+        );
     }
 
     #[test]
@@ -774,11 +806,17 @@ mod tests {
         let [Update::Reset(models)] = out.as_slice() else {
             panic!("{out:?}")
         };
-        assert!(models[0].endpoints.is_empty(), "a pool-Model ignores its slices");
+        assert!(
+            models[0].endpoints.is_empty(),
+            "a pool-Model ignores its slices"
+        );
         assert_eq!(
             models[0].service.as_deref(),
             Some("http://m.ns.svc.cluster.local:80")
         );
-        assert!(d.pool_notes.values().any(|n| n.contains("--inference-pools false")));
+        assert!(d
+            .pool_notes
+            .values()
+            .any(|n| n.contains("--inference-pools false")));
     }
 }
