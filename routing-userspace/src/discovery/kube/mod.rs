@@ -221,10 +221,10 @@ pub async fn run_with_client(
                 }
             }
             Err((what, watcher::Error::WatchError(status))) if status.code == 410 => {
-                debug!(watch = what, reason = %status.reason, "kubernetes watch expired; relisting");
+                debug!(watch = %what, reason = %status.reason, "kubernetes watch expired; relisting");
             }
             Err((what, e)) => {
-                warn!(watch = what, error = %e, hint = hint(what, &e), "kubernetes watch failed; retrying, the routing table stays as it is")
+                warn!(watch = %what, error = %e, hint = hint(what, &e), "kubernetes watch failed; retrying, the routing table stays as it is")
             }
         }
         match (state.wants_pods(), &pods) {

@@ -414,12 +414,12 @@ impl Discovery {
         let none = |why: String| (Vec::new(), Some(format!("{why}; {NO_PODS}")));
         if !self.pools_enabled {
             return none(format!(
-                "it names InferencePool {pool}, but InferencePool discovery is off (--inference-pools false)"
+                "InferencePool {ns}/{pool} is not watched: InferencePool discovery is off (--inference-pools false)"
             ));
         }
         if self.pools_absent {
             return none(format!(
-                "it names InferencePool {pool}, but the API server does not serve InferencePools"
+                "InferencePool {ns}/{pool} cannot exist: the API server does not serve InferencePools"
             ));
         }
         let Some(p) = self.pools.live.get(&(ns.to_owned(), pool.to_owned())) else {

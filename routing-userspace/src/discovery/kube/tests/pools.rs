@@ -410,3 +410,23 @@ async fn a_model_switches_from_endpointslices_to_a_pool_and_back() {
     h.server.apply(pool_model("m", json!({"name": "p"})));
     until_endpoints(&mut h, "m", &["10.1.0.1:8000"]).await;
 }
+
+#[tokio::test]
+async fn a_refused_inferencepool_list_holds_the_first_table_back() {
+    let (logs, _guard) = Logs::capture();
+    let server = pool_fleet(&[8000], None).await;
+    server.fail(Kind::InferencePool, Some(403));
+    let mut h = Harness::start(server, Some("ns")).await;
+    h.wait_requests(2, |r| r.contains("/inferencepools")).await;
+    logs.wait_for(&["WARN", "watch=inferencepools", "RBAC"])
+        .await;
+    assert!(
+        h.rx.try_recv().is_err(),
+        "not synced while pools cannot be listed"
+    );
+    h.server.fail(Kind::InferencePool, None);
+    let Update::Reset(_) = h.next().await else {
+        panic!("{:?}", h.seen)
+    };
+    assert_eq!(endpoints_of(&h.set, "m"), Some(addrs(&["10.1.0.1:8000"])));
+}
