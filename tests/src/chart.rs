@@ -274,6 +274,7 @@ pub fn variants() -> Vec<Value> {
         json!({"proxy": {"ebpf": {"cgroupMountPath": "/cg"}}}),
         json!({"proxy": {"discovery": "file"}}),
         json!({"proxy": {"watchNamespace": "models"}}),
+        json!({"proxy": {"inferencePools": false}}),
         json!({"proxy": {"ports": {"http": 18080}}}),
         json!({"proxy": {"bindAddress": "[::]"}}),
         json!({"proxy": {"ports": {"admin": 19090}}}),

@@ -1,6 +1,7 @@
 //! The Helm chart, rendered with its default values and with each knob changed: it lints, it is
-//! privileged with a Bidirectional bpffs mount, its RBAC is read-only on exactly the three
-//! resources discovery watches, and every knob reaches its environment variable.
+//! privileged with a Bidirectional bpffs mount, its RBAC is read-only on exactly the resources
+//! discovery watches (three, plus InferencePools and Pods with `proxy.inferencePools`), and
+//! every knob reaches its environment variable.
 
 use flexinfer_tests::chart::{assert_listed, chart_dir, documents, render, yamllint};
 use serde_json::{json, Value};
@@ -207,10 +208,9 @@ fn ebpf_off_means_userspace_gauge_and_no_privilege() {
     assert_eq!(env_var(&docs, "FLEXINFER_PROXY_CGROUP_PATH"), None);
 }
 
-#[test]
-fn rbac_is_get_list_watch_on_exactly_models_endpointslices_services() {
-    let docs = rendered(json!({}));
-    let role = find(&docs, "ClusterRole");
+/// Every `(group, resource, verb)` the ClusterRole grants, sorted.
+fn grants(docs: &[Value]) -> Vec<(String, String, String)> {
+    let role = find(docs, "ClusterRole");
     let mut grants: Vec<(String, String, String)> = Vec::new();
     for rule in role["rules"].as_array().unwrap() {
         for g in rule["apiGroups"].as_array().unwrap() {
@@ -227,18 +227,45 @@ fn rbac_is_get_list_watch_on_exactly_models_endpointslices_services() {
         assert!(rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none());
     }
     grants.sort();
+    grants
+}
+
+/// get, list and watch on each `(group, resource)`, sorted.
+fn read_only(resources: &[(&str, &str)]) -> Vec<(String, String, String)> {
     let mut want = Vec::new();
-    for (g, r) in [
-        ("inference.flexinfer.ai", "models"),
-        ("discovery.k8s.io", "endpointslices"),
-        ("", "services"),
-    ] {
+    for (g, r) in resources {
         for v in ["get", "list", "watch"] {
-            want.push((g.to_owned(), r.to_owned(), v.to_owned()));
+            want.push((g.to_string(), r.to_string(), v.to_owned()));
         }
     }
     want.sort();
-    assert_eq!(grants, want);
+    want
+}
+
+#[test]
+fn rbac_is_get_list_watch_on_exactly_what_discovery_watches() {
+    let docs = rendered(json!({}));
+    assert_eq!(
+        grants(&docs),
+        read_only(&[
+            ("inference.flexinfer.ai", "models"),
+            ("discovery.k8s.io", "endpointslices"),
+            ("", "services"),
+            ("inference.networking.k8s.io", "inferencepools"),
+            ("", "pods"),
+        ])
+    );
+    // Without InferencePool discovery: neither pools nor pods.
+    let off = rendered(json!({"proxy": {"inferencePools": false}}));
+    assert_eq!(
+        grants(&off),
+        read_only(&[
+            ("inference.flexinfer.ai", "models"),
+            ("discovery.k8s.io", "endpointslices"),
+            ("", "services"),
+        ])
+    );
+    let role = find(&docs, "ClusterRole");
     let binding = find(&docs, "ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
     let sa = find(&docs, "ServiceAccount");
@@ -287,6 +314,7 @@ fn defaults_reach_their_env_vars() {
         ("FLEXINFER_PROXY_DISCOVERY", "kubernetes"),
         ("FLEXINFER_PROXY_NAMESPACE", ""),
         ("FLEXINFER_PROXY_SERVICE_LABEL_KEY", "flexinfer.ai/service"),
+        ("FLEXINFER_PROXY_INFERENCE_POOLS", "true"),
         ("FLEXINFER_PROXY_LISTEN", "0.0.0.0:8080"),
         ("POD_IP", "<status.podIP>"),
         ("FLEXINFER_PROXY_ADMIN_LISTEN", "$(POD_IP):9090"),
@@ -405,6 +433,11 @@ fn every_knob_changes_its_env_var() {
             json!({"proxy": {"watchNamespace": "models"}}),
             "FLEXINFER_PROXY_NAMESPACE",
             "models",
+        ),
+        (
+            json!({"proxy": {"inferencePools": false}}),
+            "FLEXINFER_PROXY_INFERENCE_POOLS",
+            "false",
         ),
         (
             json!({"proxy": {"ports": {"http": 18080}}}),

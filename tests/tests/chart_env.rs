@@ -104,6 +104,8 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
     assert_eq!(a.resilience.max_ejected_share, 0.5);
     assert_eq!(a.shutdown_delay.0, Duration::from_secs(5));
     assert_eq!(a.drain_timeout.0, Duration::from_secs(30));
+    assert!(a.inference_pools);
+    assert!(!parse(json!({"proxy": {"inferencePools": false}}), "10.1.2.3").inference_pools);
 
     // The grace period outlasts the shutdown delay plus the drain, or the kubelet's SIGKILL
     // would cut streams that were still draining.

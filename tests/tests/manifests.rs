@@ -1,9 +1,10 @@
 //! Every manifest a user applies, validated offline as an API server would take it:
 //!
 //! - every chart render the chart tests use (`flexinfer_tests::chart::variants`), the Model CRD
-//!   and the quickstart's example manifests, with `kubernetes-validate --strict` (unknown fields
-//!   are errors) against the oldest and the newest Kubernetes the chart supports;
-//! - every Model in the docs and examples against the CRD's own openAPIV3Schema;
+//!   and the built-in kinds of the example manifests, with `kubernetes-validate --strict`
+//!   (unknown fields are errors) against the oldest and the newest Kubernetes the chart supports;
+//! - every Model in the docs and examples against the CRD's own openAPIV3Schema, and the
+//!   InferencePool example against the GIE v1 fields and the proxy's own reading of it;
 //! - the chart's values (defaults and every variant) against values.schema.json with a real
 //!   JSON-schema implementation (python jsonschema, draft 7 as Helm uses), and mistyped values
 //!   rejected by it.
@@ -11,6 +12,7 @@
 //! kubernetes-validate and jsonschema come from PyPI (`cargo xtask test` installs them). Without
 //! them these tests skip, unless CI is set: then they fail.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -118,6 +120,33 @@ fn manifests(dir: &TempDir) -> Vec<Manifest> {
         "docs/examples/sim-backend.yaml".into(),
         workspace().join("docs/examples/sim-backend.yaml"),
     ));
+    let example = "docs/examples/inference-pool.yaml";
+    let path = dir.path().join("inference-pool-builtin.yaml");
+    std::fs::write(&path, builtin_documents(&workspace().join(example))).unwrap();
+    out.push(manifest(format!("{example} (built-in kinds)"), path));
+    out
+}
+
+/// API groups of custom resources: kubernetes-validate has no schema for them (the Model is
+/// checked against its CRD, the InferencePool against the GIE v1 fields, below).
+const CUSTOM_GROUPS: &[&str] = &["inference.flexinfer.ai/", "inference.networking.k8s.io/"];
+
+/// The documents of a manifest file that are not custom resources, as the file spells them
+/// (split on `---` lines, never re-serialized).
+fn builtin_documents(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = String::new();
+    for doc in text.split("\n---\n") {
+        let custom = doc.lines().any(|l| {
+            l.strip_prefix("apiVersion: ")
+                .is_some_and(|v| CUSTOM_GROUPS.iter().any(|g| v.starts_with(g)))
+        });
+        if !custom {
+            out.push_str("---\n");
+            out.push_str(doc.trim_end());
+            out.push('\n');
+        }
+    }
     out
 }
 
@@ -217,9 +246,16 @@ fn the_supported_versions_are_stated_where_they_apply() {
 /// `kind: Model`.
 fn documented_models() -> Vec<(String, Value)> {
     let mut out = Vec::new();
-    let example = workspace().join("docs/examples/model.yaml");
-    for doc in documents(&std::fs::read_to_string(&example).unwrap()).unwrap() {
-        out.push(("docs/examples/model.yaml".to_owned(), doc));
+    for example in [
+        "docs/examples/model.yaml",
+        "docs/examples/inference-pool.yaml",
+    ] {
+        let text = std::fs::read_to_string(workspace().join(example)).unwrap();
+        for doc in documents(&text).unwrap() {
+            if doc["kind"] == "Model" {
+                out.push((example.to_owned(), doc));
+            }
+        }
     }
     let mut sources = vec![workspace().join("README.md")];
     for e in std::fs::read_dir(workspace().join("docs")).unwrap() {
@@ -263,7 +299,11 @@ fn every_documented_model_validates_against_the_crd_schema() {
     let crd = crd();
     let group = crd["spec"]["group"].as_str().unwrap();
     let models = documented_models();
-    for source in ["docs/examples/model.yaml", "kubernetes.md block"] {
+    for source in [
+        "docs/examples/model.yaml",
+        "docs/examples/inference-pool.yaml",
+        "kubernetes.md block",
+    ] {
         assert!(
             models.iter().any(|(s, _)| s.starts_with(source)),
             "no Model from {source}"
@@ -317,6 +357,144 @@ fn the_crd_schema_rejects_a_broken_model() {
     assert_eq!(
         validate_custom_resource(schema, &no_spec),
         ["<root>: required field \"spec\" is missing"]
+    );
+}
+
+/// The `spec` of an InferencePool as the API server takes it, transcribed from the fields of
+/// the Gateway API Inference Extension's v1 types (`api/v1/inferencepool_types.go`): selector
+/// (matchLabels only), targetPorts (objects with a `number`), appProtocol (`http` or
+/// `kubernetes.io/h2c`) and endpointPickerRef; other fields are unknown and rejected.
+fn inference_pool_v1_schema() -> Value {
+    let port = json!({"type": "object", "additionalProperties": false, "required": ["number"],
+                      "properties": {"number": {"type": "integer", "format": "int32"}}});
+    json!({
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["selector", "targetPorts"],
+                "properties": {
+                    "selector": {
+                        "type": "object",
+                        "additionalProperties": false,
+                        "required": ["matchLabels"],
+                        "properties": {"matchLabels": {
+                            "type": "object", "additionalProperties": {"type": "string"}
+                        }}
+                    },
+                    "targetPorts": {"type": "array", "items": port},
+                    "appProtocol": {"type": "string", "enum": ["http", "kubernetes.io/h2c"]},
+                    "endpointPickerRef": {
+                        "type": "object",
+                        "additionalProperties": false,
+                        "required": ["name"],
+                        "properties": {
+                            "group": {"type": "string"},
+                            "kind": {"type": "string"},
+                            "name": {"type": "string"},
+                            "port": port,
+                            "failureMode": {"type": "string", "enum": ["FailOpen", "FailClose"]}
+                        }
+                    }
+                }
+            },
+            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+        }
+    })
+}
+
+/// The example's documents by kind.
+fn pool_example() -> BTreeMap<String, Value> {
+    let path = workspace().join("docs/examples/inference-pool.yaml");
+    documents(&std::fs::read_to_string(path).unwrap())
+        .unwrap()
+        .into_iter()
+        .map(|d| (d["kind"].as_str().unwrap().to_owned(), d))
+        .collect()
+}
+
+#[test]
+fn the_inference_pool_example_is_a_v1_pool_the_proxy_reads_as_written() {
+    let docs = pool_example();
+    let pool = &docs["InferencePool"];
+    assert_eq!(pool["apiVersion"], "inference.networking.k8s.io/v1");
+    let schema = inference_pool_v1_schema();
+    let errors = validate_custom_resource(&schema, pool);
+    assert!(errors.is_empty(), "{errors:#?}");
+    // The schema has teeth.
+    for (breakage, want) in [
+        (
+            json!({"spec": {"targetPort": 8000}}),
+            "spec.targetPort: unknown field",
+        ),
+        (
+            json!({"spec": {"targetPorts": [{"number": "8000"}]}}),
+            "spec.targetPorts[0].number: expected integer",
+        ),
+        (
+            json!({"spec": {"appProtocol": "h2c"}}),
+            "spec.appProtocol: ",
+        ),
+    ] {
+        let mut bad = pool.clone();
+        merge(&mut bad, breakage.clone());
+        let errors = validate_custom_resource(&schema, &bad);
+        assert!(
+            errors.iter().any(|e| e.starts_with(want)),
+            "{breakage}: {errors:#?}"
+        );
+    }
+
+    // The proxy's reader: the pool's ports, and its selector picks the Deployment's pods.
+    use routing_userspace::discovery::kube::pods::PodInfo;
+    use routing_userspace::discovery::kube::InferencePool;
+    let parsed: InferencePool = serde_json::from_value(pool.clone()).unwrap();
+    let template = &docs["Deployment"]["spec"]["template"];
+    let container_ports: Vec<u64> = template["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["ports"].as_array().unwrap().iter())
+        .map(|p| p["containerPort"].as_u64().unwrap())
+        .collect();
+    let ports = parsed.ports().unwrap();
+    assert!(ports.len() > 1, "the example shows data-parallel ports");
+    for p in &ports {
+        assert!(
+            container_ports.contains(&u64::from(*p)),
+            "{p} {container_ports:?}"
+        );
+    }
+    let member = PodInfo {
+        namespace: docs["Deployment"]["metadata"]["namespace"]
+            .as_str()
+            .unwrap()
+            .into(),
+        name: "chat-dp-0".into(),
+        labels: serde_json::from_value(template["metadata"]["labels"].clone()).unwrap(),
+        ip: Some("10.0.0.1".parse().unwrap()),
+        ready: true,
+        terminating: false,
+    };
+    assert!(parsed.selects(&member));
+    assert_eq!(parsed.endpoints([&member]).unwrap().len(), ports.len());
+    // The Model names the pool of its namespace; the fallback Service selects the same pods.
+    let model = &docs["Model"];
+    assert_eq!(
+        model["spec"]["inferencePoolRef"]["name"],
+        pool["metadata"]["name"]
+    );
+    assert_eq!(
+        model["metadata"]["namespace"],
+        pool["metadata"]["namespace"]
+    );
+    let service = &docs["Service"];
+    assert_eq!(service["metadata"]["name"], model["metadata"]["name"]);
+    assert_eq!(
+        service["spec"]["selector"],
+        pool["spec"]["selector"]["matchLabels"]
     );
 }
 
@@ -434,6 +612,10 @@ fn values_schema_rejects_mistyped_values() {
         (
             json!({"proxy": {"routing": {"routeHeader": "yes"}}}),
             "proxy/routing/routeHeader: 'yes' is not of type 'boolean'",
+        ),
+        (
+            json!({"proxy": {"inferencePools": "yes"}}),
+            "proxy/inferencePools: 'yes' is not of type 'boolean'",
         ),
     ];
     let instances: Vec<Value> = cases

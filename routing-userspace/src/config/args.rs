@@ -93,6 +93,17 @@ pub struct ServeArgs {
     )]
     pub service_label_key: String,
 
+    /// Watch Gateway API InferencePools (with --discovery kubernetes), so that a Model's
+    /// `spec.inferencePoolRef` takes its pods from the pool; Pods are watched only while some
+    /// Model names a pool. `false`: no InferencePool or Pod watch, and such Models have no pods.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_INFERENCE_POOLS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub inference_pools: bool,
+
     /// Kubeconfig file (else in-cluster config, else the default kubeconfig).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,

@@ -146,6 +146,7 @@ fn discovery(args: &ServeArgs) -> DiscoverySettings {
             namespace: Some(args.namespace.clone()).filter(|n| !n.is_empty()),
             kubeconfig: args.kubeconfig.clone(),
             service_label_key: args.service_label_key.clone(),
+            inference_pools: args.inference_pools,
         }),
     }
 }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "ModelStatus",
     category = "flexinfer",
-    doc = "A model served by one or more OpenAI-compatible pods behind a Service.",
+    doc = "A model served by one or more OpenAI-compatible pods behind a Service or an InferencePool.",
     printcolumn(name = "Backend", type_ = "string", json_path = ".spec.backend"),
     printcolumn(
         name = "Ready",
@@ -46,6 +46,43 @@ pub struct ModelResourceSpec {
     /// When set, the proxy rewrites the request body's `model` to this name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_model_name: Option<String>,
+    /// When set, the Model's pods are the ready members of this Gateway API InferencePool (same
+    /// namespace) instead of its Service's EndpointSlices; the Service stays the fallback.
+    // Kept as raw JSON so that a malformed reference fails this Model only
+    // (`ModelResourceSpec::inference_pool_ref`), not the whole list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<InferencePoolRef>")]
+    pub inference_pool_ref: Option<serde_json::Value>,
+}
+
+/// A reference to an InferencePool in the Model's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = require_name)]
+pub struct InferencePoolRef {
+    /// The InferencePool's name (same namespace as the Model).
+    pub name: String,
+    /// The InferencePool's API group: `inference.networking.k8s.io` (the default), the only one
+    /// supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+fn require_name(schema: &mut schemars::Schema) {
+    require(schema, &["name"]);
+}
+
+impl ModelResourceSpec {
+    /// The `inferencePoolRef`, parsed: `Ok(None)` when absent, an error message when it is not
+    /// an object with a string `name` (and optional string `group`).
+    pub fn inference_pool_ref(&self) -> Result<Option<InferencePoolRef>, String> {
+        match &self.inference_pool_ref {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => serde_json::from_value(v.clone())
+                .map(Some)
+                .map_err(|e| format!("inferencePoolRef: {e}")),
+        }
+    }
 }
 
 /// The API server requires `backend` and `source`; the proxy's reader does not (see module docs).

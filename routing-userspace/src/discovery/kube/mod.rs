@@ -1,15 +1,22 @@
 //! Kubernetes discovery (`--discovery kubernetes`): Model custom resources, their Services and
-//! EndpointSlices, watched with kube-rs, turned into [`Update`]s.
+//! EndpointSlices (or the Gateway API InferencePools they name, and those pools' Pods), watched
+//! with kube-rs, turned into [`Update`]s.
 //!
 //! Conventions (see docs/kubernetes.md):
 //! - a Model is served by the Service of the same name in its namespace, unless the annotation
 //!   `flexinfer.ai/service-name` names another;
+//! - a Model with `spec.inferencePoolRef` takes its pods from that InferencePool instead of the
+//!   Service's EndpointSlices; the Service stays its fallback;
 //! - the shared service label is the Model's metadata label `flexinfer.ai/service` (the key is
 //!   configurable), a label so that `kubectl get models -l flexinfer.ai/service=chat` lists a group;
-//! - the first [`Update::Reset`] goes out once Models, Services and EndpointSlices have all been
-//!   listed; that is what readiness waits for. Broken watches relist without emptying the table.
+//! - the first [`Update::Reset`] goes out once Models, Services, EndpointSlices and
+//!   InferencePools (and Pods, when a Model names a pool) have all been listed; that is what
+//!   readiness waits for. Broken watches relist without emptying the table. A cluster without
+//!   the InferencePool CRD has no pools; that does not hold readiness back.
 
 pub mod crd;
+pub mod pods;
+pub mod pool;
 pub mod translate;
 pub mod watch;
 
@@ -22,8 +29,9 @@ use std::fmt::Debug;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Service;
+use futures::stream::{AbortHandle, BoxStream};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::NamespaceResourceScope;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -34,8 +42,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
 
 pub use crd::Model;
+pub use pool::InferencePool;
 pub use translate::DEFAULT_SERVICE_LABEL_KEY;
-use watch::{Discovery, Ev};
+use watch::{slim, Discovery, Ev};
 
 use super::Update;
 
@@ -48,6 +57,8 @@ pub struct KubeOptions {
     pub kubeconfig: Option<PathBuf>,
     /// The Model metadata label carrying the shared service label (default `flexinfer.ai/service`).
     pub service_label_key: String,
+    /// Watch InferencePools, and the Pods of the pools Models name (default on).
+    pub inference_pools: bool,
 }
 
 impl Default for KubeOptions {
@@ -56,6 +67,7 @@ impl Default for KubeOptions {
             namespace: None,
             kubeconfig: None,
             service_label_key: DEFAULT_SERVICE_LABEL_KEY.to_owned(),
+            inference_pools: true,
         }
     }
 }
@@ -101,54 +113,106 @@ where
     }
 }
 
+/// One item of the merged watch streams: an event, or a watch error and which watch it was.
+type Item = Result<Ev, (&'static str, watcher::Error)>;
+
 fn watch<K>(
+    what: &'static str,
     api: Api<K>,
     config: watcher::Config,
-) -> impl futures::Stream<Item = watcher::Result<watcher::Event<K>>>
+    ev: fn(watcher::Event<K>) -> Ev,
+) -> BoxStream<'static, Item>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    watcher(api, config).default_backoff()
+    watcher(api, config)
+        .default_backoff()
+        .map(move |r| r.map(ev).map_err(|e| (what, e)))
+        .boxed()
 }
 
-/// What an operator can do about a watch error, for the two common setup mistakes.
-fn hint(e: &watcher::Error) -> &'static str {
-    let code = match e {
+/// The HTTP status of a watch error the API server answered, else 0.
+fn status_code(e: &watcher::Error) -> u16 {
+    match e {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
         | watcher::Error::WatchStartFailed(kube::Error::Api(s))
         | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code,
         watcher::Error::WatchError(s) => s.code,
         _ => 0,
-    };
-    match code {
-        403 => "RBAC: the proxy needs get/list/watch on models.inference.flexinfer.ai, endpointslices.discovery.k8s.io and services",
-        404 => "is the Model CRD (models.inference.flexinfer.ai) installed?",
+    }
+}
+
+/// What an operator can do about a watch error, for the two common setup mistakes.
+fn hint(what: &str, e: &watcher::Error) -> &'static str {
+    match (status_code(e), what) {
+        (403, _) => "RBAC: the proxy needs get/list/watch on models.inference.flexinfer.ai, endpointslices.discovery.k8s.io and services, and with --inference-pools also on inferencepools.inference.networking.k8s.io and pods",
+        (404, "models") => "is the Model CRD (models.inference.flexinfer.ai) installed?",
         _ => "",
     }
+}
+
+/// The watches that always run: Models, Services, EndpointSlices, and InferencePools when
+/// `opts.inference_pools` (a 404 there means no pools: [`Ev::PoolsAbsent`]).
+fn base_watches(client: &Client, opts: &KubeOptions) -> Vec<BoxStream<'static, Item>> {
+    let config = watcher::Config::default();
+    let mut streams = vec![
+        watch(
+            "models",
+            api::<Model>(client, opts),
+            config.clone(),
+            Ev::Model,
+        ),
+        watch(
+            "services",
+            api::<Service>(client, opts),
+            config.clone(),
+            Ev::Service,
+        ),
+        watch(
+            "endpointslices",
+            api::<EndpointSlice>(client, opts),
+            config.clone().labels(translate::SLICE_SERVICE_LABEL),
+            Ev::Slice,
+        ),
+    ];
+    if opts.inference_pools {
+        let pools = watch(
+            "inferencepools",
+            api::<InferencePool>(client, opts),
+            config,
+            |e| Ev::Pool(slim(e)),
+        )
+        .map(|item| match item {
+            Err((_, e)) if status_code(&e) == 404 => Ok(Ev::PoolsAbsent),
+            other => other,
+        });
+        streams.push(pools.boxed());
+    }
+    streams
+}
+
+/// The Running Pods of the watched namespaces, slimmed to what pool selection needs.
+fn pod_watch(client: &Client, opts: &KubeOptions) -> BoxStream<'static, Item> {
+    let config = watcher::Config::default().fields(pods::RUNNING_PODS);
+    watch("pods", api::<Pod>(client, opts), config, |e| {
+        Ev::Pod(pods::pod_event(e))
+    })
 }
 
 /// Runs discovery with a given client until the receiver of `updates` goes away.
 ///
 /// Watch failures are retried with backoff (kube relists after 410 Gone); the last emitted table
-/// stays in force meanwhile.
+/// stays in force meanwhile. The Pod watch runs only while [`Discovery::wants_pods`].
 pub async fn run_with_client(
     client: Client,
     opts: KubeOptions,
     updates: UnboundedSender<Update>,
 ) -> anyhow::Result<()> {
-    let config = watcher::Config::default();
-    let models = watch(api::<Model>(&client, &opts), config.clone()).map_ok(Ev::Model);
-    let services = watch(api::<Service>(&client, &opts), config.clone()).map_ok(Ev::Service);
-    let slices = watch(
-        api::<EndpointSlice>(&client, &opts),
-        config.labels(translate::SLICE_SERVICE_LABEL),
-    )
-    .map_ok(Ev::Slice);
-    let mut events =
-        futures::stream::select_all([models.boxed(), services.boxed(), slices.boxed()]);
-    let mut state = Discovery::new(opts.service_label_key);
-    while let Some(event) = events.next().await {
-        match event {
+    let mut events = futures::stream::select_all(base_watches(&client, &opts));
+    let mut state = Discovery::new(opts.service_label_key.clone(), opts.inference_pools);
+    let mut pods: Option<AbortHandle> = None;
+    while let Some(item) = events.next().await {
+        match item {
             Ok(ev) => {
                 for update in state.handle(ev) {
                     if updates.send(update).is_err() {
@@ -156,12 +220,27 @@ pub async fn run_with_client(
                     }
                 }
             }
-            Err(watcher::Error::WatchError(status)) if status.code == 410 => {
-                debug!(reason = %status.reason, "kubernetes watch expired; relisting");
+            Err((what, watcher::Error::WatchError(status))) if status.code == 410 => {
+                debug!(watch = %what, reason = %status.reason, "kubernetes watch expired; relisting");
             }
-            Err(e) => {
-                warn!(error = %e, hint = hint(&e), "kubernetes watch failed; retrying, the routing table stays as it is")
+            Err((what, e)) => {
+                warn!(watch = %what, error = %e, hint = hint(what, &e), "kubernetes watch failed; retrying, the routing table stays as it is")
             }
+        }
+        match (state.wants_pods(), &pods) {
+            (true, None) => {
+                debug!("a Model names an InferencePool; watching Pods");
+                let (stream, handle) = futures::stream::abortable(pod_watch(&client, &opts));
+                events.push(stream.boxed());
+                pods = Some(handle);
+            }
+            (false, Some(handle)) => {
+                debug!("no Model names an InferencePool; no longer watching Pods");
+                handle.abort();
+                pods = None;
+                state.stop_pods();
+            }
+            _ => {}
         }
     }
     anyhow::bail!("kubernetes watch streams ended")

@@ -7,6 +7,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::testserver::{Kind, TestApiServer};
+
+mod pools;
 use super::{client, run, run_with_client, KubeOptions};
 use crate::discovery::{ModelSet, ModelSpec, Strategy, Update};
 
@@ -426,7 +428,7 @@ mod routing {
     use crate::table::RoutingTable;
     use crate::vocab::{GroupOutcome, LabelGroupMode};
 
-    fn table(set: &ModelSet) -> RoutingTable {
+    pub(super) fn table(set: &ModelSet) -> RoutingTable {
         let mut slots = SlotAllocator::default();
         slots.sync(&RoutingTable::pod_addrs(set));
         RoutingTable::build(set, &slots, &Metrics::new(100), LabelGroupMode::Prefix)
@@ -434,13 +436,13 @@ mod routing {
 
     /// Where a request goes first.
     #[derive(Debug, PartialEq, Eq)]
-    enum First {
+    pub(super) enum First {
         Pod(SocketAddr),
         Service(String),
     }
 
     /// Where a request for `name` with explicit key `key` goes first (None: 404).
-    fn first_target(
+    pub(super) fn first_target(
         t: &RoutingTable,
         name: &str,
         key: &str,
@@ -471,7 +473,7 @@ mod routing {
         ))
     }
 
-    fn pod(t: &First) -> SocketAddr {
+    pub(super) fn pod(t: &First) -> SocketAddr {
         match t {
             First::Pod(a) => *a,
             other => panic!("expected a pod, got {other:?}"),

@@ -3,7 +3,9 @@
 //! It speaks the list and watch protocol kube-rs uses, with real Kubernetes JSON: lists carry
 //! `metadata.resourceVersion`, watches stream newline-delimited `{"type", "object"}` events from a
 //! given resourceVersion, and [`TestApiServer::expire`] answers open watches with a 410 Gone ERROR
-//! event and compacts history, which forces clients to relist.
+//! event and compacts history, which forces clients to relist. Label and field selectors filter
+//! lists and watches as the API server does: an object that stops matching a watch's selector
+//! reaches it as DELETED, one that starts matching as ADDED.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -20,20 +22,31 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 
-/// The three resources the proxy watches.
+/// The resources the proxy watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     Model,
     Service,
     EndpointSlice,
+    InferencePool,
+    Pod,
 }
 
 impl Kind {
+    const ALL: [Kind; 5] = [
+        Kind::Model,
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::InferencePool,
+        Kind::Pod,
+    ];
+
     fn api_version(self) -> &'static str {
         match self {
             Kind::Model => "inference.flexinfer.ai/v1alpha2",
-            Kind::Service => "v1",
+            Kind::Service | Kind::Pod => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::InferencePool => "inference.networking.k8s.io/v1",
         }
     }
     fn name(self) -> &'static str {
@@ -41,12 +54,12 @@ impl Kind {
             Kind::Model => "Model",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::InferencePool => "InferencePool",
+            Kind::Pod => "Pod",
         }
     }
     fn from_kind(kind: &str) -> Option<Kind> {
-        [Kind::Model, Kind::Service, Kind::EndpointSlice]
-            .into_iter()
-            .find(|k| k.name() == kind)
+        Kind::ALL.into_iter().find(|k| k.name() == kind)
     }
     /// `(path prefix, plural)` of the collection.
     fn route(self) -> (&'static str, &'static str) {
@@ -54,11 +67,13 @@ impl Kind {
             Kind::Model => ("/apis/inference.flexinfer.ai/v1alpha2", "models"),
             Kind::Service => ("/api/v1", "services"),
             Kind::EndpointSlice => ("/apis/discovery.k8s.io/v1", "endpointslices"),
+            Kind::InferencePool => ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
+            Kind::Pod => ("/api/v1", "pods"),
         }
     }
     /// Parses `<prefix>/<plural>` or `<prefix>/namespaces/<ns>/<plural>`.
     fn parse_path(path: &str) -> Option<(Kind, Option<String>)> {
-        for kind in [Kind::Model, Kind::Service, Kind::EndpointSlice] {
+        for kind in Kind::ALL {
             let (prefix, plural) = kind.route();
             let Some(rest) = path.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')) else {
                 continue;
@@ -79,12 +94,24 @@ impl Kind {
     }
 }
 
+/// One stored change: the object after it and, for MODIFIED, before it (selectors need both).
+#[derive(Debug)]
+struct Change {
+    rv: u64,
+    kind: Kind,
+    namespace: String,
+    /// ADDED, MODIFIED or DELETED.
+    ty: &'static str,
+    old: Option<Value>,
+    obj: Value,
+}
+
 #[derive(Clone, Debug)]
 enum Broadcast {
-    Event {
-        rv: u64,
+    Change(Arc<Change>),
+    /// A BOOKMARK line for every watch of the kind (bookmarks carry no namespace).
+    Bookmark {
         kind: Kind,
-        namespace: String,
         line: Bytes,
     },
     Expire(Kind),
@@ -96,7 +123,7 @@ struct Inner {
     /// Watches from a resourceVersion below this get 410 Gone.
     compacted: u64,
     objects: BTreeMap<(Kind, String, String), Value>,
-    history: Vec<(u64, Kind, String, Bytes)>,
+    history: Vec<Arc<Change>>,
     requests: Vec<String>,
     /// Kinds whose requests fail with this HTTP status (403 = RBAC, 404 = no CRD).
     failing: BTreeMap<Kind, u16>,
@@ -194,14 +221,19 @@ impl TestApiServer {
         let rv = inner.rv;
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
         let key = (kind, ns.clone(), name);
-        let ty = if inner.objects.contains_key(&key) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        let event = line(&json!({"type": ty, "object": obj}));
-        inner.objects.insert(key, obj);
-        self.record(&mut inner, rv, kind, ns, event);
+        let old = inner.objects.insert(key, obj.clone());
+        let ty = if old.is_some() { "MODIFIED" } else { "ADDED" };
+        self.record(
+            &mut inner,
+            Change {
+                rv,
+                kind,
+                namespace: ns,
+                ty,
+                old,
+                obj,
+            },
+        );
     }
 
     pub fn delete(&self, kind: Kind, ns: &str, name: &str) {
@@ -215,20 +247,21 @@ impl TestApiServer {
         inner.rv += 1;
         let rv = inner.rv;
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let event = line(&json!({"type": "DELETED", "object": obj}));
-        self.record(&mut inner, rv, kind, ns.to_owned(), event);
-    }
-
-    fn record(&self, inner: &mut Inner, rv: u64, kind: Kind, namespace: String, line: Bytes) {
-        inner
-            .history
-            .push((rv, kind, namespace.clone(), line.clone()));
-        let _ = self.tx.send(Broadcast::Event {
+        let change = Change {
             rv,
             kind,
-            namespace,
-            line,
-        });
+            namespace: ns.to_owned(),
+            ty: "DELETED",
+            old: None,
+            obj,
+        };
+        self.record(&mut inner, change);
+    }
+
+    fn record(&self, inner: &mut Inner, change: Change) {
+        let change = Arc::new(change);
+        inner.history.push(change.clone());
+        let _ = self.tx.send(Broadcast::Change(change));
     }
 
     /// Ends every open watch of `kind` with a 410 Gone ERROR event and forgets the history, so the
@@ -243,17 +276,12 @@ impl TestApiServer {
     /// Sends a BOOKMARK with the current resourceVersion to every open watch.
     pub fn bookmark(&self) {
         let inner = self.inner.lock().unwrap();
-        for kind in [Kind::Model, Kind::Service, Kind::EndpointSlice] {
-            let event = line(&json!({"type": "BOOKMARK", "object": {
+        for kind in Kind::ALL {
+            let line = line(&json!({"type": "BOOKMARK", "object": {
                 "kind": kind.name(), "apiVersion": kind.api_version(),
                 "metadata": {"resourceVersion": inner.rv.to_string()}
             }}));
-            let _ = self.tx.send(Broadcast::Event {
-                rv: inner.rv,
-                kind,
-                namespace: String::new(),
-                line: event,
-            });
+            let _ = self.tx.send(Broadcast::Bookmark { kind, line });
         }
     }
 
@@ -276,12 +304,115 @@ fn ns_matches(want: &Option<String>, ns: &str) -> bool {
     want.as_deref().is_none_or(|w| w == ns)
 }
 
-fn query_param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
+fn query_param(query: &str, key: &str) -> Option<String> {
     query
         .split('&')
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| *k == key)
-        .map(|(_, v)| v)
+        .map(|(_, v)| percent_decode(v))
+}
+
+/// `%XX` escapes and `+` (a space in a query), as kube's client encodes selectors.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One requirement of a label or field selector.
+#[derive(Debug, Clone)]
+enum Req {
+    Eq(String, String),
+    Ne(String, String),
+    Exists(String),
+    Absent(String),
+}
+
+/// A parsed `labelSelector` and `fieldSelector` (the `k`, `!k`, `k=v`, `k==v` and `k!=v` forms).
+#[derive(Debug, Clone, Default)]
+struct Selector {
+    labels: Vec<Req>,
+    fields: Vec<Req>,
+}
+
+fn parse_reqs(s: &str) -> Vec<Req> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(|r| {
+            if let Some((k, v)) = r.split_once("!=") {
+                Req::Ne(k.trim().into(), v.trim().into())
+            } else if let Some((k, v)) = r.split_once('=') {
+                Req::Eq(k.trim().into(), v.trim_start_matches('=').trim().into())
+            } else if let Some(k) = r.strip_prefix('!') {
+                Req::Absent(k.trim().into())
+            } else {
+                Req::Exists(r.into())
+            }
+        })
+        .collect()
+}
+
+impl Selector {
+    fn from_query(query: &str) -> Self {
+        let get = |k| {
+            query_param(query, k)
+                .map(|v| parse_reqs(&v))
+                .unwrap_or_default()
+        };
+        Self {
+            labels: get("labelSelector"),
+            fields: get("fieldSelector"),
+        }
+    }
+
+    fn matches(&self, obj: &Value) -> bool {
+        let label = |k: &str| obj["metadata"]["labels"][k].as_str().map(str::to_owned);
+        // Field paths are dotted (`status.phase`); a missing field reads as "".
+        let field = |k: &str| {
+            let v = k.split('.').fold(obj, |v, part| &v[part]);
+            Some(v.as_str().unwrap_or_default().to_owned())
+        };
+        let holds = |req: &Req, get: &dyn Fn(&str) -> Option<String>| match req {
+            Req::Eq(k, v) => get(k).as_deref() == Some(v.as_str()),
+            Req::Ne(k, v) => get(k).as_deref() != Some(v.as_str()),
+            Req::Exists(k) => get(k).is_some(),
+            Req::Absent(k) => get(k).is_none(),
+        };
+        self.labels.iter().all(|r| holds(r, &label)) && self.fields.iter().all(|r| holds(r, &field))
+    }
+
+    /// The line a watch with this selector sees for `change`, if any.
+    fn view(&self, change: &Change) -> Option<Bytes> {
+        let now = self.matches(&change.obj);
+        let before = change.old.as_ref().is_some_and(|o| self.matches(o));
+        let ty = match (change.ty, before, now) {
+            ("ADDED", _, true) | ("MODIFIED", false, true) => "ADDED",
+            ("MODIFIED", true, true) => "MODIFIED",
+            ("MODIFIED", true, false) | ("DELETED", _, true) => "DELETED",
+            _ => return None,
+        };
+        Some(line(&json!({"type": ty, "object": change.obj})))
+    }
 }
 
 fn respond(status: StatusCode, body: Value) -> Response<Body> {
@@ -319,12 +450,13 @@ fn handle(
                    "message": format!("{} failed", kind.name()), "reason": reason, "code": code}),
         );
     }
-    let watching = matches!(query_param(&query, "watch"), Some("true" | "1"));
+    let selector = Selector::from_query(&query);
+    let watching = matches!(query_param(&query, "watch").as_deref(), Some("true" | "1"));
     if !watching {
         let items: Vec<Value> = guard
             .objects
             .iter()
-            .filter(|((k, n, _), _)| *k == kind && ns_matches(&ns, n))
+            .filter(|((k, n, _), v)| *k == kind && ns_matches(&ns, n) && selector.matches(v))
             .map(|(_, v)| v.clone())
             .collect();
         return respond(
@@ -349,46 +481,20 @@ fn handle(
             guard
                 .history
                 .iter()
-                .filter(|(rv, k, n, _)| *rv > since && *k == kind && ns_matches(&ns, n))
-                .map(|(.., l)| l.clone()),
+                .filter(|c| c.rv > since && c.kind == kind && ns_matches(&ns, &c.namespace))
+                .filter_map(|c| selector.view(c)),
         );
     }
     drop(guard);
-    let live = futures::stream::unfold((rx, expired), move |(mut rx, done)| {
-        let ns = ns.clone();
-        async move {
-            if done {
-                return None;
-            }
-            loop {
-                match rx.recv().await {
-                    Ok(Broadcast::Event {
-                        rv,
-                        kind: k,
-                        namespace,
-                        line,
-                    }) => {
-                        // Bookmarks carry no namespace.
-                        if k == kind
-                            && rv >= since
-                            && (namespace.is_empty() || ns_matches(&ns, &namespace))
-                        {
-                            return Some((line, (rx, false)));
-                        }
-                    }
-                    Ok(Broadcast::Expire(k)) if k == kind => return Some((gone(kind), (rx, true))),
-                    Ok(Broadcast::Expire(_)) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        return Some((gone(kind), (rx, true)))
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        }
-    });
+    let watch = Watch {
+        kind,
+        ns,
+        since,
+        selector,
+    };
     let body = StreamBody::new(
         futures::stream::iter(backlog)
-            .chain(live)
+            .chain(watch.live(rx, expired))
             .map(|l| Ok::<_, Infallible>(Frame::data(l))),
     );
     Response::builder()
@@ -396,4 +502,54 @@ fn handle(
         .header("content-type", "application/json")
         .body(BodyExt::boxed(body))
         .expect("response")
+}
+
+/// One open watch: what it sees of the live broadcast.
+struct Watch {
+    kind: Kind,
+    ns: Option<String>,
+    since: u64,
+    selector: Selector,
+}
+
+impl Watch {
+    fn see(&self, b: Broadcast) -> Option<(Bytes, bool)> {
+        match b {
+            Broadcast::Change(c)
+                if c.kind == self.kind
+                    && c.rv >= self.since
+                    && ns_matches(&self.ns, &c.namespace) =>
+            {
+                self.selector.view(&c).map(|l| (l, false))
+            }
+            Broadcast::Bookmark { kind, line } if kind == self.kind => Some((line, false)),
+            Broadcast::Expire(k) if k == self.kind => Some((gone(self.kind), true)),
+            _ => None,
+        }
+    }
+
+    fn live(
+        self,
+        rx: broadcast::Receiver<Broadcast>,
+        expired: bool,
+    ) -> impl futures::Stream<Item = Bytes> {
+        futures::stream::unfold((rx, expired, self), |(mut rx, done, w)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                match rx.recv().await {
+                    Ok(b) => {
+                        if let Some((line, end)) = w.see(b) {
+                            return Some((line, (rx, end, w)));
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        return Some((gone(w.kind), (rx, true, w)))
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+    }
 }

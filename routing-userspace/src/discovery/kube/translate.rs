@@ -1,7 +1,8 @@
-//! Pure translation: one Model, its Service and its EndpointSlices -> one [`ModelSpec`].
+//! Pure translation: one Model, its Service and its EndpointSlices (or the endpoints of the
+//! InferencePool it names, see [`super::pool`]) -> one [`ModelSpec`].
 //!
 //! No I/O and no clock, so every rule of the contract (annotations, priority parsing, port choice,
-//! endpoint conditions) is a table test. Problems with a Model's annotations come back as warning
+//! endpoint conditions, pool references) is a table test. Problems with a Model's annotations come back as warning
 //! strings; the watcher logs them once per Model change instead of once per recompute.
 
 use std::net::{IpAddr, SocketAddr};
@@ -11,7 +12,8 @@ use k8s_openapi::api::discovery::v1::{EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::crd::Model;
+use super::crd::{Model, ModelResourceSpec};
+use super::pool::POOL_GROUP;
 use crate::balance::bounded::{parse_factor, parse_floor};
 use crate::discovery::{BalanceOverride, ModelSpec, Strategy};
 
@@ -42,6 +44,20 @@ pub struct ModelSettings {
     pub ready: bool,
     /// The hash-balance annotations (unset or invalid: the proxy's settings).
     pub hash_balance: BalanceOverride,
+    /// Where the pods come from.
+    pub pods: PodSource,
+}
+
+/// Where a Model's pods come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodSource {
+    /// The ready endpoints of its Service's EndpointSlices (no `inferencePoolRef`).
+    Slices,
+    /// The members of the InferencePool of this name in the Model's namespace; its Service's
+    /// EndpointSlices are ignored (the Service stays the fallback target).
+    Pool(String),
+    /// An `inferencePoolRef` the proxy cannot follow: no pods, so requests go to the Service.
+    Unusable,
 }
 
 /// Reads a Model's annotations, labels, spec and status. Returns warnings for values it had to
@@ -66,6 +82,8 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
             .map(String::as_str),
     );
     warnings.extend(w);
+    let (pods, w) = parse_pool_ref(&model.spec);
+    warnings.extend(w);
     let service_name =
         non_empty(annotations.get(SERVICE_NAME_ANNOTATION)).unwrap_or_else(|| model.name_any());
     let settings = ModelSettings {
@@ -76,8 +94,33 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
         service_name,
         ready: model.is_ready(),
         hash_balance,
+        pods,
     };
     (settings, warnings)
+}
+
+/// `spec.inferencePoolRef`: absent = the Service's EndpointSlices; a name (and the default
+/// group) = that pool; anything else is refused with a warning, and the Model has no pods.
+pub fn parse_pool_ref(spec: &ModelResourceSpec) -> (PodSource, Option<String>) {
+    const REFUSED: &str = "the Model gets no pods and its requests go to its Service";
+    let r = match spec.inference_pool_ref() {
+        Ok(None) => return (PodSource::Slices, None),
+        Ok(Some(r)) => r,
+        Err(e) => return (PodSource::Unusable, Some(format!("{e}; {REFUSED}"))),
+    };
+    if let Some(group) = r.group.as_deref().filter(|g| g.trim() != POOL_GROUP) {
+        let why = format!(
+            "inferencePoolRef.group {group:?} is not supported (only {POOL_GROUP}); {REFUSED}"
+        );
+        return (PodSource::Unusable, Some(why));
+    }
+    match r.name.trim() {
+        "" => (
+            PodSource::Unusable,
+            Some(format!("inferencePoolRef.name is empty; {REFUSED}")),
+        ),
+        name => (PodSource::Pool(name.to_owned()), None),
+    }
 }
 
 fn non_empty(s: Option<&String>) -> Option<String> {
@@ -233,10 +276,21 @@ pub fn translate<'a>(
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
 ) -> ModelSpec {
     let svc_port = service.and_then(service_port);
-    let mut endpoints: Vec<SocketAddr> = slices
+    let endpoints: Vec<SocketAddr> = slices
         .into_iter()
         .flat_map(|s| slice_endpoints(s, svc_port))
         .collect();
+    model_spec(model, settings, service, endpoints)
+}
+
+/// The ModelSpec of one Model whose endpoints are already known (its pool's, or none), with its
+/// Service (if it exists) as the fallback.
+pub fn model_spec(
+    model: &Model,
+    settings: &ModelSettings,
+    service: Option<&Service>,
+    mut endpoints: Vec<SocketAddr>,
+) -> ModelSpec {
     endpoints.sort();
     endpoints.dedup();
     ModelSpec {
@@ -353,6 +407,7 @@ mod tests {
                 service_name: "other-svc".into(),
                 ready: true,
                 hash_balance: BalanceOverride::default(),
+                pods: PodSource::Slices,
             }
         );
         assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -532,5 +587,73 @@ mod tests {
         assert_eq!(spec.endpoints, want);
         // No Service: no fallback URL.
         assert_eq!(translate(&m, &settings, None, []).service, None);
+    }
+
+    #[test]
+    fn pool_ref_table() {
+        for (r, want, warns) in [
+            (json!(null), PodSource::Slices, false),
+            (
+                json!({"name": "pool"}),
+                PodSource::Pool("pool".into()),
+                false,
+            ),
+            (
+                json!({"name": " pool ", "group": "inference.networking.k8s.io"}),
+                PodSource::Pool("pool".into()),
+                false,
+            ),
+            (
+                json!({"name": "pool", "group": "inference.networking.x-k8s.io"}),
+                PodSource::Unusable,
+                true,
+            ),
+            (
+                json!({"name": "pool", "group": ""}),
+                PodSource::Unusable,
+                true,
+            ),
+            (json!({"name": ""}), PodSource::Unusable, true),
+            (
+                json!({"group": "inference.networking.k8s.io"}),
+                PodSource::Unusable,
+                true,
+            ),
+            (json!("pool"), PodSource::Unusable, true),
+            (json!({"name": 7}), PodSource::Unusable, true),
+        ] {
+            let m = model(json!({"spec": {"inferencePoolRef": r}}));
+            let (s, warnings) = model_settings(&m, DEFAULT_SERVICE_LABEL_KEY);
+            assert_eq!(
+                (&s.pods, warnings.len()),
+                (&want, usize::from(warns)),
+                "{r}: {warnings:?}"
+            );
+            if warns {
+                assert!(warnings[0].contains("inferencePoolRef"), "{warnings:?}");
+                assert!(warnings[0].contains("its Service"), "{warnings:?}");
+            }
+        }
+        let refused = model(json!({"spec": {"inferencePoolRef": {"name": "p", "group": "x.io"}}}));
+        let (_, warnings) = model_settings(&refused, DEFAULT_SERVICE_LABEL_KEY);
+        assert!(warnings[0].contains("\"x.io\""), "{warnings:?}");
+    }
+
+    #[test]
+    fn model_spec_sorts_and_dedups_given_endpoints() {
+        let m = model(json!({"spec": {"inferencePoolRef": {"name": "p"}}}));
+        let (settings, _) = model_settings(&m, DEFAULT_SERVICE_LABEL_KEY);
+        let svc = service(json!([{"name": "http", "port": 80}]));
+        let eps: Vec<SocketAddr> = ["10.0.0.2:8001", "10.0.0.1:8000", "10.0.0.2:8001"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let spec = model_spec(&m, &settings, Some(&svc), eps);
+        assert_eq!(spec.endpoints.len(), 2);
+        assert!(spec.endpoints.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(
+            spec.service.as_deref(),
+            Some("http://svc.ns.svc.cluster.local:80")
+        );
     }
 }
