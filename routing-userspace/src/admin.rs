@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::load::LoadGauge;
 use crate::proxy::Shared;
-use crate::table::ModelRoute;
+use crate::table::{LabelGroup, ModelRoute, Pod};
 
 pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -67,65 +67,8 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
 pub fn routing_view(shared: &Shared) -> Value {
     let table = shared.table.load();
     let now = Instant::now();
-    let models: Vec<Value> = table
-        .models()
-        .map(|m| {
-            let pods: Vec<Value> = m
-                .pods
-                .iter()
-                .map(|p| {
-                    json!({
-                        "address": &*p.label,
-                        "slot": p.slot,
-                        "active": p.slot.map(|_| shared.router.pod_load(p)),
-                        "in_flight_here": p.slot.map(|s| shared.inflight.active(s)),
-                        "reservations": shared.router.pod_reservations(p, now),
-                        "ejected": shared.router.health().ejected(p.slot, now).map(|e| json!({
-                            "for_seconds": e.for_ms as f64 / 1000.0,
-                            "reason": e.reason,
-                            "ejections_in_a_row": e.ejections,
-                        })),
-                    })
-                })
-                .collect();
-            json!({
-                "name": &*m.name,
-                "strategy": m.spec.routing.as_str(),
-                "ready": m.spec.ready,
-                "served_model_name": m.spec.served_model_name,
-                "service_label": m.spec.service_label,
-                "route_priority": m.spec.route_priority,
-                "service": m.service.as_ref().map(|s| &*s.url),
-                "ring_points": m.ring.points(),
-                "pods": pods,
-                "hot_keys": hot_keys(shared, m, now),
-                "key_cardinality": shared.metrics.keys.series_report(&m.name, now).iter().map(|r| json!({
-                    "strategy": r.strategy.as_str(),
-                    "key_source": r.source.as_str(),
-                    "estimate": r.estimate,
-                    "exact_keys": r.exact_keys,
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    let groups: Vec<Value> = table
-        .groups()
-        .map(|g| {
-            json!({
-                "label": &*g.label,
-                "mode": shared.router.knobs().label_group_mode.as_str(),
-                "members": g.members.iter().map(|m| json!({
-                    "model": &*m.name,
-                    "ready": m.spec.ready,
-                    "route_priority": m.spec.route_priority,
-                    "reservations": shared.router.member_reservations(m, now),
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    let k = shared.router.knobs();
-    let t = shared.metrics.keys.tracking();
-    let secs = |d: Option<std::time::Duration>| d.map_or(0.0, |d| d.as_secs_f64());
+    let models: Vec<Value> = table.models().map(|m| model_view(shared, m, now)).collect();
+    let groups: Vec<Value> = table.groups().map(|g| group_view(shared, g, now)).collect();
     json!({
         "ready": shared.is_ready(),
         "draining": shared.is_draining(),
@@ -133,24 +76,109 @@ pub fn routing_view(shared: &Shared) -> Value {
         "upstream_keepalive": shared.upstream.keepalive(),
         "upstream_idle_connections": shared.upstream.idle_connections(),
         "reservations_pending": shared.router.pending_reservations(),
-        "knobs": {
-            "explicit_key_max_length": k.limits.explicit_key_max_length,
-            "system_segment_max_length": k.limits.system_segment_max_length,
-            "document_segment_max_length": k.limits.document_segment_max_length,
-            "least_loaded_reservation_ttl_ms": k.reservation_ttl.as_millis() as u64,
-            "label_group_mode": k.label_group_mode.as_str(),
-            "max_pod_attempts": k.max_pod_attempts,
-        },
-        "key_tracking": {
-            "cardinality_cap": t.cardinality_cap,
-            "cardinality_window_seconds": secs(t.cardinality_window),
-            "hot_keys": t.hot_keys,
-            "hot_keys_half_life_seconds": secs(t.hot_keys_half_life),
-            "memory_bound_bytes": shared.metrics.keys.memory_bound(),
-        },
+        "knobs": knobs_view(shared),
+        "key_tracking": key_tracking_view(shared),
         "models": models,
         "label_groups": groups,
         "balance": balance_view(shared),
+    })
+}
+
+/// One model: its settings, its pods and what routing knows of its keys.
+fn model_view(shared: &Shared, m: &ModelRoute, now: Instant) -> Value {
+    let pods: Vec<Value> = m.pods.iter().map(|p| pod_view(shared, p, now)).collect();
+    let cardinality: Vec<Value> = shared
+        .metrics
+        .keys
+        .series_report(&m.name, now)
+        .iter()
+        .map(|r| {
+            json!({
+                "strategy": r.strategy.as_str(),
+                "key_source": r.source.as_str(),
+                "estimate": r.estimate,
+                "exact_keys": r.exact_keys,
+            })
+        })
+        .collect();
+    json!({
+        "name": &*m.name,
+        "strategy": m.spec.routing.as_str(),
+        "ready": m.spec.ready,
+        "served_model_name": m.spec.served_model_name,
+        "service_label": m.spec.service_label,
+        "route_priority": m.spec.route_priority,
+        "service": m.service.as_ref().map(|s| &*s.url),
+        "ring_points": m.ring.points(),
+        "pods": pods,
+        "hot_keys": hot_keys(shared, m, now),
+        "key_cardinality": cardinality,
+    })
+}
+
+/// One pod: its load as picks read it, this process's share, reservations, health.
+fn pod_view(shared: &Shared, p: &Pod, now: Instant) -> Value {
+    let ejected = shared.router.health().ejected(p.slot, now).map(|e| {
+        json!({
+            "for_seconds": e.for_ms as f64 / 1000.0,
+            "reason": e.reason,
+            "ejections_in_a_row": e.ejections,
+        })
+    });
+    json!({
+        "address": &*p.label,
+        "slot": p.slot,
+        "active": p.slot.map(|_| shared.router.pod_load(p)),
+        "in_flight_here": p.slot.map(|s| shared.inflight.active(s)),
+        "reservations": shared.router.pod_reservations(p, now),
+        "ejected": ejected,
+    })
+}
+
+/// One label group: its mode and members.
+fn group_view(shared: &Shared, g: &LabelGroup, now: Instant) -> Value {
+    let members: Vec<Value> = g
+        .members
+        .iter()
+        .map(|m| {
+            json!({
+                "model": &*m.name,
+                "ready": m.spec.ready,
+                "route_priority": m.spec.route_priority,
+                "reservations": shared.router.member_reservations(m, now),
+            })
+        })
+        .collect();
+    json!({
+        "label": &*g.label,
+        "mode": shared.router.knobs().label_group_mode.as_str(),
+        "members": members,
+    })
+}
+
+/// The spec's knobs as the router runs them.
+fn knobs_view(shared: &Shared) -> Value {
+    let k = shared.router.knobs();
+    json!({
+        "explicit_key_max_length": k.limits.explicit_key_max_length,
+        "system_segment_max_length": k.limits.system_segment_max_length,
+        "document_segment_max_length": k.limits.document_segment_max_length,
+        "least_loaded_reservation_ttl_ms": k.reservation_ttl.as_millis() as u64,
+        "label_group_mode": k.label_group_mode.as_str(),
+        "max_pod_attempts": k.max_pod_attempts,
+    })
+}
+
+/// How routing keys are counted.
+fn key_tracking_view(shared: &Shared) -> Value {
+    let t = shared.metrics.keys.tracking();
+    let secs = |d: Option<std::time::Duration>| d.map_or(0.0, |d| d.as_secs_f64());
+    json!({
+        "cardinality_cap": t.cardinality_cap,
+        "cardinality_window_seconds": secs(t.cardinality_window),
+        "hot_keys": t.hot_keys,
+        "hot_keys_half_life_seconds": secs(t.hot_keys_half_life),
+        "memory_bound_bytes": shared.metrics.keys.memory_bound(),
     })
 }
 

@@ -205,18 +205,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     result
 }
 
-async fn run_in(args: &DemoArgs, dir: &Path) -> anyhow::Result<()> {
-    let pods: Vec<SocketAddr> = (0..args.replicas)
-        .map(|_| free_addr())
-        .collect::<Result<_, _>>()?;
-    let service_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let service = service_listener.local_addr()?;
-    tokio::spawn(balancer::run(service_listener, pods.clone()));
-
+/// The proxy under demonstration, in front of `pods` with `service` as the Service fallback:
+/// its process, its listener and its admin address.
+async fn start_proxy(
+    dir: &Path,
+    service: SocketAddr,
+    pods: &[SocketAddr],
+) -> anyhow::Result<(Kid, SocketAddr, SocketAddr)> {
     let config = dir.join("models.yaml");
-    std::fs::write(&config, models_yaml(service, &pods))?;
+    std::fs::write(&config, models_yaml(service, pods))?;
     let (listen, admin) = (free_addr()?, free_addr()?);
-    let _proxy = spawn(
+    let proxy = spawn(
         &[
             "serve".to_string(),
             "--listen".into(),
@@ -233,8 +232,11 @@ async fn run_in(args: &DemoArgs, dir: &Path) -> anyhow::Result<()> {
     wait_ready(admin, "/readyz")
         .await
         .context("the proxy did not start (see proxy.log)")?;
+    Ok((proxy, listen, admin))
+}
 
-    let docs = documents(args.documents, args.document_words);
+/// What the demo is about to show, and the table's header.
+fn print_header(args: &DemoArgs, listen: SocketAddr) {
     println!(
         "flexinfer-proxy demo: Chat-with-Doc through a real proxy ({listen}) to {} simulated replicas",
         args.replicas
@@ -256,12 +258,21 @@ async fn run_in(args: &DemoArgs, dir: &Path) -> anyhow::Result<()> {
         "{:<11} {:<18} {:>7} {:>8} {:>8} {:>9}   pods served",
         "routing", "phase", "ok", "p50", "p95", "cache-hit"
     );
+}
 
+/// Every phase through every strategy's model, each strategy on fresh replicas (cold caches)
+/// at the same addresses; one table row per phase. Returns the requests that failed.
+async fn run_strategies(
+    args: &DemoArgs,
+    pods: &[SocketAddr],
+    dir: &Path,
+    listen: SocketAddr,
+) -> anyhow::Result<usize> {
+    let docs = documents(args.documents, args.document_words);
     let hot_system = hot_system_prompt(args.hot_prompt_words);
     let mut failed = 0;
     for (strategy, model) in STRATEGIES {
-        // Fresh replicas (cold caches) for each strategy, on the same addresses.
-        let replicas = start_replicas(args, &pods, dir).await?;
+        let replicas = start_replicas(args, pods, dir).await?;
         for phase in Phase::ALL.into_iter().chain([Phase::HotPrompt]) {
             let concurrency = if phase == Phase::HotPrompt {
                 args.hot_concurrency
@@ -284,11 +295,14 @@ async fn run_in(args: &DemoArgs, dir: &Path) -> anyhow::Result<()> {
         drop(replicas);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(failed)
+}
 
-    let m = fetch_metrics(admin).await;
+/// What the proxy's own metrics say: key sources, spills, fallbacks, cardinality overflow.
+fn print_proxy_metrics(m: &str) {
     let by_source = |model: &str, source: &str| {
         counter_sum(
-            &m,
+            m,
             "flexinfer_proxy_routing_decisions_total",
             &[("model", model), ("key_source", source)],
         )
@@ -310,24 +324,37 @@ async fn run_in(args: &DemoArgs, dir: &Path) -> anyhow::Result<()> {
     }
     for model in ["chat-prefix", "chat-cache-aware"] {
         let spills = counter_sum(
-            &m,
+            m,
             "flexinfer_proxy_routing_spills_total",
             &[("model", model)],
         );
         println!("  {model}: spills past a pod at the load bound: {spills}");
     }
     let fallback = counter_sum(
-        &m,
+        m,
         "flexinfer_proxy_routing_decisions_total",
         &[("model", "chat-prefix"), ("outcome", "service-fallback")],
     );
     println!("  service-fallback   {fallback}");
     let overflow = counter_sum(
-        &m,
+        m,
         "flexinfer_proxy_routing_key_cardinality_overflow_total",
         &[("model", "chat-prefix")],
     );
     println!("  cardinality overflow {overflow}");
+}
+
+async fn run_in(args: &DemoArgs, dir: &Path) -> anyhow::Result<()> {
+    let pods: Vec<SocketAddr> = (0..args.replicas)
+        .map(|_| free_addr())
+        .collect::<Result<_, _>>()?;
+    let service_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let service = service_listener.local_addr()?;
+    tokio::spawn(balancer::run(service_listener, pods.clone()));
+    let (_proxy, listen, admin) = start_proxy(dir, service, &pods).await?;
+    print_header(args, listen);
+    let failed = run_strategies(args, &pods, dir, listen).await?;
+    print_proxy_metrics(&fetch_metrics(admin).await);
     if failed > 0 {
         bail!("{failed} requests failed");
     }

@@ -106,7 +106,7 @@ pub struct ModelMetrics {
     pub duration: Histogram,
     /// `routing_decisions_total` by `[key source][outcome]`; `None` where the rules say the
     /// pair cannot occur.
-    decisions: [[Option<IntCounter>; Outcome::ALL.len()]; KeySource::ALL.len()],
+    decisions: DecisionCounters,
     /// `routing_spills_total`, for strategies that walk a ring.
     pub spills: Option<IntCounter>,
     /// The cache-aware series, for cache-aware models.
@@ -137,17 +137,6 @@ impl ModelMetrics {
         now: Instant,
     ) -> Self {
         let n = &**name;
-        let mut decisions: [[Option<IntCounter>; Outcome::ALL.len()]; KeySource::ALL.len()] =
-            Default::default();
-        for (source, outcome) in possible_decisions(strategy, has_service) {
-            decisions[source.index()][outcome.index()] =
-                Some(m.spec.routing_decisions_total.with_label_values(&[
-                    n,
-                    strategy.as_str(),
-                    source.as_str(),
-                    outcome.as_str(),
-                ]));
-        }
         let hits = |target: &str| {
             m.spec
                 .routing_target_hits_total
@@ -166,23 +155,14 @@ impl ModelMetrics {
                 .time_to_first_byte_seconds
                 .with_label_values(&[n]),
             duration: m.requests.request_duration_seconds.with_label_values(&[n]),
-            decisions,
+            decisions: decision_counters(m, n, strategy, has_service),
             spills: can_spill(strategy, has_service).then(|| {
                 m.balance
                     .routing_spills_total
                     .with_label_values(&[n, strategy.as_str()])
             }),
-            cache_aware: (strategy == Strategy::CacheAware).then(|| CacheAwareMetrics {
-                depth: m.balance.cache_aware_match_depth.with_label_values(&[n]),
-                matched: m
-                    .balance
-                    .cache_aware_lookups_total
-                    .with_label_values(&[n, "match"]),
-                missed: m
-                    .balance
-                    .cache_aware_lookups_total
-                    .with_label_values(&[n, "miss"]),
-            }),
+            cache_aware: (strategy == Strategy::CacheAware)
+                .then(|| CacheAwareMetrics::resolve(m, n)),
             pod_hits: pods.iter().map(|p| hits(p)).collect(),
             service_hits: has_service.then(|| hits(SERVICE_TARGET)),
             pod_connect_errors: pods.iter().map(|p| errors(p)).collect(),
@@ -200,20 +180,7 @@ impl ModelMetrics {
                         .with_label_values(&[n, p])
                 })
                 .collect(),
-            reservations: Arc::new(ReservationCounters {
-                made: m
-                    .spec
-                    .least_loaded_reservations_total
-                    .with_label_values(&[n]),
-                consumed: m
-                    .spec
-                    .least_loaded_reservations_consumed_total
-                    .with_label_values(&[n]),
-                expired: m
-                    .spec
-                    .least_loaded_reservations_expired_total
-                    .with_label_values(&[n]),
-            }),
+            reservations: ReservationCounters::resolve(m, n),
             keys: m.keys.model(name, strategy, now),
         }
     }
@@ -221,6 +188,59 @@ impl ModelMetrics {
     /// The decision counter for `(source, outcome)`; `None` only if the rules missed a case.
     pub fn decision(&self, source: KeySource, outcome: Outcome) -> Option<&IntCounter> {
         self.decisions[source.index()][outcome.index()].as_ref()
+    }
+}
+
+/// Decision counters by key source and outcome: only those the rules allow for `strategy`.
+type DecisionCounters = [[Option<IntCounter>; Outcome::ALL.len()]; KeySource::ALL.len()];
+
+fn decision_counters(
+    m: &Metrics,
+    n: &str,
+    strategy: Strategy,
+    has_service: bool,
+) -> DecisionCounters {
+    let mut decisions: DecisionCounters = Default::default();
+    for (source, outcome) in possible_decisions(strategy, has_service) {
+        decisions[source.index()][outcome.index()] =
+            Some(m.spec.routing_decisions_total.with_label_values(&[
+                n,
+                strategy.as_str(),
+                source.as_str(),
+                outcome.as_str(),
+            ]));
+    }
+    decisions
+}
+
+impl CacheAwareMetrics {
+    fn resolve(m: &Metrics, n: &str) -> Self {
+        let lookups = |result: &str| {
+            m.balance
+                .cache_aware_lookups_total
+                .with_label_values(&[n, result])
+        };
+        Self {
+            depth: m.balance.cache_aware_match_depth.with_label_values(&[n]),
+            matched: lookups("match"),
+            missed: lookups("miss"),
+        }
+    }
+}
+
+impl ReservationCounters {
+    /// Model `n`'s counters in the spec's reservation families.
+    fn resolve(m: &Metrics, n: &str) -> Arc<Self> {
+        let s = &m.spec;
+        Arc::new(Self {
+            made: s.least_loaded_reservations_total.with_label_values(&[n]),
+            consumed: s
+                .least_loaded_reservations_consumed_total
+                .with_label_values(&[n]),
+            expired: s
+                .least_loaded_reservations_expired_total
+                .with_label_values(&[n]),
+        })
     }
 }
 

@@ -96,6 +96,44 @@ async fn refuse(mut stream: TcpStream) {
     .await;
 }
 
+/// hyper's connection builder (HTTP/1.1 and h2c) for `opts`.
+fn connection_builder(opts: &ServeOptions) -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    let mut h1 = builder.http1();
+    // Head and body (or chunk framing and data) go out as one buffer with one `send`, not a
+    // `writev` of several: 14.7 against 15.2 us of CPU per request, 3% more requests per second
+    // (`cargo xtask bench overhead --only haproxy,fx-userspace,session`). The copy it costs is
+    // small next to a model's time for the bodies it copies.
+    h1.timer(TokioTimer::new())
+        .writev(false)
+        .max_buf_size((opts.max_head_bytes + 16 * 1024).max(8192));
+    h1.header_read_timeout(
+        (!opts.header_read_timeout.is_zero()).then_some(opts.header_read_timeout),
+    );
+    builder
+}
+
+/// Connections refused past the limit: one warning per ten seconds of them, not one each.
+#[derive(Default)]
+struct Refusals {
+    since_warned: u64,
+    last_warned: Option<Instant>,
+}
+
+impl Refusals {
+    fn refused(&mut self, peer: SocketAddr, max: usize) {
+        self.since_warned += 1;
+        if self
+            .last_warned
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
+            tracing::warn!(peer = %peer, max, refused = self.since_warned, "too many client connections; refusing new ones with 503");
+            self.last_warned = Some(Instant::now());
+            self.since_warned = 0;
+        }
+    }
+}
+
 /// How the drain after shutdown ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drained {
@@ -120,23 +158,9 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
-    {
-        let mut h1 = builder.http1();
-        // Head and body (or chunk framing and data) go out as one buffer with one `send`, not
-        // a `writev` of several: 14.7 against 15.2 us of CPU per request, 3% more requests per
-        // second (`cargo xtask bench overhead --only haproxy,fx-userspace,session`). The copy
-        // it costs is small next to a model's time for the bodies it copies.
-        h1.timer(TokioTimer::new())
-            .writev(false)
-            .max_buf_size((opts.max_head_bytes + 16 * 1024).max(8192));
-        h1.header_read_timeout(
-            (!opts.header_read_timeout.is_zero()).then_some(opts.header_read_timeout),
-        );
-    }
-    let builder = Arc::new(builder);
+    let builder = Arc::new(connection_builder(&opts));
     let open = Arc::new(AtomicUsize::new(0));
-    let (mut refused, mut last_warned) = (0u64, None);
+    let mut refusals = Refusals::default();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -154,13 +178,7 @@ where
         let _ = stream.set_nodelay(true);
         if open.fetch_add(1, Ordering::Relaxed) >= opts.max_connections {
             open.fetch_sub(1, Ordering::Relaxed);
-            // One line per ten seconds of refusals, not one per refused connection.
-            refused += 1;
-            if last_warned.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(10)) {
-                tracing::warn!(peer = %peer, max = opts.max_connections, refused, "too many client connections; refusing new ones with 503");
-                last_warned = Some(Instant::now());
-                refused = 0;
-            }
+            refusals.refused(peer, opts.max_connections);
             tokio::spawn(refuse(stream));
             continue;
         }

@@ -134,65 +134,95 @@ pub fn parse_response(
     request: &Method,
 ) -> Result<Option<ResponseHead>, HeadError> {
     loop {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut r = httparse::Response::new(&mut fields);
-        let n = match r.parse(buf) {
-            Ok(httparse::Status::Complete(n)) => n,
-            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-                return Err(HeadError::TooLarge)
-            }
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-            Err(e) => return Err(HeadError::Parse(e.to_string())),
+        let Some((status, version, headers)) = parse_one(buf)? else {
+            return Ok(None);
         };
-        if n > MAX_HEAD {
-            return Err(HeadError::TooLarge);
-        }
-        let code = r.code.unwrap_or(0);
-        let status =
-            StatusCode::from_u16(code).map_err(|_| HeadError::Parse(format!("status {code}")))?;
-        let version = if r.version == Some(0) {
-            Version::HTTP_10
-        } else {
-            Version::HTTP_11
-        };
-        // Offsets into `buf` of each name and value, so the values can share its memory.
-        let base = buf.as_ptr() as usize;
-        let spans: Vec<(&[u8], std::ops::Range<usize>)> = r
-            .headers
-            .iter()
-            .map(|h| {
-                let start = h.value.as_ptr() as usize - base;
-                (h.name.as_bytes(), start..start + h.value.len())
-            })
-            .collect();
-        let mut headers = HeaderMap::with_capacity(spans.len());
-        let names: Vec<Result<HeaderName, String>> = spans
-            .iter()
-            .map(|(name, _)| {
-                HeaderName::from_bytes(name).map_err(|_| String::from_utf8_lossy(name).into_owned())
-            })
-            .collect();
-        let ranges: Vec<std::ops::Range<usize>> = spans.into_iter().map(|(_, r)| r).collect();
-        let head: Bytes = buf.split_to(n).freeze();
-        for (name, range) in names.into_iter().zip(ranges) {
-            let name = name.map_err(HeadError::BadHeader)?;
-            let value = HeaderValue::from_maybe_shared(head.slice(range))
-                .map_err(|_| HeadError::BadHeader(name.to_string()))?;
-            headers.append(name, value);
-        }
         if status == StatusCode::SWITCHING_PROTOCOLS {
             return Err(HeadError::Upgrade);
         }
         if status.is_informational() {
             continue;
         }
-        let connection = headers.get_all(header::CONNECTION);
-        let close = connection.iter().any(|v| lists(v, "close"));
-        let keep_alive = match version {
-            Version::HTTP_10 => !close && connection.iter().any(|v| lists(v, "keep-alive")),
-            _ => !close,
+        let framing = framing(&headers, status, request)?;
+        let keep_alive = keep_alive(&headers, version, framing);
+        return Ok(Some(ResponseHead {
+            status,
+            headers,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// Where a header's name and value lie in the head's bytes.
+#[derive(Clone, Copy, Default)]
+struct Span {
+    name: (usize, usize),
+    value: (usize, usize),
+}
+
+/// One response head (final or interim) split off the front of `buf`, its header values
+/// sharing the head's memory. `Ok(None)`: incomplete.
+fn parse_one(buf: &mut BytesMut) -> Result<Option<(StatusCode, Version, HeaderMap)>, HeadError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut r = httparse::Response::new(&mut fields);
+    let n = match r.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(HeadError::TooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(e) => return Err(HeadError::Parse(e.to_string())),
+    };
+    if n > MAX_HEAD {
+        return Err(HeadError::TooLarge);
+    }
+    let code = r.code.unwrap_or(0);
+    let status =
+        StatusCode::from_u16(code).map_err(|_| HeadError::Parse(format!("status {code}")))?;
+    let version = match r.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    // Offsets of each name and value, so the values can share the head's memory once it is
+    // split off (on the stack: no allocation per response).
+    let base = buf.as_ptr() as usize;
+    let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
+    let mut spans = [Span::default(); MAX_HEADERS];
+    let count = r.headers.len();
+    for (span, h) in spans.iter_mut().zip(r.headers.iter()) {
+        *span = Span {
+            name: at(h.name.as_bytes()),
+            value: at(h.value),
         };
+    }
+    let head: Bytes = buf.split_to(n).freeze();
+    let mut headers = HeaderMap::with_capacity(count);
+    for span in &spans[..count] {
+        let (start, len) = span.name;
+        let raw = &head[start..start + len];
+        let name = HeaderName::from_bytes(raw)
+            .map_err(|_| HeadError::BadHeader(String::from_utf8_lossy(raw).into_owned()))?;
+        let (start, len) = span.value;
+        let value = HeaderValue::from_maybe_shared(head.slice(start..start + len))
+            .map_err(|_| HeadError::BadHeader(name.to_string()))?;
+        headers.append(name, value);
+    }
+    Ok(Some((status, version, headers)))
+}
+
+/// How the body of a response to `request` is delimited (RFC 9112 section 6.3).
+fn framing(
+    headers: &HeaderMap,
+    status: StatusCode,
+    request: &Method,
+) -> Result<Framing, HeadError> {
+    if *request == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Framing::Empty);
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
         let chunked = headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()
@@ -203,36 +233,33 @@ pub fn parse_response(
                     .next()
                     .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
             });
-        let framing = if *request == Method::HEAD
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
-        {
-            Framing::Empty
-        } else if headers.contains_key(header::TRANSFER_ENCODING) {
-            if chunked {
-                Framing::Chunked
-            } else {
-                Framing::Close
-            }
+        return Ok(if chunked {
+            Framing::Chunked
         } else {
-            match content_length(&headers)? {
-                Some(0) => Framing::Empty,
-                Some(n) => Framing::Length(n),
-                None => Framing::Close,
-            }
-        };
-        // A body delimited by the close, or framed by both headers, ends the connection.
-        let keep_alive = keep_alive
-            && framing != Framing::Close
-            && !(headers.contains_key(header::TRANSFER_ENCODING)
-                && headers.contains_key(header::CONTENT_LENGTH));
-        return Ok(Some(ResponseHead {
-            status,
-            headers,
-            framing,
-            keep_alive,
-        }));
+            Framing::Close
+        });
     }
+    Ok(match content_length(headers)? {
+        Some(0) => Framing::Empty,
+        Some(n) => Framing::Length(n),
+        None => Framing::Close,
+    })
+}
+
+/// Whether the connection may carry another request: HTTP/1.1 unless `Connection: close`,
+/// HTTP/1.0 only with `keep-alive`; never after a body delimited by the close, or one framed
+/// by both `Transfer-Encoding` and `Content-Length`.
+fn keep_alive(headers: &HeaderMap, version: Version, framing: Framing) -> bool {
+    let connection = headers.get_all(header::CONNECTION);
+    let close = connection.iter().any(|v| lists(v, "close"));
+    let asked = match version {
+        Version::HTTP_10 => !close && connection.iter().any(|v| lists(v, "keep-alive")),
+        _ => !close,
+    };
+    asked
+        && framing != Framing::Close
+        && !(headers.contains_key(header::TRANSFER_ENCODING)
+            && headers.contains_key(header::CONTENT_LENGTH))
 }
 
 #[cfg(test)]

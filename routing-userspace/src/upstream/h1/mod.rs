@@ -175,6 +175,16 @@ impl Replay {
     }
 }
 
+/// Why no response head was read.
+enum ReadFailure {
+    Head(head::HeadError),
+    /// The connection closed or failed; `got_nothing`: before any byte of a head.
+    Closed {
+        reason: String,
+        got_nothing: bool,
+    },
+}
+
 impl H1Conn {
     pub fn new(io: TcpStream) -> Self {
         Self {
@@ -206,92 +216,118 @@ impl H1Conn {
         if let Some(t) = &self.track {
             t.busy();
         }
-        let has_length = head.headers.contains_key(http::header::CONTENT_LENGTH);
-        self.write_buf.clear();
         let replay = match body {
-            UpBody::Bytes(bytes) => {
-                // A body sent again after a streamed first attempt has no length header yet.
-                let length = bytes.as_ref().filter(|_| !has_length).map(|b| b.len());
-                head::encode_request(
-                    &mut self.write_buf,
-                    head,
-                    head::BodyFraming::of(length, false),
-                );
-                let inline = bytes.as_ref().is_some_and(|b| b.len() <= INLINE_BODY);
-                if let (true, Some(b)) = (inline, &bytes) {
-                    self.write_buf.extend_from_slice(b);
-                }
-                let mut written = self.io.write_all(&self.write_buf).await;
-                if let (false, Some(b), Ok(())) = (inline, &bytes, &written) {
-                    written = self.io.write_all(b).await;
-                }
-                let replay = Some(UpBody::Bytes(bytes));
-                if let Err(e) = written {
-                    return Err(broken(e.to_string(), reused, replay));
-                }
-                replay
-            }
-            UpBody::Stream { .. } => {
-                // A streamed body without a length goes out chunked.
-                let chunked = !has_length;
-                head::encode_request(
-                    &mut self.write_buf,
-                    head,
-                    head::BodyFraming::of(None, chunked),
-                );
-                let mut body = body;
-                let mut kept = Replay::default();
-                // The first chunk goes out with the head, in one write.
-                let first = next_data(&mut body).await?;
-                let ended = first.is_none() || http_body::Body::is_end_stream(&body);
-                if let Some(data) = first {
-                    chunk(&mut self.write_buf, &data, chunked);
-                    kept.push(data);
-                }
-                if ended && chunked {
-                    self.write_buf.extend_from_slice(b"0\r\n\r\n");
-                }
-                if let Err(e) = self.io.write_all(&self.write_buf).await {
-                    let replay = if ended { kept.body() } else { None };
-                    return Err(broken(e.to_string(), reused, replay));
-                }
-                if !ended {
-                    if let Err(e) = self.write_stream(&mut body, chunked, &mut kept).await {
-                        return Err(match e {
-                            WriteFailure::Body(e) => e,
-                            WriteFailure::Io(e) => broken(e.to_string(), reused, None),
-                        });
-                    }
-                }
-                kept.body()
-            }
+            UpBody::Bytes(bytes) => self.write_read_body(head, bytes, reused).await?,
+            body @ UpBody::Stream { .. } => self.write_streamed_body(head, body, reused).await?,
         };
-        let method = &head.method;
+        match self.read_head(&head.method).await {
+            Ok(h) => Ok(Sent {
+                response: self.respond(h, release),
+                replay,
+            }),
+            Err(ReadFailure::Head(e)) => Err(SendError::Head(e)),
+            // Part of a head and then nothing: the request may have been served; do not send
+            // it again.
+            Err(ReadFailure::Closed {
+                reason,
+                got_nothing,
+            }) => Err(broken(reason, reused, replay.filter(|_| got_nothing))),
+        }
+    }
+
+    /// Write the head and a body the proxy read (small ones in the same write); the body comes
+    /// back for a resend.
+    async fn write_read_body(
+        &mut self,
+        head: &Parts,
+        bytes: Option<bytes::Bytes>,
+        reused: bool,
+    ) -> Result<Option<UpBody>, SendError> {
+        // A body sent again after a streamed first attempt has no length header yet.
+        let has_length = head.headers.contains_key(http::header::CONTENT_LENGTH);
+        let length = bytes.as_ref().filter(|_| !has_length).map(|b| b.len());
+        self.write_buf.clear();
+        head::encode_request(
+            &mut self.write_buf,
+            head,
+            head::BodyFraming::of(length, false),
+        );
+        let inline = bytes.as_ref().is_some_and(|b| b.len() <= INLINE_BODY);
+        if let (true, Some(b)) = (inline, &bytes) {
+            self.write_buf.extend_from_slice(b);
+        }
+        let mut written = self.io.write_all(&self.write_buf).await;
+        if let (false, Some(b), Ok(())) = (inline, &bytes, &written) {
+            written = self.io.write_all(b).await;
+        }
+        let replay = Some(UpBody::Bytes(bytes));
+        match written {
+            Ok(()) => Ok(replay),
+            Err(e) => Err(broken(e.to_string(), reused, replay)),
+        }
+    }
+
+    /// Write the head and the client's body as it arrives (chunked when it has no length), the
+    /// first chunk with the head; what was sent is kept for a resend while it is small.
+    async fn write_streamed_body(
+        &mut self,
+        head: &Parts,
+        mut body: UpBody,
+        reused: bool,
+    ) -> Result<Option<UpBody>, SendError> {
+        let chunked = !head.headers.contains_key(http::header::CONTENT_LENGTH);
+        self.write_buf.clear();
+        head::encode_request(
+            &mut self.write_buf,
+            head,
+            head::BodyFraming::of(None, chunked),
+        );
+        let mut kept = Replay::default();
+        let first = next_data(&mut body).await?;
+        let ended = first.is_none() || http_body::Body::is_end_stream(&body);
+        if let Some(data) = first {
+            chunk(&mut self.write_buf, &data, chunked);
+            kept.push(data);
+        }
+        if ended && chunked {
+            self.write_buf.extend_from_slice(b"0\r\n\r\n");
+        }
+        if let Err(e) = self.io.write_all(&self.write_buf).await {
+            let replay = if ended { kept.body() } else { None };
+            return Err(broken(e.to_string(), reused, replay));
+        }
+        if !ended {
+            self.write_stream(&mut body, chunked, &mut kept)
+                .await
+                .map_err(|e| match e {
+                    WriteFailure::Body(e) => e,
+                    WriteFailure::Io(e) => broken(e.to_string(), reused, None),
+                })?;
+        }
+        Ok(kept.body())
+    }
+
+    /// Read until a response head to `method` is complete.
+    async fn read_head(&mut self, method: &http::Method) -> Result<ResponseHead, ReadFailure> {
         loop {
-            match head::parse_response(&mut self.read_buf, method) {
-                Ok(Some(h)) => {
-                    return Ok(Sent {
-                        response: self.respond(h, release),
-                        replay,
-                    })
-                }
-                Ok(None) => {}
-                Err(e) => return Err(SendError::Head(e)),
+            if let Some(h) =
+                head::parse_response(&mut self.read_buf, method).map_err(ReadFailure::Head)?
+            {
+                return Ok(h);
             }
             if self.read_buf.capacity() - self.read_buf.len() < READ_CHUNK / 4 {
                 self.read_buf.reserve(READ_CHUNK);
             }
             let got_nothing = self.read_buf.is_empty();
-            let failure = match self.io.read_buf(&mut self.read_buf).await {
-                Ok(0) => None,
+            let reason = match self.io.read_buf(&mut self.read_buf).await {
+                Ok(0) => "closed before a response".to_owned(),
                 Ok(_) => continue,
-                Err(e) => Some(e),
+                Err(e) => e.to_string(),
             };
-            let reason =
-                failure.map_or_else(|| "closed before a response".to_owned(), |e| e.to_string());
-            // Part of a head and then nothing: the request may have been served; do not send
-            // it again.
-            return Err(broken(reason, reused, replay.filter(|_| got_nothing)));
+            return Err(ReadFailure::Closed {
+                reason,
+                got_nothing,
+            });
         }
     }
 
