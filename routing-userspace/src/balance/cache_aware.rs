@@ -3,11 +3,13 @@
 //! bound.
 //!
 //! Ties are common: a shared system prompt is on every pod that served it. Matches within
-//! [`TIE_LINKS`] of the longest count as equal, and among tied pods the least loaded wins, then
-//! the first in the bounded ring walk of the link after the longest matched run. So new
-//! conversations behind a shared system prompt spread by load instead of piling on whichever
-//! pods saw the system prompt first (and starving the ones that did not), which keeps the pods
-//! even and so spares later turns a spill. A run most pods already hold counts as held by a
+//! [`TIE_LINKS`] of the longest count as equal, and among tied pods the first in the bounded
+//! ring walk of the link after the longest matched run wins. That choice depends on the request
+//! alone, never on this proxy's loads, so the proxies of a fleet (each with its own index and
+//! its own view of the loads) send a conversation's next turn to the pod its earlier turns went
+//! to, even through a proxy that never saw them: behind a shared system prompt, every proxy
+//! ties at the prompt and walks from the conversation's first own link. New conversations
+//! spread by that hash; the bound moves a pick only when its pod is full. A run most pods already hold counts as held by a
 //! pod that is [`IDLE_GAP`] less busy than every holder (one more copy costs one prefill;
 //! without this, pods that never got a long shared system prompt would never get a new
 //! conversation, while a document most pods hold stays with them when load is even). With no match at all the pick is the bounded ring
@@ -121,15 +123,10 @@ pub fn choose(
             .clone()
             .iter(ring)
             .filter(|&i| eligible(i) && depth(i) + TIE_LINKS >= best);
-        let pick = if best == 0 {
-            // No match anywhere: the bounded ring pick, the same on every proxy.
-            tied.take(1).next()
-        } else {
-            // Among the tied holders of a match, the least loaded, then the first in the walk.
-            tied.enumerate()
-                .min_by_key(|&(k, i)| (load(i), k))
-                .map(|(_, i)| i)
-        };
+        // The first tied pod in the walk of the link past the match: a function of the
+        // request alone, so proxies that share nothing pick alike (with no match at all, the
+        // bounded ring pick of the first link).
+        let pick = tied.take(1).next();
         (pick, best, walk)
     };
     let (pick, _, walk) = best_under(limit);
@@ -170,15 +167,21 @@ mod tests {
         assert_eq!(common_depth(&[6, 6, 6, 0], 4), 6);
         assert_eq!(common_depth(&[6, 6, 0, 0], 4), 0, "half is not most");
         assert_eq!(common_depth(&[9, 6, 7, 0, 1], 5), 6);
-        // The idle pod without the shared system prompt is not starved.
+        // The idle pod without the shared system prompt is not starved: it ties with the
+        // holders, so the requests whose next link walks to it first go there.
         let r = ring(4);
-        let chain = [1, 2, 3, 4, 5, 6, 7];
+        // Links are hashes, spread over the whole ring.
+        let next = (0u64..1000)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .find(|&h| r.pick(h) == Some(3))
+            .expect("some link walks to pod 3 first");
+        let chain = [1, 2, 3, 4, 5, 6, next];
         let c = choose(&r, &chain, &[6, 6, 6, 0], &[3, 3, 3, 0], Some(10));
         assert_eq!((c.pick, c.depth), (Some(3), 0));
         // ... but only while every holder is busier by IDLE_GAP: a document most pods hold
         // stays with them when the pod without it is about as busy.
         let c = choose(&r, &chain, &[6, 6, 6, 0], &[1, 2, 1, 0], Some(10));
-        assert!(matches!(c.pick, Some(0 | 2)), "{:?}", c.pick);
+        assert!(matches!(c.pick, Some(0..=2)), "{:?}", c.pick);
         assert_eq!(c.depth, 6);
     }
 
@@ -219,13 +222,16 @@ mod tests {
         let c = choose(&r, &chain, &[1; 6], &[0; 6], None);
         assert_eq!(c.pick, r.pick(0xfeed_beef));
         assert_eq!(c.depth, 1);
-        // Tied holders: the least loaded wins; no match: the ring, whatever the loads.
-        let c = choose(&r, &chain, &[1; 6], &[3, 1, 2, 3, 3, 3], Some(10));
-        assert_eq!(c.pick, Some(1));
-        let c = choose(&r, &chain, &[0; 6], &[3, 1, 2, 3, 3, 3], Some(10));
-        assert_eq!(c.pick, r.pick(7));
+        // Loads under the bound change nothing: tied holders go by the walk, and with no match
+        // the ring decides, whatever the loads (proxies with different views pick alike).
+        for loads in [[3, 1, 2, 3, 3, 3], [0, 9, 0, 2, 7, 1], [5; 6]] {
+            let c = choose(&r, &chain, &[1; 6], &loads, Some(10));
+            assert_eq!(c.pick, r.pick(0xfeed_beef), "{loads:?}");
+            let c = choose(&r, &chain, &[0; 6], &loads, Some(10));
+            assert_eq!(c.pick, r.pick(7), "{loads:?}");
+        }
         // A pod lacking only a short shared prefix ties with those that hold it, so it is not
-        // starved of new conversations: with equal loads the walk decides.
+        // starved of new conversations: the walk decides.
         for hash in [0xfeed_beef_u64, 0x1234, 0xdead, 0xabcdef] {
             let chain = [7, 8, hash, 9];
             let mut depths = [2; 6];
