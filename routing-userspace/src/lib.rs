@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod replay;
 pub mod router;
 pub mod rules;
+pub mod signals;
 pub mod sim;
 pub mod state;
 pub mod table;

@@ -66,6 +66,8 @@ pub struct Metrics {
     /// `requests_total` of requests that never resolved to a configured model (client-chosen
     /// names stay out of metric labels).
     pub unknown_model_requests: handles::StatusCounters,
+    /// The engine-signal families (`flexinfer_proxy_engine_*`, see [`crate::signals`]).
+    pub engine: crate::signals::EngineFamilies,
 }
 
 /// The `model` label of requests for no configured model.
@@ -84,6 +86,14 @@ impl Families {
             .expect("metric registered once");
         self.collectors.push(Box::new(c.clone()));
         c
+    }
+
+    /// A group of families defined elsewhere (`collectors` boxes each of them anew).
+    fn add_all(&mut self, collectors: impl Fn() -> Vec<Box<dyn Collector>>) {
+        for c in collectors() {
+            self.registry.register(c).expect("metric registered once");
+        }
+        self.collectors.extend(collectors());
     }
 
     fn counter(&mut self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -166,7 +176,10 @@ impl Metrics {
             "Total requests per model (by status)",
             &["model", "status"],
         );
+        let engine = crate::signals::EngineFamilies::new();
+        f.add_all(|| engine.collectors());
         Self {
+            engine,
             unknown_model_requests: handles::StatusCounters::lazy(&requests_total, UNKNOWN_MODEL),
             requests_total,
             active_connections: f.gauge(
@@ -333,7 +346,8 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 21, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 28, "{text}");
+        assert!(text.contains("# TYPE flexinfer_proxy_engine_scrapes_total counter\n"));
         m.requests_total.with_label_values(&["m", "200"]).inc();
         let text = m.render();
         assert_eq!(

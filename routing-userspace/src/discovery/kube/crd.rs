@@ -46,6 +46,12 @@ pub struct ModelResourceSpec {
     /// When set, the proxy rewrites the request body's `model` to this name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_model_name: Option<String>,
+    /// The model server the pods run, for reading their load: `auto` (detected from the
+    /// metrics page; `backend` narrows it), `vllm`, `sglang`, `llamacpp` or `none` (no engine
+    /// signals). The `flexinfer.ai/engine` annotation overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["auto", "vllm", "sglang", "llamacpp", "none"]))]
+    pub engine: Option<String>,
 }
 
 /// The API server requires `backend` and `source`; the proxy's reader does not (see module docs).
