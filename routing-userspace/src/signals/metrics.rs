@@ -54,6 +54,9 @@ impl ScrapeResult {
     }
 }
 
+/// Reads one value of a report.
+type Pick = fn(&ReportView) -> Option<f64>;
+
 /// Every engine-signal family; register [`EngineFamilies::collectors`] once.
 #[derive(Debug, Clone)]
 pub struct EngineFamilies {
@@ -159,7 +162,7 @@ impl EngineFamilies {
                 }
             }
             // The freshest report that carries each value (stale ones are not shown).
-            let newest = |pick: fn(&ReportView) -> Option<f64>| {
+            let newest = |pick: Pick| {
                 reports
                     .iter()
                     .filter_map(|(_, r)| r.filter(|r| r.fresh))
@@ -167,7 +170,7 @@ impl EngineFamilies {
                     .min_by(|a, b| a.0.total_cmp(&b.0))
                     .map(|(_, v)| v)
             };
-            let counts: [(&str, fn(&ReportView) -> Option<f64>); 2] = [
+            let counts: [(&str, Pick); 2] = [
                 ("running", |r| r.running.map(|n| n as f64)),
                 ("waiting", |r| r.waiting.map(|n| n as f64)),
             ];

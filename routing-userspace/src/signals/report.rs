@@ -61,7 +61,7 @@ impl Source {
 /// A request count from an engine's (floating point) number: finite, not negative, at most
 /// [`MAX_COUNT`]; rounded to the nearest whole request.
 pub fn count(v: f64) -> Option<u64> {
-    if !v.is_finite() || v < 0.0 || v > MAX_COUNT as f64 {
+    if !(0.0..=MAX_COUNT as f64).contains(&v) {
         return None;
     }
     Some(v.round() as u64)
@@ -69,7 +69,7 @@ pub fn count(v: f64) -> Option<u64> {
 
 /// A KV-cache fraction: finite, from 0 to 1 (a hair above 1 reads as 1).
 pub fn ratio(v: f64) -> Option<f64> {
-    if !v.is_finite() || v < 0.0 || v > 1.0 + RATIO_SLACK {
+    if !(0.0..=1.0 + RATIO_SLACK).contains(&v) {
         return None;
     }
     Some(v.min(1.0))

@@ -78,7 +78,7 @@ impl Default for ScrapeConfig {
 /// This proxy's interval between two reads of one pod: `fleet / budget` seconds, at least
 /// `min` (a fleet of 0 counts as 1; a budget of 0 or less means never).
 pub fn interval(fleet: usize, budget: f64, min: Duration) -> Option<Duration> {
-    if !(budget > 0.0) || !budget.is_finite() {
+    if budget.is_nan() || budget <= 0.0 || budget.is_infinite() {
         return None;
     }
     let every = Duration::try_from_secs_f64(fleet.max(1) as f64 / budget).ok()?;
