@@ -226,3 +226,13 @@ proptest! {
         let _ = parse_page(page.as_bytes(), EngineKind::Auto);
     }
 }
+
+/// A real page: llama.cpp's server (xllamacpp 2026.10.11549, SmolLM2-135M, 2 slots, `--metrics`)
+/// with two requests processing and one deferred.
+#[test]
+fn golden_llamacpp_page() {
+    let page = include_bytes!("../testdata/llamacpp-metrics.txt");
+    let got = parse_page(page, EngineKind::Auto).unwrap();
+    assert_eq!(got.kind, EngineKind::LlamaCpp);
+    assert_eq!(got.report, report(Some(2), Some(1), None));
+}

@@ -259,3 +259,33 @@ proptest! {
         prop_assert_eq!(observe(&[&b[..split], &b[split..]]), whole);
     }
 }
+
+/// Real answers of llama.cpp's server (xllamacpp 2026.10.11549, SmolLM2-135M), the second of
+/// two equal prompts: 339 of its 340 prompt tokens came from the cache.
+#[test]
+fn golden_llamacpp_answers() {
+    for (name, body) in [
+        (
+            "json",
+            &include_bytes!("../testdata/llamacpp-chat.json")[..],
+        ),
+        (
+            "sse, timings only",
+            &include_bytes!("../testdata/llamacpp-stream-timings.sse")[..],
+        ),
+        (
+            "sse, include_usage",
+            &include_bytes!("../testdata/llamacpp-stream-usage.sse")[..],
+        ),
+    ] {
+        let want = usage(340, 8, Some(339));
+        assert_eq!(observe(&[body]), want, "{name}");
+        for i in 0..=body.len() {
+            assert_eq!(
+                observe(&[&body[..i], &body[i..]]),
+                want,
+                "{name} split at {i}"
+            );
+        }
+    }
+}
