@@ -4,6 +4,7 @@
 //! the [`router`], built from [`keys`] (what pins a request) and [`balance`] (how candidates
 //! are ordered) over the immutable [`table`] that [`discovery`] updates rebuild, following the
 //! [`rules`]. [`upstream`] owns the pooled connections to pods, [`load`] the gauges,
+//! [`signals`] what the pods' engines report about their load and prompt cache,
 //! [`metrics`] the spec's metric families. [`vocab`] holds the words they all share; [`app`]
 //! wires everything for `serve`. [`replay`] runs request traces through the same router in
 //! simulated time.
@@ -23,6 +24,7 @@ pub mod proxy;
 pub mod replay;
 pub mod router;
 pub mod rules;
+pub mod signals;
 pub mod sim;
 pub mod table;
 pub mod upstream;

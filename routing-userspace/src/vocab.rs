@@ -1,7 +1,7 @@
-//! The words every layer shares: strategies, label-group modes, key sources and decision
-//! outcomes. Their string forms are the spellings of the annotations, the models file and the
-//! metric labels, so they live here once, at the bottom: this module imports nothing of the
-//! crate, and everything else may import it.
+//! The words every layer shares: strategies, label-group modes, key sources, decision outcomes
+//! and engine kinds. Their string forms are the spellings of the annotations, the models file
+//! and the metric labels, so they live here once, at the bottom: this module imports nothing of
+//! the crate, and everything else may import it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -268,6 +268,87 @@ impl RetryReason {
     }
 }
 
+/// Which model server runs a model's pods, for reading their load (`engine:` in the file,
+/// `spec.engine` or `flexinfer.ai/engine` on a Model). It picks the metric names the scraper
+/// reads from a pod's `/metrics` page; `None` turns engine signals off for the model (no load
+/// report is asked for and no page is scraped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum EngineKind {
+    /// Detected from the page: the first of vLLM, SGLang and llama.cpp whose load gauges it
+    /// serves.
+    #[default]
+    Auto,
+    Vllm,
+    Sglang,
+    /// llama.cpp's server (`llama-server --metrics`).
+    LlamaCpp,
+    None,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 5] = [
+        EngineKind::Auto,
+        EngineKind::Vllm,
+        EngineKind::Sglang,
+        EngineKind::LlamaCpp,
+        EngineKind::None,
+    ];
+
+    /// The spelling used in the file, the CRD and the annotation.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Auto => "auto",
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::LlamaCpp => "llamacpp",
+            EngineKind::None => "none",
+        }
+    }
+
+    /// Whether the proxy reads this engine's signals at all.
+    pub fn reads_signals(self) -> bool {
+        self != EngineKind::None
+    }
+
+    /// `Auto` narrowed by a Model's `spec.backend` (`vllm`, `sglang`, `llama.cpp`, `ollama`,
+    /// ...): a known engine is taken as meant, `ollama` (no Prometheus page) turns signals off,
+    /// anything else stays `Auto`. A kind set explicitly is kept.
+    pub fn or_backend(self, backend: &str) -> EngineKind {
+        if self != EngineKind::Auto {
+            return self;
+        }
+        match backend.trim().to_ascii_lowercase().as_str() {
+            "ollama" => EngineKind::None,
+            other => other.parse().unwrap_or(EngineKind::Auto),
+        }
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An engine name that is not one of ours.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown engine {0:?} (expected auto, vllm, sglang, llamacpp or none)")]
+pub struct UnknownEngine(pub String);
+
+impl FromStr for EngineKind {
+    type Err = UnknownEngine;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "" | "auto" => Ok(EngineKind::Auto),
+            "vllm" => Ok(EngineKind::Vllm),
+            "sglang" => Ok(EngineKind::Sglang),
+            "llamacpp" | "llama.cpp" | "llama-cpp" => Ok(EngineKind::LlamaCpp),
+            "none" => Ok(EngineKind::None),
+            other => Err(UnknownEngine(other.to_owned())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +376,31 @@ mod tests {
             LabelGroupMode::LeastLoaded
         );
         assert!("random".parse::<LabelGroupMode>().is_err());
+    }
+
+    #[test]
+    fn engine_spellings_and_backend_hints() {
+        for k in EngineKind::ALL {
+            assert_eq!(k.as_str().parse::<EngineKind>().unwrap(), k);
+        }
+        assert_eq!(
+            "llama.cpp".parse::<EngineKind>().unwrap(),
+            EngineKind::LlamaCpp
+        );
+        assert!("VLLM".parse::<EngineKind>().is_err());
+        assert!("tgi".parse::<EngineKind>().is_err());
+        for (kind, backend, want) in [
+            (EngineKind::Auto, "vllm", EngineKind::Vllm),
+            (EngineKind::Auto, "SGLang", EngineKind::Sglang),
+            (EngineKind::Auto, "llama.cpp", EngineKind::LlamaCpp),
+            (EngineKind::Auto, "ollama", EngineKind::None),
+            (EngineKind::Auto, "tgi", EngineKind::Auto),
+            (EngineKind::Auto, "", EngineKind::Auto),
+            (EngineKind::Sglang, "vllm", EngineKind::Sglang),
+            (EngineKind::None, "vllm", EngineKind::None),
+        ] {
+            assert_eq!(kind.or_backend(backend), want, "{kind} {backend}");
+        }
     }
 
     #[test]

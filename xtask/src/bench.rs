@@ -20,6 +20,9 @@ pub enum Group {
     Gauge,
     /// The per-request routing cost: body view, key extraction, decision.
     Route,
+    /// The per-request cost of engine signals: load-report header, usage observer per body
+    /// frame, the signal store's marks and load read; and a metrics page parse.
+    Signals,
     /// Proxy overhead on loopback: wrk against fast static upstreams directly and through
     /// nginx, haproxy, smg and flexinfer-proxy (userspace gauge, and default flags as root).
     /// Installs what it needs. Not criterion: see xtask/src/bench_overhead.rs.
@@ -36,9 +39,12 @@ pub fn run(args: &Bench) -> Result<()> {
         Group::RealLlm(r) => return crate::bench_real_llm::run(r),
         Group::Gauge => ("routing-userspace", "gauge_read"),
         Group::Route => ("routing-userspace", "route"),
+        Group::Signals => ("routing-userspace", "signals"),
     };
-    // Both benches read the embedded object, so build it first.
-    crate::ebpf::build()?;
+    // The gauge and route benches read the embedded object, so build it first.
+    if !matches!(args.group, Group::Signals) {
+        crate::ebpf::build()?;
+    }
     let status = Command::new("cargo")
         .current_dir(crate::ebpf::workspace_root())
         .args(["bench", "-p", package, "--bench", bench])

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::file::{parse, ParseError};
-use super::{ModelSet, ModelSpec, Strategy, Update};
+use super::{EngineKind, ModelSet, ModelSpec, Strategy, Update};
 use crate::config::{routing_knobs, KnobWarning, RoutingArgs};
 use crate::router::RoutingKnobs;
 
@@ -137,6 +137,9 @@ fn describe(
         let _ = writeln!(out, "  routing:           {}", routing(m));
         if let Some(line) = hash_balance(m, knobs) {
             let _ = writeln!(out, "  hash balance:      {line}");
+        }
+        if !m.endpoints.is_empty() {
+            let _ = writeln!(out, "  engine signals:    {}", engine(m.engine));
         }
         let pods: Vec<String> = m.endpoints.iter().map(ToString::to_string).collect();
         let _ = writeln!(
@@ -282,6 +285,18 @@ fn hash_balance(m: &ModelSpec, knobs: &RoutingKnobs) -> Option<String> {
     ))
 }
 
+/// What the proxy reads of the pods' engine.
+fn engine(kind: EngineKind) -> String {
+    let page = match kind {
+        EngineKind::None => return "none (node-local load only)".to_owned(),
+        EngineKind::Auto => "the metrics page of vLLM, SGLang or llama.cpp, detected".to_owned(),
+        EngineKind::Vllm => "vLLM's metrics page".to_owned(),
+        EngineKind::Sglang => "SGLang's metrics page".to_owned(),
+        EngineKind::LlamaCpp => "llama.cpp's metrics page (--metrics)".to_owned(),
+    };
+    format!("{kind} (in-band load reports, and {page} while they do not give the whole load)")
+}
+
 fn plural(n: usize) -> &'static str {
     if n == 1 {
         ""
@@ -360,6 +375,7 @@ models:
     routing: least-loaded
     serviceLabel: chat
     ready: false
+    engine: none
     endpoints: [127.0.0.1:9003]
 "#,
         )
@@ -375,6 +391,8 @@ models:
             "  pods:              127.0.0.1:9002, [::1]:9001 (2)",
             "  service fallback:  http://127.0.0.1:9000",
             "  served model name: llama3:8b (the body's \"model\" is rewritten)",
+            "  engine signals:    auto (in-band load reports, and the metrics page of vLLM, SGLang or llama.cpp, detected while they do not give the whole load)",
+            "  engine signals:    none (node-local load only)",
             "  label group:       chat, priority 100, ready",
             "  routing:           least-loaded (fewest requests in flight plus reservations among 1 pod, ties round-robin)",
             "  label group:       chat, priority 0, not ready",

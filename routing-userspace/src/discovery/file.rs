@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::{BalanceOverride, ModelSpec, Strategy, Update};
+use super::{BalanceOverride, EngineKind, ModelSpec, Strategy, Update};
 
 mod fields;
 pub use fields::ParseError;
@@ -45,6 +45,8 @@ struct FileModel {
     hash_balance_factor: Option<Checked<BalanceFactor>>,
     #[serde(default)]
     hash_balance_floor: Option<Checked<BalanceFloor>>,
+    #[serde(default)]
+    engine: Option<Checked<EngineKind>>,
 }
 
 fn yes() -> bool {
@@ -70,6 +72,7 @@ pub fn parse(text: &str) -> Result<Vec<ModelSpec>, ParseError> {
                 factor_milli: m.hash_balance_factor.map(|f| f.0),
                 floor: m.hash_balance_floor.map(|f| f.0),
             },
+            engine: m.engine.map_or(EngineKind::Auto, |e| e.0),
         })
         .collect())
 }
@@ -210,6 +213,27 @@ models:
         let e = parse("models:\n  - name: a\n    hashBalanceFloor: -2\n").unwrap_err();
         assert!(e.message.contains("whole number"), "{e}");
         assert_eq!((e.line, e.column), (Some(3), Some(23)));
+    }
+
+    #[test]
+    fn engine_kinds_parse_and_a_bad_one_points_at_the_value() {
+        let m = parse(
+            "models:\n  - name: a\n    engine: vllm\n  - name: b\n    engine: llama.cpp\n  - name: c\n    engine: none\n  - name: d\n",
+        )
+        .unwrap();
+        let kinds: Vec<EngineKind> = m.iter().map(|m| m.engine).collect();
+        assert_eq!(
+            kinds,
+            [
+                EngineKind::Vllm,
+                EngineKind::LlamaCpp,
+                EngineKind::None,
+                EngineKind::Auto
+            ]
+        );
+        let e = parse("models:\n  - name: a\n    engine: tgi\n").unwrap_err();
+        assert!(e.message.contains("unknown engine \"tgi\""), "{e}");
+        assert_eq!((e.line, e.column), (Some(3), Some(13)));
     }
 
     #[test]

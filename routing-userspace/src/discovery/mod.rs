@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 pub use crate::balance::bounded::BalanceOverride;
-pub use crate::vocab::Strategy;
+pub use crate::vocab::{EngineKind, Strategy};
 
 /// Everything the router needs to know about one model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +35,9 @@ pub struct ModelSpec {
     /// The model's own hash-balance factor and floor (`hashBalanceFactor` / `hashBalanceFloor`,
     /// `flexinfer.ai/hash-balance-factor` / `-floor`); unset = the proxy's.
     pub hash_balance: BalanceOverride,
+    /// The model server its pods run, for reading their load (`engine:` in the file,
+    /// `spec.engine` or `flexinfer.ai/engine` on a Model; `auto` = detected).
+    pub engine: EngineKind,
 }
 
 impl ModelSpec {
@@ -50,6 +53,7 @@ impl ModelSpec {
             service: None,
             endpoints: Vec::new(),
             hash_balance: BalanceOverride::default(),
+            engine: EngineKind::Auto,
         }
     }
 }

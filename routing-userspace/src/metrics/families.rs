@@ -33,6 +33,14 @@ impl Families {
         c
     }
 
+    /// A group of families defined elsewhere (`collectors` boxes each of them anew).
+    pub fn add_all(&mut self, collectors: impl Fn() -> Vec<Box<dyn Collector>>) {
+        for c in collectors() {
+            self.registry.register(c).expect("metric registered once");
+        }
+        self.collectors.extend(collectors());
+    }
+
     pub fn counter(&mut self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
         self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
     }

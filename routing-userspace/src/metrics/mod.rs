@@ -39,6 +39,8 @@ pub struct Metrics {
     /// `requests_total` of requests that never resolved to a configured model (client-chosen
     /// names stay out of metric labels).
     pub unknown_model_requests: handles::StatusCounters,
+    /// The engine-signal families (`flexinfer_proxy_engine_*`, see [`crate::signals`]).
+    pub engine: crate::signals::EngineFamilies,
 }
 
 /// The `model` label of requests for no configured model.
@@ -73,6 +75,8 @@ impl Metrics {
         let spec = SpecFamilies::register(&mut f);
         let requests = RequestFamilies::register(&mut f);
         let balance = BalanceFamilies::register(&mut f);
+        let engine = crate::signals::EngineFamilies::new();
+        f.add_all(|| engine.collectors());
         let ebpf_enabled = f.add(
             IntGauge::new(
                 "flexinfer_proxy_ebpf_enabled",
@@ -93,6 +97,7 @@ impl Metrics {
             spec,
             requests,
             balance,
+            engine,
             ebpf_enabled,
             registry: f.registry,
             collectors: f.collectors,
@@ -167,7 +172,8 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 21, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 28, "{text}");
+        assert!(text.contains("# TYPE flexinfer_proxy_engine_scrapes_total counter\n"));
         m.spec.requests_total.with_label_values(&["m", "200"]).inc();
         let text = m.render();
         assert_eq!(

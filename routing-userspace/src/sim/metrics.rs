@@ -55,6 +55,8 @@ pub struct Stats {
     completion_tokens: AtomicU64,
     waiting: AtomicU64,
     running: AtomicU64,
+    /// KV-cache blocks held by running requests (prompt and output).
+    kv_blocks: AtomicU64,
 }
 
 /// Cache figures read under the cache lock at scrape time.
@@ -85,6 +87,7 @@ impl Stats {
         Admission {
             stats: Arc::clone(self),
             running: false,
+            kv_blocks: 0,
         }
     }
 
@@ -93,8 +96,19 @@ impl Stats {
         self.waiting.load(Relaxed) + self.running.load(Relaxed)
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self, pod: &str, cache: CacheStats) -> String {
+    /// What the engine gauges say now: running, waiting, KV-cache use (0 to 1) of `capacity`
+    /// blocks.
+    pub fn engine_load(&self, capacity: usize) -> super::engine::EngineLoad {
+        super::engine::EngineLoad {
+            running: self.running.load(Relaxed),
+            waiting: self.waiting.load(Relaxed),
+            kv_usage: super::engine::kv_usage(self.kv_blocks.load(Relaxed), capacity),
+        }
+    }
+
+    /// The Prometheus text exposition: the sim's own series, then vLLM's load gauges
+    /// (labelled with the served model, as vLLM labels them).
+    pub fn render(&self, pod: &str, model: &str, cache: CacheStats) -> String {
         let pod = escape_label(pod);
         let mut out = String::with_capacity(2048);
         family(
@@ -171,6 +185,11 @@ impl Stats {
             family(&mut out, name, kind, help);
             let _ = writeln!(out, "{name}{{pod=\"{pod}\"}} {value}");
         }
+        super::engine::render_vllm(
+            &mut out,
+            &escape_label(model),
+            self.engine_load(cache.capacity),
+        );
         out
     }
 }
@@ -186,20 +205,24 @@ fn escape_label(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// A generation request holding the waiting or running gauge; releases it on drop.
+/// A generation request holding the waiting or running gauge (and, running, its KV-cache
+/// blocks); releases them on drop.
 #[derive(Debug)]
 pub struct Admission {
     stats: Arc<Stats>,
     running: bool,
+    kv_blocks: u64,
 }
 
 impl Admission {
-    /// The request got a slot: move it from waiting to running.
-    pub fn start(&mut self) {
+    /// The request got a slot: move it from waiting to running, holding `kv_blocks` blocks.
+    pub fn start(&mut self, kv_blocks: u64) {
         if !self.running {
             self.running = true;
+            self.kv_blocks = kv_blocks;
             self.stats.waiting.fetch_sub(1, Relaxed);
             self.stats.running.fetch_add(1, Relaxed);
+            self.stats.kv_blocks.fetch_add(kv_blocks, Relaxed);
         }
     }
 }
@@ -212,6 +235,7 @@ impl Drop for Admission {
             &self.stats.waiting
         };
         gauge.fetch_sub(1, Relaxed);
+        self.stats.kv_blocks.fetch_sub(self.kv_blocks, Relaxed);
     }
 }
 
@@ -225,12 +249,15 @@ mod tests {
         let mut a = stats.admit();
         let _b = stats.admit();
         assert_eq!(stats.waiting.load(Relaxed), 2);
-        a.start();
+        a.start(30);
         assert_eq!(stats.running.load(Relaxed), 1);
         assert_eq!(stats.in_flight(), 2);
+        let load = stats.engine_load(120);
+        assert_eq!((load.running, load.waiting, load.kv_usage), (1, 1, 0.25));
         drop(a);
         assert_eq!(stats.running.load(Relaxed), 0);
         assert_eq!(stats.in_flight(), 1);
+        assert_eq!(stats.engine_load(120).kv_usage, 0.0);
     }
 
     #[test]
@@ -238,11 +265,15 @@ mod tests {
         let stats = Stats::default();
         stats.count_request(Endpoint::Chat);
         stats.count_prompt(100, 64);
-        let text = stats.render("a\"b", CacheStats::default());
+        let text = stats.render("a\"b", "m", CacheStats::default());
         assert!(
             text.contains("sim_requests_total{pod=\"a\\\"b\",endpoint=\"chat_completions\"} 1\n")
         );
         assert!(text.contains("sim_cached_tokens_total{pod=\"a\\\"b\"} 64\n"));
         assert!(text.contains("# TYPE sim_cache_blocks_used gauge\n"));
+        assert!(
+            text.contains("vllm:num_requests_running{model_name=\"m\"} 0\n"),
+            "{text}"
+        );
     }
 }

@@ -5,10 +5,13 @@
 //! (a vLLM-style chained-block prefix cache, a time to first token that grows with the uncached
 //! prompt, a fixed inter-token delay, a concurrency limit) and says who served each request and
 //! how much of its prompt was cached, so the demo, tests and benchmarks can score routing without
-//! GPUs. Output text is filler and all waiting is on the tokio clock, so many replicas share a
+//! GPUs. It reports its load as vLLM does (`engine`: vLLM's gauge names on `/metrics`, the
+//! ORCA `endpoint-load-metrics` header when asked) and its cache hits in
+//! `usage.prompt_tokens_details.cached_tokens`, so the proxy's engine signals run against it. Output text is filler and all waiting is on the tokio clock, so many replicas share a
 //! core.
 
 pub mod cache;
+mod engine;
 mod metrics;
 mod openai;
 pub mod prompt;

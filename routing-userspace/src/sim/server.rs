@@ -30,6 +30,7 @@ use tracing::{debug, info, warn};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::cache::PrefixCache;
+use super::engine;
 use super::metrics::{Admission, CacheStats, Endpoint, Stats};
 use super::openai::{self, filler_token, Kind, Meta, Usage};
 use super::{prompt, tokens, Settings, SimArgs};
@@ -183,6 +184,8 @@ impl State {
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<SimBody> {
     let endpoint = route(req.method(), req.uri().path());
     state.stats.count_request(endpoint);
+    let load_report = matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
+        && engine::wants_load_report(req.headers());
     let body = Limited::new(req.into_body(), MAX_BODY_BYTES)
         .collect()
         .await;
@@ -202,6 +205,12 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<SimBody> 
             None,
         ),
     };
+    // As vLLM: the report goes on non-streamed answers, taken when the answer is ready.
+    if load_report && resp.status() == StatusCode::OK && matches!(resp.body(), SimBody::Full(_)) {
+        let load = state.stats.engine_load(state.settings.cache_blocks);
+        resp.headers_mut()
+            .insert(engine::LOAD_REPORT_HEADER, load.orca_header());
+    }
     let headers = resp.headers_mut();
     headers.insert("x-sim-pod", state.pod_header.clone());
     if let Some(sha) = sha {
@@ -255,7 +264,9 @@ fn metrics(state: &State) -> Response<SimBody> {
             evictions: c.evictions(),
         }
     };
-    let text = state.stats.render(&state.settings.name, cache);
+    let text = state
+        .stats
+        .render(&state.settings.name, &state.settings.served_model, cache);
     let mut resp = Response::new(SimBody::Full(Some(Bytes::from(text))));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -424,7 +435,9 @@ async fn generation(
             kind: "server_error",
             code: "unavailable",
         })?;
-    admission.start();
+    // KV blocks the request holds while it runs: its prompt and its output.
+    let output_blocks = req.max_tokens.div_ceil(settings.block_tokens as u64);
+    admission.start(blocks.ids.len() as u64 + output_blocks);
     let queue_wait = queued.elapsed();
     let prompt_tokens = blocks.tokens as u64;
     let cached_blocks = state.cache().cached_prefix_blocks(&blocks.ids);

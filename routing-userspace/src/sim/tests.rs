@@ -336,6 +336,139 @@ async fn requests_over_the_limit_queue() {
     sim.shutdown().await;
 }
 
+/// A request for `path` with a load-report ask (`format`) when given.
+fn asking(path: &str, body: &str, format: Option<&'static str>) -> Request<Full<Bytes>> {
+    let mut r = request(Method::POST, path, body);
+    if let Some(f) = format {
+        r.headers_mut().insert(
+            "endpoint-load-metrics-format",
+            http::HeaderValue::from_static(f),
+        );
+    }
+    r
+}
+
+/// Send and read the whole answer, feeding the body frames to a usage observer.
+async fn send_observed(
+    client: &mut Client,
+    req: Request<Full<Bytes>>,
+) -> (HeaderMap, Option<crate::signals::Usage>) {
+    client.ready().await.unwrap();
+    let resp = client.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut observer = crate::signals::UsageObserver::for_response(resp.headers()).unwrap();
+    let (parts, mut body) = resp.into_parts();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            observer.feed(&data);
+        }
+    }
+    (parts.headers, observer.usage())
+}
+
+#[tokio::test]
+async fn load_reports_answer_whole_responses_that_ask_as_vllm_does() {
+    use crate::signals::{orca, EngineReport};
+    let sim = Sim::start(fast_args("pod-o")).await;
+    let mut c = connect(sim.addr).await;
+    let chat = chat_body("You are brief.", "Hello?");
+    let stream = json!({"model": "m", "prompt": "hi", "max_tokens": 2, "stream": true}).to_string();
+    for (path, body, format, reported) in [
+        ("/v1/chat/completions", chat.as_str(), Some("TEXT"), true),
+        ("/v1/chat/completions", chat.as_str(), Some("text"), true),
+        ("/v1/chat/completions", chat.as_str(), None, false),
+        ("/v1/chat/completions", chat.as_str(), Some("JSON"), false),
+        ("/v1/completions", stream.as_str(), Some("TEXT"), false),
+    ] {
+        let (h, _) = send_observed(&mut c, asking(path, body, format)).await;
+        let header = h.get("endpoint-load-metrics");
+        assert_eq!(header.is_some(), reported, "{path} {format:?} {body}");
+        if let Some(v) = header {
+            // Read after the answer: this request no longer runs, nothing waits.
+            assert_eq!(
+                orca::parse(v.as_bytes()),
+                Some(EngineReport {
+                    running: None,
+                    waiting: Some(0),
+                    kv_usage: Some(0.0),
+                })
+            );
+        }
+    }
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn usage_with_cached_tokens_is_found_streamed_and_not() {
+    let sim = Sim::start(fast_args("pod-u")).await;
+    let mut c = connect(sim.addr).await;
+    let system = "Answer from the manual only. ".repeat(30);
+    for stream in [false, true, true, false] {
+        let mut body: Value =
+            serde_json::from_str(&chat_body(&system, "What is routing?")).unwrap();
+        body["stream"] = json!(stream);
+        let (h, usage) = send_observed(
+            &mut c,
+            asking("/v1/chat/completions", &body.to_string(), None),
+        )
+        .await;
+        let usage = usage.unwrap_or_else(|| panic!("no usage (stream {stream})"));
+        assert_eq!(usage.prompt_tokens, header_u64(&h, "x-sim-prompt-tokens"));
+        assert_eq!(
+            usage.cached_tokens,
+            Some(header_u64(&h, "x-sim-cached-tokens"))
+        );
+        assert_eq!(usage.completion_tokens, 4);
+    }
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_proxys_scraper_reads_the_sims_vllm_gauges() {
+    use crate::signals::scrape::{scrape, ScrapeConfig};
+    use crate::upstream::{Upstream, UpstreamOptions};
+    use crate::vocab::EngineKind;
+    let sim = Sim::start(SimArgs {
+        max_concurrency: 1,
+        cache_blocks: 100,
+        block_tokens: 4,
+        ttft_base_ms: 5_000,
+        ..fast_args("pod-m")
+    })
+    .await;
+    // One request runs (held in its long prefill), a second one waits for the slot.
+    let body = json!({"prompt": "one two three four five six seven", "max_tokens": 8}).to_string();
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let body = body.clone();
+            let addr = sim.addr;
+            tokio::spawn(async move {
+                let mut c = connect(addr).await;
+                call(&mut c, Method::POST, "/v1/completions", &body).await
+            })
+        })
+        .collect();
+    let up = Upstream::new(UpstreamOptions::default(), None);
+    let cfg = ScrapeConfig::default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    let report = loop {
+        let got = scrape(&up, sim.addr, EngineKind::Auto, &cfg).await.unwrap();
+        assert_eq!(got.kind, EngineKind::Vllm);
+        if got.report.waiting == Some(1) || std::time::Instant::now() > deadline {
+            break got.report;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    assert_eq!((report.running, report.waiting), (Some(1), Some(1)));
+    // Its prompt (2 blocks of 4 tokens) and its output (2 blocks) of 100.
+    let kv = report.kv_usage.unwrap();
+    assert!(kv > 0.0 && kv <= 0.1, "{kv}");
+    for h in held {
+        h.abort();
+    }
+    sim.shutdown().await;
+}
+
 #[tokio::test]
 async fn speaks_h2c() {
     let sim = Sim::start(fast_args("pod-h2")).await;

@@ -202,3 +202,15 @@ impl Conn {
         self.inner.send(head, body, release).await
     }
 }
+
+/// An error and its sources, joined, for logs.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -86,6 +86,15 @@ impl FromScalar for Strategy {
     }
 }
 
+impl FromScalar for crate::vocab::EngineKind {
+    type Out = crate::vocab::EngineKind;
+    const EXPECTED: &'static str = "an engine kind";
+    fn from_scalar(s: &str) -> Result<Self::Out, String> {
+        s.parse()
+            .map_err(|e: crate::vocab::UnknownEngine| e.to_string())
+    }
+}
+
 /// A model's hash-balance factor (`0` = off, else 1 to 100), in thousandths.
 pub(super) struct BalanceFactor;
 

@@ -53,6 +53,12 @@ pub struct ModelResourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<InferencePoolRef>")]
     pub inference_pool_ref: Option<serde_json::Value>,
+    /// The model server the pods run, for reading their load: `auto` (detected from the
+    /// metrics page; `backend` narrows it), `vllm`, `sglang`, `llamacpp` or `none` (no engine
+    /// signals). The `flexinfer.ai/engine` annotation overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["auto", "vllm", "sglang", "llamacpp", "none"]))]
+    pub engine: Option<String>,
 }
 
 /// A reference to an InferencePool in the Model's namespace.

@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use super::crd::{Model, ModelResourceSpec};
 use super::pool::POOL_GROUP;
 use crate::balance::bounded::{parse_factor, parse_floor};
-use crate::discovery::{BalanceOverride, ModelSpec, Strategy};
+use crate::discovery::{BalanceOverride, EngineKind, ModelSpec, Strategy};
 
 /// `flexinfer.ai/routing`: session-affinity | prefix | least-loaded | cache-aware; absent = default.
 pub const ROUTING_ANNOTATION: &str = "flexinfer.ai/routing";
@@ -27,6 +27,8 @@ pub const SERVICE_NAME_ANNOTATION: &str = "flexinfer.ai/service-name";
 pub const HASH_BALANCE_FACTOR_ANNOTATION: &str = "flexinfer.ai/hash-balance-factor";
 /// `flexinfer.ai/hash-balance-floor`: this Model's least bound (requests in flight).
 pub const HASH_BALANCE_FLOOR_ANNOTATION: &str = "flexinfer.ai/hash-balance-floor";
+/// `flexinfer.ai/engine`: the model server of this Model's pods (overrides `spec.engine`).
+pub const ENGINE_ANNOTATION: &str = "flexinfer.ai/engine";
 /// The default metadata label carrying the shared service label.
 pub const DEFAULT_SERVICE_LABEL_KEY: &str = "flexinfer.ai/service";
 /// The label EndpointSlices carry naming their Service.
@@ -46,6 +48,9 @@ pub struct ModelSettings {
     pub hash_balance: BalanceOverride,
     /// Where the pods come from.
     pub pods: PodSource,
+    /// The engine kind: the annotation, else `spec.engine`, else `auto` narrowed by
+    /// `spec.backend`.
+    pub engine: EngineKind,
 }
 
 /// Where a Model's pods come from.
@@ -84,6 +89,12 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
     warnings.extend(w);
     let (pods, w) = parse_pool_ref(&model.spec);
     warnings.extend(w);
+    let (engine, w) = parse_engine(
+        annotations.get(ENGINE_ANNOTATION).map(String::as_str),
+        model.spec.engine.as_deref(),
+        &model.spec.backend,
+    );
+    warnings.extend(w);
     let service_name =
         non_empty(annotations.get(SERVICE_NAME_ANNOTATION)).unwrap_or_else(|| model.name_any());
     let settings = ModelSettings {
@@ -95,6 +106,7 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
         ready: model.is_ready(),
         hash_balance,
         pods,
+        engine,
     };
     (settings, warnings)
 }
@@ -172,6 +184,30 @@ pub fn parse_balance(factor: Option<&str>, floor: Option<&str>) -> (BalanceOverr
         },
         warnings,
     )
+}
+
+/// The engine kind of a Model: the annotation, else `spec.engine`, else `auto`; `auto` is then
+/// narrowed by `spec.backend` ([`EngineKind::or_backend`]). A value that does not parse is
+/// skipped, with a warning.
+pub fn parse_engine(
+    annotation: Option<&str>,
+    spec: Option<&str>,
+    backend: &str,
+) -> (EngineKind, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut read = |value: Option<&str>, what: &str| {
+        value.and_then(|v| match v.parse::<EngineKind>() {
+            Ok(k) => Some(k),
+            Err(e) => {
+                warnings.push(format!("{what}: {e}; ignored"));
+                None
+            }
+        })
+    };
+    let kind = read(annotation, ENGINE_ANNOTATION)
+        .or_else(|| read(spec, "spec.engine"))
+        .unwrap_or_default();
+    (kind.or_backend(backend), warnings)
 }
 
 /// The route-priority annotation: a (possibly negative) integer; anything else is 0, with a warning.
@@ -303,6 +339,7 @@ pub fn model_spec(
         service: service.and_then(service_url),
         endpoints,
         hash_balance: settings.hash_balance,
+        engine: settings.engine,
     }
 }
 
@@ -408,6 +445,7 @@ mod tests {
                 ready: true,
                 hash_balance: BalanceOverride::default(),
                 pods: PodSource::Slices,
+                engine: EngineKind::None,
             }
         );
         assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -468,6 +506,37 @@ mod tests {
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("hash-balance-floor"), "{warnings:?}");
         assert_eq!(translate(&m, &s, None, []).hash_balance, s.hash_balance);
+    }
+
+    #[test]
+    fn engine_table() {
+        use EngineKind::{Auto, LlamaCpp, Sglang, Vllm};
+        for (annotation, spec, backend, want, warns) in [
+            (None, None, "vllm", Vllm, 0),
+            (None, None, "llama.cpp", LlamaCpp, 0),
+            (None, None, "ollama", EngineKind::None, 0),
+            (None, None, "tgi", Auto, 0),
+            (None, Some("sglang"), "vllm", Sglang, 0),
+            (Some("none"), Some("sglang"), "vllm", EngineKind::None, 0),
+            (Some("llamacpp"), None, "", LlamaCpp, 0),
+            (Some("auto"), None, "vllm", Vllm, 0),
+            (Some("bogus"), Some("sglang"), "vllm", Sglang, 1),
+            (Some("bogus"), Some("VLLM"), "vllm", Vllm, 2),
+        ] {
+            let (k, w) = parse_engine(annotation, spec, backend);
+            assert_eq!(
+                (k, w.len()),
+                (want, warns),
+                "{annotation:?} {spec:?} {backend}: {w:?}"
+            );
+        }
+        let m = model(json!({
+            "metadata": {"annotations": {"flexinfer.ai/engine": "sglang"}},
+            "spec": {"backend": "vllm", "engine": "vllm"}
+        }));
+        let (s, warnings) = model_settings(&m, DEFAULT_SERVICE_LABEL_KEY);
+        assert_eq!((s.engine, warnings.len()), (Sglang, 0));
+        assert_eq!(translate(&m, &s, None, []).engine, Sglang);
     }
 
     #[test]

@@ -1,0 +1,342 @@
+//! The per-pod signal store: the last engine load report of each pod, per source, and how many
+//! requests this node started on the pod since, so a pick can read the pod's whole load.
+//!
+//! A pod's load is `max(node in flight, running + waiting at the report + started since)` over
+//! its fresh reports: the node-local count alone sees only this node's share of the pod
+//! (about 1/N of it with N proxies), the engine's count sees everyone's but ages, and what this
+//! node started since the report covers its own part of that ageing. The estimate errs high
+//! (requests that finished since still count until the next report), never below the
+//! node-local count; a report past its freshness stands for nothing.
+//!
+//! Each pod keeps one report per [`Source`]: vLLM's in-band report has no running count, so it
+//! must not replace the scraped one that has. Reads are on the pick path, so they are a few
+//! relaxed loads: each report is a seqlock of plain atomics (a read that races a write retries,
+//! a write that races another write is dropped, the other is as fresh), no lock, no clock read
+//! (`now` is passed in). Pods are addressed by their gauge [`Slot`].
+//!
+//! The default freshness, [`DEFAULT_STALENESS`] = 2 s: a report is sampled when its response
+//! ends, and the requests other nodes started since are invisible here, so the estimate drifts
+//! with the fleet's request rate times its age. Two seconds is a few scheduler rounds of a
+//! loaded engine and well under a typical generation (5 to 30 s), while a pod that answers this
+//! node more than once per second (any pod worth balancing) refreshes it continuously.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering::*};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::report::{EngineReport, Source};
+use crate::load::{Slot, MAX_SLOTS};
+
+/// How long a report counts, unless its source says otherwise.
+pub const DEFAULT_STALENESS: Duration = Duration::from_secs(2);
+
+/// A field the report did not carry.
+const ABSENT: u64 = u64::MAX;
+
+/// One report, as a seqlock: `seq` is odd while a write is in progress and 0 before the first.
+#[derive(Debug, Default)]
+struct Record {
+    seq: AtomicU64,
+    running: AtomicU64,
+    waiting: AtomicU64,
+    kv_bits: AtomicU64,
+    /// `ABSENT` once the slot was reset.
+    at_ns: AtomicU64,
+    fresh_until_ns: AtomicU64,
+    /// The pod's `started` count when the report was asked for.
+    started_at: AtomicU64,
+}
+
+/// A consistent read of a [`Record`].
+#[derive(Debug, Clone, Copy)]
+struct Snap {
+    running: Option<u64>,
+    waiting: Option<u64>,
+    kv: Option<f64>,
+    at_ns: u64,
+    fresh_until_ns: u64,
+    started_at: u64,
+}
+
+impl Snap {
+    fn fresh(&self, now_ns: u64) -> bool {
+        now_ns < self.fresh_until_ns
+    }
+
+    /// The engine's load at the report plus what this node started since; `None` without a
+    /// request count.
+    fn estimate(&self, started: u64) -> Option<u64> {
+        if self.running.is_none() && self.waiting.is_none() {
+            return None;
+        }
+        let engine = self.running.unwrap_or(0) + self.waiting.unwrap_or(0);
+        Some(engine.saturating_add(started.saturating_sub(self.started_at)))
+    }
+}
+
+fn opt(v: u64) -> Option<u64> {
+    (v != ABSENT).then_some(v)
+}
+
+impl Record {
+    /// Write `values` unless another write is in progress (then that one wins): `false`.
+    fn write(&self, values: [u64; 6]) -> bool {
+        let s = self.seq.load(Relaxed);
+        if s & 1 == 1
+            || self
+                .seq
+                .compare_exchange(s, s + 1, Acquire, Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        fence(Release);
+        let [running, waiting, kv_bits, at_ns, fresh_until_ns, started_at] = values;
+        self.running.store(running, Relaxed);
+        self.waiting.store(waiting, Relaxed);
+        self.kv_bits.store(kv_bits, Relaxed);
+        self.at_ns.store(at_ns, Relaxed);
+        self.fresh_until_ns.store(fresh_until_ns, Relaxed);
+        self.started_at.store(started_at, Relaxed);
+        self.seq.store(s + 2, Release);
+        true
+    }
+
+    fn read(&self) -> Option<Snap> {
+        for _ in 0..8 {
+            let s1 = self.seq.load(Acquire);
+            if s1 == 0 {
+                return None;
+            }
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let snap = Snap {
+                running: opt(self.running.load(Relaxed)),
+                waiting: opt(self.waiting.load(Relaxed)),
+                kv: opt(self.kv_bits.load(Relaxed)).map(f64::from_bits),
+                at_ns: self.at_ns.load(Relaxed),
+                fresh_until_ns: self.fresh_until_ns.load(Relaxed),
+                started_at: self.started_at.load(Relaxed),
+            };
+            fence(Acquire);
+            if self.seq.load(Relaxed) == s1 {
+                return (snap.at_ns != ABSENT).then_some(snap);
+            }
+        }
+        None
+    }
+}
+
+/// Everything kept for one pod, on its own cache lines.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct PodSignals {
+    /// Requests this node started on the pod, ever.
+    started: AtomicU64,
+    /// By [`Source::index`].
+    reports: [Record; 2],
+}
+
+/// When and against which count a report was asked for (see [`SignalStore::stamp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub source: Source,
+    at_ns: u64,
+    started: u64,
+}
+
+/// Engine signals of every pod slot.
+#[derive(Debug)]
+pub struct SignalStore {
+    epoch: Instant,
+    staleness: Duration,
+    pods: Box<[PodSignals]>,
+}
+
+impl SignalStore {
+    /// A store whose reports count for `staleness` (in-band; the scraper sets its own).
+    pub fn new(staleness: Duration) -> Self {
+        Self {
+            epoch: Instant::now(),
+            staleness,
+            pods: (0..MAX_SLOTS).map(|_| PodSignals::default()).collect(),
+        }
+    }
+
+    /// How long an in-band report counts.
+    pub fn staleness(&self) -> Duration {
+        self.staleness
+    }
+
+    fn ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(ABSENT - 1)
+    }
+
+    /// A request of this node starts upstream on `slot`'s pod: one relaxed add.
+    #[inline]
+    pub fn started(&self, slot: Slot) {
+        if let Some(p) = self.pods.get(slot as usize) {
+            p.started.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// `report` arrived at `at` (an in-band header, read as the response head came): it counts
+    /// for the store's staleness limit.
+    pub fn report(&self, slot: Slot, report: &EngineReport, source: Source, at: Instant) {
+        self.record(slot, report, self.stamp(slot, source, at), self.staleness);
+    }
+
+    /// Stamp a report about to be asked for (the scraper, before its request): requests this
+    /// node starts from now on count on top of it.
+    pub fn stamp(&self, slot: Slot, source: Source, at: Instant) -> Stamp {
+        let started = self
+            .pods
+            .get(slot as usize)
+            .map_or(0, |p| p.started.load(Relaxed));
+        Stamp {
+            source,
+            at_ns: self.ns(at),
+            started,
+        }
+    }
+
+    /// Keep `report`, taken at `stamp`, for `valid_for`. An empty report changes nothing.
+    pub fn record(&self, slot: Slot, report: &EngineReport, stamp: Stamp, valid_for: Duration) {
+        let Some(p) = self.pods.get(slot as usize) else {
+            return;
+        };
+        if report.is_empty() {
+            return;
+        }
+        let valid = u64::try_from(valid_for.as_nanos()).unwrap_or(ABSENT);
+        let _ = p.reports[stamp.source.index()].write([
+            report.running.unwrap_or(ABSENT),
+            report.waiting.unwrap_or(ABSENT),
+            report.kv_usage.map_or(ABSENT, f64::to_bits),
+            stamp.at_ns,
+            stamp.at_ns.saturating_add(valid).min(ABSENT - 1),
+            stamp.started,
+        ]);
+    }
+
+    /// The pod's load: `max(node_in_flight, running + waiting + started since)` over its fresh
+    /// reports, else `node_in_flight`.
+    #[inline]
+    pub fn load(&self, slot: Slot, node_in_flight: u64, now: Instant) -> u64 {
+        let Some(p) = self.pods.get(slot as usize) else {
+            return node_in_flight;
+        };
+        let now_ns = self.ns(now);
+        let started = p.started.load(Relaxed);
+        p.reports
+            .iter()
+            .filter_map(Record::read)
+            .filter(|s| s.fresh(now_ns))
+            .filter_map(|s| s.estimate(started))
+            .fold(node_in_flight, u64::max)
+    }
+
+    /// A fresh report says the pod queues more than `waiting_limit` requests or uses more than
+    /// `kv_limit` of its KV cache (the freshest report carrying each field decides).
+    pub fn is_full(&self, slot: Slot, now: Instant, waiting_limit: u64, kv_limit: f64) -> bool {
+        let Some(fresh) = self.fresh(slot, now) else {
+            return false;
+        };
+        let newest = |field: fn(&Snap) -> bool| {
+            fresh
+                .iter()
+                .flatten()
+                .filter(|s| field(s))
+                .max_by_key(|s| s.at_ns)
+                .copied()
+        };
+        let queued = newest(|s| s.waiting.is_some())
+            .and_then(|s| s.waiting)
+            .is_some_and(|w| w > waiting_limit);
+        let kv_full = newest(|s| s.kv.is_some())
+            .and_then(|s| s.kv)
+            .is_some_and(|k| k > kv_limit);
+        queued || kv_full
+    }
+
+    /// Whether the scraper should read the pod's page: no fresh in-band report gives both
+    /// request counts.
+    pub fn wants_scrape(&self, slot: Slot, now: Instant) -> bool {
+        let Some(p) = self.pods.get(slot as usize) else {
+            return false;
+        };
+        let now_ns = self.ns(now);
+        !p.reports[Source::InBand.index()]
+            .read()
+            .is_some_and(|s| s.fresh(now_ns) && s.running.is_some() && s.waiting.is_some())
+    }
+
+    fn fresh(&self, slot: Slot, now: Instant) -> Option<[Option<Snap>; 2]> {
+        let p = self.pods.get(slot as usize)?;
+        let now_ns = self.ns(now);
+        Some([&p.reports[0], &p.reports[1]].map(|r| r.read().filter(|s| s.fresh(now_ns))))
+    }
+
+    /// The pod's signals with their ages, for `/debug/routing` and metrics; `None` for a slot
+    /// past capacity.
+    pub fn snapshot(&self, slot: Slot, now: Instant) -> Option<SignalView> {
+        let p = self.pods.get(slot as usize)?;
+        let now_ns = self.ns(now);
+        let started = p.started.load(Relaxed);
+        let view = |source: Source| {
+            p.reports[source.index()].read().map(|s| ReportView {
+                running: s.running,
+                waiting: s.waiting,
+                kv_usage: s.kv,
+                age_seconds: now_ns.saturating_sub(s.at_ns) as f64 / 1e9,
+                fresh: s.fresh(now_ns),
+                started_since: started.saturating_sub(s.started_at),
+            })
+        };
+        Some(SignalView {
+            started,
+            inband: view(Source::InBand),
+            scrape: view(Source::Scrape),
+        })
+    }
+
+    /// The slot now holds another pod: its reports are forgotten.
+    pub fn reset(&self, slot: Slot) {
+        if let Some(p) = self.pods.get(slot as usize) {
+            for r in &p.reports {
+                // Unlike a report, forgetting must not lose to a concurrent write.
+                while !r.write([ABSENT; 6]) {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+/// One pod's signals, as `/debug/routing` shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SignalView {
+    /// Requests this node started on the pod.
+    pub started: u64,
+    pub inband: Option<ReportView>,
+    pub scrape: Option<ReportView>,
+}
+
+/// One report and its age.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ReportView {
+    pub running: Option<u64>,
+    pub waiting: Option<u64>,
+    pub kv_usage: Option<f64>,
+    pub age_seconds: f64,
+    /// Still within its freshness (it counts in the pod's load).
+    pub fresh: bool,
+    /// Requests this node started on the pod since the report.
+    pub started_since: u64,
+}
+
+#[cfg(test)]
+mod tests;

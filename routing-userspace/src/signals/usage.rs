@@ -1,0 +1,331 @@
+//! Usage in responses: how many prompt tokens the engine took from its prefix cache, read from
+//! the response body as it streams through, so the router can compare what it predicted with
+//! what the pod did.
+//!
+//! Where engines put it (read from their sources):
+//! - OpenAI and vLLM: the body's top-level `usage`, with
+//!   `usage.prompt_tokens_details.cached_tokens` (vLLM: with `--enable-prompt-tokens-details`);
+//!   streamed, a chunk carrying `usage` (with `stream_options.include_usage` the one before
+//!   `data: [DONE]`; with vLLM's `continuous_usage_stats` every chunk, the last one final).
+//! - llama.cpp's server: the same `usage` (OpenAI shape), plus a `timings` object with
+//!   `cache_n` (prompt tokens reused from the cache), `prompt_n` (prompt tokens computed) and
+//!   `predicted_n`, on the final response and on the last streamed chunk, even without
+//!   `include_usage`. (Its native `/completion` also has `tokens_cached`, but that counts the
+//!   whole cached context after the request, not the prompt tokens reused, so it is not read.)
+//! - The Responses API: `usage.input_tokens`, `input_tokens_details.cached_tokens`.
+//!
+//! This runs on the token stream, so [`UsageObserver::feed`] does per frame two memmem scans
+//! (for `"usage"` and `"timings"`) and a copy of the last few bytes (a key split across
+//! frames); it allocates only when it finds one of them, and keeps at most [`MAX_CAPTURE`]
+//! bytes of each: the latest `usage` and `timings` objects, copied as they pass. Only
+//! [`UsageObserver::usage`] parses them (serde_json), once, at the end of the body. JSON and
+//! SSE bodies are read alike: the keys are searched for in the bytes, so no event framing is
+//! needed, and a quoted key cannot match inside a JSON string (its quotes would be escaped).
+
+use std::sync::LazyLock;
+
+use http::{header, HeaderMap};
+use memchr::memmem::Finder;
+use serde_json::Value;
+
+/// Largest `usage` or `timings` object kept; a larger one is skipped.
+pub const MAX_CAPTURE: usize = 4096;
+/// Token counts past this are nonsense.
+const MAX_TOKENS: u64 = 1 << 40;
+
+static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+static TIMINGS_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"timings\""));
+/// The longest key, with its quotes.
+const KEY_MAX: usize = b"\"timings\"".len();
+const CARRY: usize = KEY_MAX - 1;
+
+/// A response's token counts, as its engine reported them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// Prompt tokens served from the engine's prefix cache, when it says.
+    pub cached_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Usage,
+    Timings,
+}
+
+impl Key {
+    fn len(self) -> usize {
+        match self {
+            Key::Usage => b"\"usage\"".len(),
+            Key::Timings => KEY_MAX,
+        }
+    }
+}
+
+/// Where an object being copied stands.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// After the key: whitespace, then `:`.
+    Colon,
+    /// After the colon: whitespace, then `{` (anything else, `null` included, ends it).
+    Value,
+    /// Inside the object.
+    Object {
+        depth: u32,
+        in_string: bool,
+        escaped: bool,
+    },
+}
+
+/// Watches a response body for its `usage` (and llama.cpp's `timings`).
+#[derive(Debug, Default)]
+pub struct UsageObserver {
+    /// The last bytes before the current frame (a key may start there).
+    carry: [u8; CARRY],
+    carry_len: usize,
+    capture: Option<(Key, Phase)>,
+    scratch: Vec<u8>,
+    usage: Vec<u8>,
+    timings: Vec<u8>,
+}
+
+impl UsageObserver {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An observer for a response whose body can carry usage (JSON or SSE), else `None`.
+    pub fn for_response(headers: &HeaderMap) -> Option<Self> {
+        let ct = headers.get(header::CONTENT_TYPE)?.as_bytes();
+        let essence = ct.split(|&b| b == b';').next()?.trim_ascii();
+        let readable = essence.eq_ignore_ascii_case(b"application/json")
+            || essence.eq_ignore_ascii_case(b"text/event-stream");
+        readable.then(Self::new)
+    }
+
+    /// Look at the next body frame.
+    pub fn feed(&mut self, frame: &[u8]) {
+        let mut at = 0;
+        if self.capture.is_some() {
+            at = self.advance(frame, 0);
+        } else if let Some((key, end)) = self.key_across_boundary(frame) {
+            self.start(key);
+            at = self.advance(frame, end);
+        }
+        let mut keys = KeyScan::new(frame);
+        while at < frame.len() {
+            let Some((key, end)) = keys.next(at) else {
+                break;
+            };
+            self.start(key);
+            at = self.advance(frame, end);
+        }
+        self.keep_tail(frame);
+    }
+
+    /// The usage seen so far (the latest report wins), or `None` when the body carried none
+    /// that makes sense.
+    pub fn usage(&self) -> Option<Usage> {
+        let usage = object(&self.usage);
+        let timings = object(&self.timings);
+        let u = |path: &[&str]| usage.as_ref().and_then(|v| tokens(v, path));
+        let t = |name: &str| timings.as_ref().and_then(|v| tokens(v, &[name]));
+        let prompt = u(&["prompt_tokens"])
+            .or_else(|| u(&["input_tokens"]))
+            .or_else(|| t("cache_n")?.checked_add(t("prompt_n")?))?;
+        let completion = u(&["completion_tokens"])
+            .or_else(|| u(&["output_tokens"]))
+            .or_else(|| t("predicted_n"))
+            .unwrap_or(0);
+        let cached = u(&["prompt_tokens_details", "cached_tokens"])
+            .or_else(|| u(&["input_tokens_details", "cached_tokens"]))
+            .or_else(|| t("cache_n"))
+            .filter(|&c| c <= prompt);
+        Some(Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            cached_tokens: cached,
+        })
+    }
+
+    fn start(&mut self, key: Key) {
+        self.scratch.clear();
+        self.capture = Some((key, Phase::Colon));
+    }
+
+    /// A key that starts in the carried bytes and ends in `frame`: which, and where in `frame`
+    /// it ends.
+    fn key_across_boundary(&self, frame: &[u8]) -> Option<(Key, usize)> {
+        if self.carry_len == 0 || frame.is_empty() {
+            return None;
+        }
+        let mut window = [0u8; 2 * CARRY];
+        let head = frame.len().min(CARRY);
+        window[..self.carry_len].copy_from_slice(&self.carry[..self.carry_len]);
+        window[self.carry_len..self.carry_len + head].copy_from_slice(&frame[..head]);
+        let window = &window[..self.carry_len + head];
+        let (key, end) = next_key(window)?;
+        let start = end - key.len();
+        (start < self.carry_len && end > self.carry_len).then(|| (key, end - self.carry_len))
+    }
+
+    /// Copy the object being captured from `frame[at..]`; returns where scanning goes on.
+    fn advance(&mut self, frame: &[u8], mut at: usize) -> usize {
+        while let Some((key, phase)) = self.capture {
+            let Some(&b) = frame.get(at) else {
+                return at;
+            };
+            let next = match phase {
+                Phase::Colon | Phase::Value if b.is_ascii_whitespace() => Some(phase),
+                Phase::Colon if b == b':' => Some(Phase::Value),
+                Phase::Value if b == b'{' => Some(Phase::Object {
+                    depth: 1,
+                    in_string: false,
+                    escaped: false,
+                }),
+                Phase::Colon | Phase::Value => None,
+                Phase::Object {
+                    depth,
+                    in_string,
+                    escaped,
+                } => object_step(depth, in_string, escaped, b),
+            };
+            if matches!(next, Some(Phase::Object { .. })) {
+                self.scratch.push(b);
+            }
+            at += 1;
+            self.capture = match next {
+                Some(Phase::Object { depth: 0, .. }) => {
+                    self.complete(key);
+                    None
+                }
+                Some(_) if self.scratch.len() > MAX_CAPTURE => None,
+                Some(p) => Some((key, p)),
+                // Not an object after all (a string value "usage", `null`, a number): the
+                // byte that said so may start a key, so it is looked at again.
+                None => {
+                    at -= 1;
+                    None
+                }
+            };
+        }
+        at
+    }
+
+    fn complete(&mut self, key: Key) {
+        let keep = match key {
+            Key::Usage => &mut self.usage,
+            Key::Timings => &mut self.timings,
+        };
+        std::mem::swap(keep, &mut self.scratch);
+        self.scratch.clear();
+    }
+
+    /// Remember the last bytes seen, unless an object is being copied (a key cannot start
+    /// inside it).
+    fn keep_tail(&mut self, frame: &[u8]) {
+        if self.capture.is_some() {
+            self.carry_len = 0;
+            return;
+        }
+        if frame.len() >= CARRY {
+            self.carry.copy_from_slice(&frame[frame.len() - CARRY..]);
+            self.carry_len = CARRY;
+            return;
+        }
+        let keep = self.carry_len.min(CARRY - frame.len());
+        self.carry
+            .copy_within(self.carry_len - keep..self.carry_len, 0);
+        self.carry[keep..keep + frame.len()].copy_from_slice(frame);
+        self.carry_len = keep + frame.len();
+    }
+}
+
+/// One byte inside the object: the next phase, with depth 0 once it closed.
+fn object_step(depth: u32, in_string: bool, escaped: bool, b: u8) -> Option<Phase> {
+    let (depth, in_string, escaped) = match (in_string, escaped, b) {
+        (true, true, _) => (depth, true, false),
+        (true, false, b'\\') => (depth, true, true),
+        (true, false, b'"') => (depth, false, false),
+        (true, false, _) => (depth, true, false),
+        (false, _, b'"') => (depth, true, false),
+        (false, _, b'{' | b'[') => (depth + 1, false, false),
+        (false, _, b'}' | b']') => (depth - 1, false, false),
+        (false, _, _) => (depth, false, false),
+    };
+    Some(Phase::Object {
+        depth,
+        in_string,
+        escaped,
+    })
+}
+
+/// The first key in `hay`: which, and the index just past it.
+fn next_key(hay: &[u8]) -> Option<(Key, usize)> {
+    KeyScan::new(hay).next(0)
+}
+
+/// The keys of one frame in order. Each finder's next match is remembered, so a frame with
+/// many keys is still scanned about once per key kind, not once per match.
+struct KeyScan<'a> {
+    hay: &'a [u8],
+    /// Per key: the start of its next match at or after the last search (`Some(None)`: none
+    /// left), `None` until searched.
+    next: [Option<Option<usize>>; 2],
+}
+
+impl<'a> KeyScan<'a> {
+    fn new(hay: &'a [u8]) -> Self {
+        Self {
+            hay,
+            next: [None, None],
+        }
+    }
+
+    /// The first key starting at or after `from`, and the index just past it.
+    fn next(&mut self, from: usize) -> Option<(Key, usize)> {
+        let mut best: Option<(Key, usize)> = None;
+        for (i, key) in [Key::Usage, Key::Timings].into_iter().enumerate() {
+            let stale = match self.next[i] {
+                None => true,
+                Some(Some(start)) => start < from,
+                Some(None) => false,
+            };
+            if stale {
+                let finder = match key {
+                    Key::Usage => &*USAGE_KEY,
+                    Key::Timings => &*TIMINGS_KEY,
+                };
+                let found = self.hay.get(from..).and_then(|h| finder.find(h));
+                self.next[i] = Some(found.map(|at| from + at));
+            }
+            if let Some(Some(start)) = self.next[i] {
+                if best.is_none_or(|(_, b)| start < b) {
+                    best = Some((key, start));
+                }
+            }
+        }
+        best.map(|(key, start)| (key, start + key.len()))
+    }
+}
+
+fn object(bytes: &[u8]) -> Option<Value> {
+    if bytes.is_empty() {
+        return None;
+    }
+    serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .filter(Value::is_object)
+}
+
+/// A token count at `path` in `v`: a whole number, not absurd.
+fn tokens(v: &Value, path: &[&str]) -> Option<u64> {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))?
+        .as_u64()
+        .filter(|&n| n <= MAX_TOKENS)
+}
+
+#[cfg(test)]
+mod tests;
