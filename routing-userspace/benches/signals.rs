@@ -48,7 +48,8 @@ fn signals(c: &mut Criterion) {
         b.iter(|| black_box(orca::parse(black_box(HEADER))))
     });
 
-    let store = SignalStore::new(Duration::from_secs(3600));
+    let local = std::sync::Arc::new(routing_userspace::load::userspace::UserspaceGauge::default());
+    let store = SignalStore::new(Duration::from_secs(3600), std::sync::Arc::clone(&local));
     let t0 = Instant::now();
     let report = EngineReport {
         running: Some(12),
@@ -57,7 +58,9 @@ fn signals(c: &mut Criterion) {
     };
     store.report(7, &report, Source::Scrape, t0);
     store.report(7, &report, Source::InBand, t0);
-    g.bench_function("store/started", |b| b.iter(|| store.started(black_box(7))));
+    g.bench_function("store/request in flight (enter and leave)", |b| {
+        b.iter(|| drop(black_box(local.enter(black_box(7)))))
+    });
     g.bench_function("store/report", |b| {
         b.iter(|| store.report(black_box(7), black_box(&report), Source::InBand, t0))
     });

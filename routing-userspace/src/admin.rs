@@ -21,6 +21,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Ful
     }
     match req.uri().path() {
         "/metrics" => {
+            refresh_engine_gauges(&shared);
             let mut r = text(StatusCode::OK, &shared.metrics.render());
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -61,6 +62,21 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     r
+}
+
+/// The engine-signal gauges (report ages, running and waiting requests, KV-cache use) from the
+/// signal store, for every pod of the current table: computed per scrape, not per request.
+fn refresh_engine_gauges(shared: &Shared) {
+    let table = shared.table.load();
+    let pods = table.models().flat_map(|m| {
+        m.pods
+            .iter()
+            .filter_map(move |p| Some((&*m.name, &*p.label, p.slot?)))
+    });
+    shared
+        .metrics
+        .engine
+        .refresh(shared.router.signals(), pods, Instant::now());
 }
 
 /// The live routing table, gauges and reservations.
@@ -128,10 +144,12 @@ fn pod_view(shared: &Shared, p: &Pod, now: Instant) -> Value {
     json!({
         "address": &*p.label,
         "slot": p.slot,
-        "active": p.slot.map(|_| shared.router.pod_load(p)),
+        "active": p.slot.map(|_| shared.router.pod_load(p, now)),
         "in_flight_here": p.slot.map(|s| shared.inflight.active(s)),
         "reservations": shared.router.pod_reservations(p, now),
         "ejected": ejected,
+        "engine": p.slot.and_then(|s| shared.router.signals().snapshot(s, now)),
+        "cache_feedback": p.slot.and_then(|s| shared.router.feedback().view(s)),
     })
 }
 

@@ -26,6 +26,7 @@ use crate::proxy::retry_budget::RetryBudget;
 use crate::proxy::server::{Drained, ServeOptions};
 use crate::proxy::Shared;
 use crate::router::Router;
+use crate::signals::{ScrapeConfig, ScrapeTargets, Scraper, SignalStore};
 use crate::upstream::{ConnTrack, ConnectionHook, Upstream};
 use crate::{admin, proxy};
 
@@ -169,12 +170,17 @@ pub async fn serve(
     .await
 }
 
-/// What every request shares, with the gauge opened (the one step that touches the node).
+/// What every request shares, with the gauge opened (the one step that touches the node) and
+/// the engine scraper started (when its budget is not 0).
 fn shared_state(settings: &Settings) -> Result<Shared, ServeError> {
     let metrics = Arc::new(Metrics::with_key_tracking(settings.key_tracking));
     let inflight = Arc::new(UserspaceGauge::default());
     let GaugeChoice { gauge, ebpf } = open_gauge(&settings.gauge, &inflight)?;
     metrics.ebpf_enabled.set(i64::from(ebpf.is_some()));
+    let signals = Arc::new(SignalStore::new(
+        settings.signals.staleness,
+        inflight.clone(),
+    ));
     let knobs = &settings.routing;
     tracing::info!(
         gauge = gauge.name(),
@@ -188,14 +194,38 @@ fn shared_state(settings: &Settings) -> Result<Shared, ServeError> {
         "settings"
     );
     let hook = ebpf.map(|g| Arc::new(RegisterWithGauge(g)) as Arc<dyn ConnectionHook>);
-    Ok(Shared::new(
-        Router::with_ejection(gauge, settings.routing, settings.ejection),
+    let scrape = settings
+        .signals
+        .scrape
+        .clone()
+        .map(|cfg| start_scraper(cfg, &signals, settings.signals.fleet_size, hook.clone()));
+    let mut shared = Shared::new(
+        Router::with_signals(gauge, signals, settings.routing, settings.ejection),
         metrics,
         inflight,
         Upstream::new(settings.upstream, hook),
         settings.limits,
         RetryBudget::new(settings.retry.share, settings.retry.min_per_second),
-    ))
+    );
+    shared.engine_load_reports = settings.signals.inband;
+    shared.scrape_targets = scrape;
+    Ok(shared)
+}
+
+/// The engine scraper, as a background task: each pod's metrics page at most `budget` times a
+/// second for the whole fleet (a fleet of `fleet_size` proxies; 0: discovery counts them,
+/// one until it does). Returns the handle new tables give it their pods through.
+fn start_scraper(
+    cfg: ScrapeConfig,
+    store: &Arc<SignalStore>,
+    fleet_size: usize,
+    hook: Option<Arc<dyn ConnectionHook>>,
+) -> ScrapeTargets {
+    let fleet = Arc::new(std::sync::atomic::AtomicUsize::new(fleet_size.max(1)));
+    let scraper = Scraper::new(cfg, Arc::clone(store), fleet, hook);
+    let targets = scraper.targets();
+    tokio::spawn(scraper.run());
+    targets
 }
 
 /// Discovery updates into new tables, and the once-a-second housekeeping (reservation expiry,

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 
 use super::parse::{
-    format_bytes, format_duration, parse_header_limit, parse_listen, parse_share, Dur,
+    format_bytes, format_duration, parse_budget, parse_header_limit, parse_listen,
+    parse_metrics_path, parse_positive_duration, parse_share, Dur,
 };
 use crate::balance::least_loaded::MAX_RANKED;
 use crate::metrics::KeyTracking;
@@ -17,6 +18,7 @@ use crate::proxy::server::ServeOptions;
 use crate::proxy::RequestLimits;
 use crate::router::health::EjectionPolicy;
 use crate::router::RoutingKnobs;
+use crate::signals::{store::DEFAULT_STALENESS, ScrapeConfig};
 use crate::upstream::UpstreamOptions;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -157,6 +159,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub ebpf: EbpfArgs,
+
+    #[command(flatten)]
+    pub signals: SignalArgs,
 
     /// Cap on distinct keys tracked exactly per (model, strategy, key_source) series.
     #[arg(
@@ -409,4 +414,68 @@ impl EbpfArgs {
             bpffs: self.bpffs.clone(),
         }
     }
+}
+
+/// Engine-signal options: the pods' own load reports, in-band and scraped.
+#[derive(Debug, Clone, Args)]
+pub struct SignalArgs {
+    /// Ask engines for a load report on each forwarded request
+    /// (`endpoint-load-metrics-format: text`) and read the one they answer with.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ENGINE_LOAD_REPORTS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub engine_load_reports: bool,
+
+    /// How long an engine load report counts in its pod's load.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ENGINE_REPORT_STALENESS",
+        default_value_t = Dur(DEFAULT_STALENESS),
+        value_parser = parse_positive_duration
+    )]
+    pub engine_report_staleness: Dur,
+
+    /// Reads of each pod's metrics page per second, by the whole fleet (0 = never scrape).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ENGINE_SCRAPE_BUDGET",
+        default_value_t = ScrapeConfig::default().budget,
+        value_parser = parse_budget
+    )]
+    pub engine_scrape_budget: f64,
+
+    /// The longest a scraped report counts, however rarely a large fleet lets one proxy read.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ENGINE_SCRAPE_MAX_AGE",
+        default_value_t = Dur(ScrapeConfig::default().max_report_age),
+        value_parser = parse_positive_duration
+    )]
+    pub engine_scrape_max_age: Dur,
+
+    /// Time cap of one page read, connect to last byte.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ENGINE_SCRAPE_TIMEOUT",
+        default_value_t = Dur(ScrapeConfig::default().timeout),
+        value_parser = parse_positive_duration
+    )]
+    pub engine_scrape_timeout: Dur,
+
+    /// The engines' metrics path.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ENGINE_METRICS_PATH",
+        default_value_t = ScrapeConfig::default().path,
+        value_parser = parse_metrics_path
+    )]
+    pub engine_metrics_path: http::uri::PathAndQuery,
+
+    /// Proxies in the fleet, when discovery cannot count them (0 = as discovery counts, at
+    /// least 1). Scrapes per proxy are spread by it.
+    #[arg(long, env = "FLEXINFER_PROXY_FLEET_SIZE", default_value_t = 0)]
+    pub fleet_size: usize,
 }

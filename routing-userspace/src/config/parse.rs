@@ -71,6 +71,36 @@ impl fmt::Display for Dur {
     }
 }
 
+/// A duration that must be more than zero (a [`Dur`] flag).
+pub fn parse_positive_duration(s: &str) -> Result<Dur, String> {
+    match parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(Dur(d)),
+        Ok(_) => Err("must be more than 0".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A rate of 0 or more per second.
+pub fn parse_budget(s: &str) -> Result<f64, String> {
+    let x: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if !x.is_finite() || x < 0.0 {
+        return Err(format!("{x} is not a rate of 0 or more per second"));
+    }
+    Ok(x)
+}
+
+/// An HTTP path (with an optional query), starting with `/`.
+pub fn parse_metrics_path(s: &str) -> Result<http::uri::PathAndQuery, String> {
+    if !s.starts_with('/') {
+        return Err(format!("{s:?} must start with /"));
+    }
+    s.parse()
+        .map_err(|e: http::uri::InvalidUri| format!("{s:?}: {e}"))
+}
+
 /// A byte size that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid size {0:?} (use e.g. 16MiB, 512KiB, 1GB, or bytes)")]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::args::{
     BalanceArgs, DiscoveryKind, GaugeKind, HashBalanceArgs, KeepAlive, RoutingArgs, ServeArgs,
+    SignalArgs,
 };
 use super::parse::{format_bytes, format_duration, parse_bytes, parse_duration};
 use crate::balance::bounded::{parse_factor, parse_floor, HashBalance};
@@ -20,6 +21,7 @@ use crate::proxy::server::ServeOptions;
 use crate::proxy::RequestLimits;
 use crate::router::health::EjectionPolicy;
 use crate::router::RoutingKnobs;
+use crate::signals::{ScrapeConfig, SignalSettings};
 use crate::upstream::UpstreamOptions;
 
 /// After SIGTERM, how long `/readyz` answers 503 while the proxy still serves.
@@ -75,6 +77,7 @@ pub struct Settings {
     pub retry: RetrySettings,
     pub key_tracking: KeyTracking,
     pub gauge: GaugeSettings,
+    pub signals: SignalSettings,
 }
 
 impl Settings {
@@ -131,8 +134,26 @@ impl Settings {
                 require_ebpf: args.ebpf.require_ebpf,
                 ebpf: args.ebpf.options(),
             },
+            signals: signal_settings(&args.signals),
         };
         (settings, warnings)
+    }
+}
+
+/// The engine-signal settings: scraping off when its budget is 0.
+fn signal_settings(a: &SignalArgs) -> SignalSettings {
+    let scrape = (a.engine_scrape_budget > 0.0).then(|| ScrapeConfig {
+        path: a.engine_metrics_path.clone(),
+        budget: a.engine_scrape_budget,
+        max_report_age: a.engine_scrape_max_age.0,
+        timeout: a.engine_scrape_timeout.0,
+        ..ScrapeConfig::default()
+    });
+    SignalSettings {
+        inband: a.engine_load_reports,
+        staleness: a.engine_report_staleness.0,
+        scrape,
+        fleet_size: a.fleet_size,
     }
 }
 

@@ -35,11 +35,28 @@ const FIELD: char = '\u{1f}';
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptChain {
     links: Vec<u64>,
+    /// Normalized prompt characters up to each link's cut (separators apart).
+    ends: Vec<u32>,
 }
 
 impl PromptChain {
     pub fn links(&self) -> &[u64] {
         &self.links
+    }
+
+    /// Normalized prompt characters up to the cut of link `i` (`i` < the number of links).
+    pub fn chars_up_to(&self, i: usize) -> u64 {
+        self.ends.get(i).map_or(0, |&e| u64::from(e))
+    }
+
+    /// Leading links whose whole prefix fits in `chars` characters of prompt.
+    pub fn links_within(&self, chars: u64) -> usize {
+        self.ends.partition_point(|&e| u64::from(e) <= chars)
+    }
+
+    /// Normalized prompt characters the chain covers.
+    pub fn chars(&self) -> u64 {
+        self.ends.last().map_or(0, |&e| u64::from(e))
     }
 
     /// The routing key: the first link.
@@ -55,8 +72,11 @@ impl PromptChain {
 struct Builder {
     hasher: KeyHasher,
     links: Vec<u64>,
+    ends: Vec<u32>,
     /// Normalized characters of the current segment.
     count: usize,
+    /// Normalized characters of the whole prompt so far.
+    total: usize,
     /// Tests only: normalize character by character (the reference the fast path must match).
     #[cfg(test)]
     by_char: bool,
@@ -85,8 +105,9 @@ impl Sink for Emit<'_> {
             let (head, tail) = rest.split_at(to_cut.min(rest.len()));
             self.b.hasher.push_str(head);
             self.b.count += head.len();
+            self.b.total += head.len();
             if head.len() == to_cut && !self.b.full() {
-                self.b.links.push(self.b.hasher.digest());
+                self.b.link();
             }
             rest = tail;
         }
@@ -98,7 +119,9 @@ impl Builder {
         Self {
             hasher: KeyHasher::default(),
             links: Vec::new(),
+            ends: Vec::new(),
             count: 0,
+            total: 0,
             #[cfg(test)]
             by_char: false,
         }
@@ -106,6 +129,13 @@ impl Builder {
 
     fn full(&self) -> bool {
         self.links.len() >= MAX_LINKS
+    }
+
+    /// A link here: the hash of everything so far, and where it ends.
+    fn link(&mut self) {
+        self.links.push(self.hasher.digest());
+        self.ends
+            .push(u32::try_from(self.total).unwrap_or(u32::MAX));
     }
 
     /// Characters the current segment may still take before the link cap.
@@ -116,8 +146,9 @@ impl Builder {
     fn emit(&mut self, c: char) {
         self.hasher.push(c);
         self.count += 1;
+        self.total += 1;
         if self.count.is_multiple_of(CUT_CHARS) && !self.full() {
-            self.links.push(self.hasher.digest());
+            self.link();
         }
     }
 
@@ -144,7 +175,7 @@ impl Builder {
     /// separator.
     fn close(&mut self) {
         if self.count > 0 && !self.count.is_multiple_of(CUT_CHARS) && !self.full() {
-            self.links.push(self.hasher.digest());
+            self.link();
         }
         self.count = 0;
         self.hasher.push(SEGMENT);
@@ -180,7 +211,7 @@ impl Builder {
             self.normalized(&t, false);
         }
         if self.count == 0 && !self.full() {
-            self.links.push(self.hasher.digest());
+            self.link();
             self.hasher.push(SEGMENT);
         } else {
             self.close();
@@ -213,7 +244,10 @@ fn build(req: &RequestParts<'_, '_>, mut b: Builder) -> Option<PromptChain> {
         b.texts(body.prompt_text().map(Text::One).into_iter());
         b.texts(document.into_iter());
     }
-    (!b.links.is_empty()).then_some(PromptChain { links: b.links })
+    (!b.links.is_empty()).then_some(PromptChain {
+        links: b.links,
+        ends: b.ends,
+    })
 }
 
 #[cfg(test)]

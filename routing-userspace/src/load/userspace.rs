@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::{LoadGauge, Slot, MAX_SLOTS};
 
+#[derive(Debug)]
 pub struct UserspaceGauge {
     counts: Box<[AtomicU64]>,
 }

@@ -11,6 +11,7 @@ use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
 use super::keys::ModelKeys;
 use super::Metrics;
 use crate::rules::{can_spill, possible_decisions};
+use crate::signals::PodSignalMetrics;
 use crate::vocab::{GroupOutcome, KeySource, LabelGroupMode, Outcome, Strategy};
 
 /// Per-model counters of reservations made, consumed and expired.
@@ -122,6 +123,8 @@ pub struct ModelMetrics {
     /// `outlier_ejections_total` per pod.
     pub pod_ejections: Vec<IntCounter>,
     pub reservations: Arc<ReservationCounters>,
+    /// Engine signals per pod (indexed like the model's pods).
+    pub pod_signals: Vec<PodSignalMetrics>,
     /// The model's key statistics (cardinality trackers and hot keys).
     pub keys: Arc<std::sync::Mutex<ModelKeys>>,
 }
@@ -181,6 +184,10 @@ impl ModelMetrics {
                 })
                 .collect(),
             reservations: ReservationCounters::resolve(m, n),
+            pod_signals: pods
+                .iter()
+                .map(|p| PodSignalMetrics::resolve(&m.engine, n, p))
+                .collect(),
             keys: m.keys.model(name, strategy, now),
         }
     }

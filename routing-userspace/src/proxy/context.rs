@@ -10,15 +10,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::Shared;
 use crate::load::userspace::InFlight;
-use crate::metrics::Metrics;
 use crate::router::{Attempt, Decision};
+use crate::signals::Usage;
 
 /// Status recorded when the client left before the proxy answered (as nginx logs it).
 pub const CLIENT_CLOSED: u16 = 499;
 
 pub struct RequestCtx {
-    pub metrics: Arc<Metrics>,
+    /// What the record phase reports to: metrics, the router's cache feedback.
+    pub shared: Arc<Shared>,
     pub start: Instant,
     pub decision: Option<Decision>,
     /// The attempt whose target answered.
@@ -36,12 +38,14 @@ pub struct RequestCtx {
     pub active: bool,
     /// A local answer (the model list) that is not a routed request.
     pub local: bool,
+    /// The token counts the answer reported (`usage`), read as it streamed by.
+    pub usage: Option<Usage>,
 }
 
 impl RequestCtx {
-    pub fn new(metrics: Arc<Metrics>, start: Instant) -> Self {
+    pub fn new(shared: Arc<Shared>, start: Instant) -> Self {
         Self {
-            metrics,
+            shared,
             start,
             decision: None,
             served: None,
@@ -51,6 +55,7 @@ impl RequestCtx {
             in_flight: None,
             active: false,
             local: false,
+            usage: None,
         }
     }
 }

@@ -27,6 +27,7 @@ use super::Shared;
 use crate::load::userspace::InFlight;
 use crate::router::health::{Failure, Verdict};
 use crate::router::{Attempt, Decision};
+use crate::signals::{orca, Source};
 use crate::upstream::{Conn, ConnectError, PoolKey, SendError, Sent, UpBody, UpstreamBody};
 use crate::vocab::RetryReason;
 
@@ -86,6 +87,10 @@ pub async fn forward(
     d.model().metrics.active.inc();
     *active = true;
     shared.retry_budget.request(*start);
+    if shared.engine_load_reports && d.model().spec.engine.reads_signals() {
+        head.headers
+            .insert(orca::REQUEST_HEADER, orca::REQUEST_VALUE);
+    }
     let uri = std::mem::take(&mut head.uri);
     let mut out = Outgoing { head, uri };
     let mut body = body;
@@ -173,6 +178,9 @@ async fn attempt(
 /// do better with.
 fn answered(shared: &Shared, d: &Decision, a: Attempt, sent: Sent) -> Step {
     let Sent { response, replay } = sent;
+    if let Attempt::Pod(i) = a {
+        note_load_report(shared, d, i, response.headers());
+    }
     let status = response.status().as_u16();
     let health = match status {
         500.. => Err(Failure::Status(status)),
@@ -193,6 +201,26 @@ fn answered(shared: &Shared, d: &Decision, a: Attempt, sent: Sent) -> Step {
             answer: Some(answer),
         },
         _ => Step::Answered(answer),
+    }
+}
+
+/// The pod's in-band load report, if its answer carries one, goes to the signal store.
+fn note_load_report(shared: &Shared, d: &Decision, i: usize, headers: &http::HeaderMap) {
+    let model = d.model();
+    let Some(slot) = model.pods[i].slot else {
+        return;
+    };
+    if !headers.contains_key(orca::RESPONSE_HEADER) {
+        return;
+    }
+    let metrics = &model.metrics.pod_signals[i];
+    match orca::from_headers(headers) {
+        Some(report) => {
+            let signals = shared.router.signals();
+            signals.report(slot, &report, Source::InBand, Instant::now());
+            metrics.inband_reports.inc();
+        }
+        None => metrics.inband_rejected.inc(),
     }
 }
 

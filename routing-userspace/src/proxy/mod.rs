@@ -56,7 +56,7 @@ pub async fn handle(
     peer: Arc<Peer>,
 ) -> Response<ProxyBody> {
     let start = Instant::now();
-    let mut ctx = RequestCtx::new(Arc::clone(&shared.metrics), start);
+    let mut ctx = RequestCtx::new(Arc::clone(&shared), start);
     let total = shared.limits.request_timeout;
     let (parts, body) = req.into_parts();
     // Taken by the phase that reads or forwards it; still here if the request failed first.

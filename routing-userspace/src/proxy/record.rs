@@ -14,7 +14,7 @@ pub fn record(ctx: &mut RequestCtx) {
     }
     let status = ctx.status.unwrap_or(CLIENT_CLOSED);
     let Some(d) = &ctx.decision else {
-        ctx.metrics.unknown_model_requests.inc(status);
+        ctx.shared.metrics.unknown_model_requests.inc(status);
         return;
     };
     let m = &d.model().metrics;
@@ -39,7 +39,8 @@ pub fn record(ctx: &mut RequestCtx) {
         // The rules in `crate::rules` missed a case: count it anyway, and say so.
         None => {
             tracing::warn!(model = %model, strategy = %strategy, key_source = %source, outcome = d.outcome().as_str(), "decision outside the pre-resolved series");
-            ctx.metrics
+            ctx.shared
+                .metrics
                 .spec
                 .routing_decisions_total
                 .with_label_values(&[model, strategy, source.as_str(), d.outcome().as_str()])
@@ -68,6 +69,11 @@ pub fn record(ctx: &mut RequestCtx) {
         g.group.metrics.member_hits[g.member].inc();
     }
     record_balance(d);
+    if let (Some(u), Some(Attempt::Pod(i))) = (&ctx.usage, ctx.served) {
+        // What the engine reported: prompt tokens by cache hit, and the index's closed loop.
+        m.pod_signals[i].record_usage(u);
+        ctx.shared.router.cache_feedback(d, i, u);
+    }
     for ignored in d.ignored() {
         tracing::debug!(model = %model, source = %ignored.source, reason = ?ignored.reason, "ignoring malformed routing key");
     }

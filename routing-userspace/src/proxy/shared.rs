@@ -13,6 +13,7 @@ use crate::discovery::Update;
 use crate::load::userspace::UserspaceGauge;
 use crate::metrics::Metrics;
 use crate::router::Router;
+use crate::signals::{scrape, ScrapeTargets};
 use crate::table::publish::Published;
 use crate::upstream::Upstream;
 
@@ -64,6 +65,10 @@ pub struct Shared {
     draining: AtomicBool,
     /// Triggered when the drain timeout passes: streams still running end with an error event.
     pub drain_cut: Arc<DrainCut>,
+    /// Ask engines for an in-band load report on each request.
+    pub engine_load_reports: bool,
+    /// The engine scraper's pods (`None`: no scraper).
+    pub scrape_targets: Option<ScrapeTargets>,
 }
 
 impl Shared {
@@ -85,6 +90,8 @@ impl Shared {
             retry_budget,
             draining: AtomicBool::new(false),
             drain_cut: Arc::default(),
+            engine_load_reports: false,
+            scrape_targets: None,
         }
     }
 
@@ -108,6 +115,9 @@ impl Shared {
         self.table.apply(update, |pods, table| {
             self.router.pods_changed(pods);
             self.router.table_rebuilt(table);
+            if let Some(t) = &self.scrape_targets {
+                t.set(scrape::targets_of(table, &self.metrics.engine));
+            }
         });
     }
 }

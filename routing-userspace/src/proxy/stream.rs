@@ -28,6 +28,7 @@ use tokio::time::Sleep;
 use super::context::RequestCtx;
 use super::forward::Forwarded;
 use super::headers;
+use crate::signals::UsageObserver;
 use crate::upstream::h1::response::BodyError;
 use crate::upstream::UpstreamBody;
 
@@ -71,6 +72,8 @@ pub struct ObservedBody {
     idle: Option<Pin<Box<Sleep>>>,
     end: Option<Pin<Box<Sleep>>>,
     drain: Option<Pin<Box<OwnedNotified>>>,
+    /// Finds the answer's `usage` as it streams by (successful JSON and SSE answers).
+    usage: Option<UsageObserver>,
     done: bool,
 }
 
@@ -94,6 +97,10 @@ pub fn respond(
         .headers
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let usage = match parts.status.is_success() {
+        true => UsageObserver::for_response(&parts.headers),
+        false => None,
+    };
     let mut body = ObservedBody {
         inner,
         ctx: Some(ctx),
@@ -102,6 +109,7 @@ pub fn respond(
         idle: None,
         end: None,
         drain: None,
+        usage,
         done: false,
     };
     if body.inner.is_end_stream() {
@@ -118,9 +126,12 @@ fn sse_error(code: &str, message: &str) -> Bytes {
 }
 
 impl ObservedBody {
-    /// The body was read to its end: the request is over.
+    /// The body was read to its end: the request is over (what its usage said goes with it).
     fn finish(&mut self) {
         self.done = true;
+        if let (Some(ctx), Some(usage)) = (self.ctx.as_mut(), self.usage.take()) {
+            ctx.usage = usage.usage();
+        }
         self.ctx.take();
     }
 
@@ -195,6 +206,9 @@ impl Body for ObservedBody {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let end = self.inner.is_end_stream();
+                if let (Some(usage), Some(data)) = (self.usage.as_mut(), frame.data_ref()) {
+                    usage.feed(data);
+                }
                 if let Some(ctx) = self.ctx.as_mut() {
                     if ctx.first_byte.is_none() && frame.is_data() {
                         let now = Instant::now();

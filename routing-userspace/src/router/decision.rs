@@ -22,6 +22,7 @@ use crate::balance::cache_aware::CacheAwareOrder;
 use crate::balance::least_loaded::Ranked;
 use crate::balance::ring::WalkState;
 use crate::balance::round_robin::Rotation;
+use crate::keys::chain::PromptChain;
 use crate::keys::{Ignored, RoutingKey};
 use crate::load::userspace::{InFlight, UserspaceGauge};
 use crate::load::Slot;
@@ -169,6 +170,9 @@ pub struct Decision {
     /// Cache-aware: leading prompt-chain links the picked pod held (`None` when the index was
     /// not consulted).
     match_depth: Option<u32>,
+    /// Cache-aware: the request's prompt chain, which the answer's cache report is checked
+    /// against.
+    prompt: Option<PromptChain>,
     /// The pod the decision picked (the first candidate).
     picked: Option<usize>,
     /// The first candidate until an attempt takes it.
@@ -214,6 +218,7 @@ impl Decision {
             holds: Holds::default(),
             spill: None,
             match_depth: None,
+            prompt: None,
             health,
             at,
         }
@@ -275,8 +280,14 @@ impl Decision {
         self.holds.member = member;
     }
 
-    pub(super) fn set_match_depth(&mut self, depth: u32) {
+    pub(super) fn set_match(&mut self, depth: u32, prompt: PromptChain) {
         self.match_depth = Some(depth);
+        self.prompt = Some(prompt);
+    }
+
+    /// Cache-aware: the request's prompt chain.
+    pub fn prompt(&self) -> Option<&PromptChain> {
+        self.prompt.as_ref()
     }
 
     /// The gauge slot an attempt's target counts under (the Service has none).
@@ -295,7 +306,8 @@ impl Decision {
     }
 
     /// The request starts on the target of `a`: it counts in flight there (in this process's
-    /// gauge, until the returned guard drops), and what stood for it is released: the pending
+    /// gauge, until the returned guard drops: what the pods' reports are moved by), and what
+    /// stood for it is released: the pending
     /// pick, the member reservation, and the pod reservation when `a` is the reserved pod
     /// (consumed, so counted as such). The count comes first, so a concurrent pick never sees
     /// the pod without either.

@@ -100,7 +100,7 @@ fn pick_in_tier(
             let (mut order, token) = router.members.pick(
                 tier.len(),
                 |k| Some(member(k).name_hash),
-                |k| member_load(router, member(k)),
+                |k| member_load(router, member(k), now),
                 |loads| rank(loads, rr, 1),
                 |order| order.clone().next(),
                 // A member's reservations are reported under its own name.
@@ -142,14 +142,14 @@ fn pick_in_tier(
     }
 }
 
-/// A member's load: its pods' gauge (as least-loaded mode reads it), without reservations.
-fn member_load(router: &Router, m: &crate::table::ModelRoute) -> u64 {
-    m.pods.iter().map(|p| router.pod_load(p)).sum()
+/// A member's load: its pods' loads (as least-loaded mode reads them), without reservations.
+fn member_load(router: &Router, m: &crate::table::ModelRoute, now: Instant) -> u64 {
+    m.pods.iter().map(|p| router.pod_load(p, now)).sum()
 }
 
-/// A member's load for the bound: its pods' gauge and their pending bounded picks.
-fn member_bounded_load(router: &Router, m: &crate::table::ModelRoute) -> u64 {
-    m.pods.iter().map(|p| router.bounded_load(p)).sum()
+/// A member's load for the bound: its pods' loads and their pending bounded picks.
+fn member_bounded_load(router: &Router, m: &crate::table::ModelRoute, now: Instant) -> u64 {
+    m.pods.iter().map(|p| router.bounded_load(p, now)).sum()
 }
 
 /// The bounded walk of the group ring over the tier: members outside the tier never qualify,
@@ -166,7 +166,7 @@ fn bounded_member(
     let loads = router.members.loads(
         n,
         |i| Some(g.members[i].name_hash),
-        |i| member_bounded_load(router, &g.members[i]),
+        |i| member_bounded_load(router, &g.members[i], now),
         now,
     );
     let mut loads = loads.as_slice().to_vec();

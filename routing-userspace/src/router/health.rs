@@ -151,14 +151,16 @@ impl Health {
     }
 
     /// The pods and their slots changed: a slot now serving another address starts clean.
-    pub fn pods_changed(&self, pods: &[(SocketAddr, Slot)]) {
+    pub fn pods_changed(&self, pods: &[(SocketAddr, Slot)]) -> Vec<Slot> {
         let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reassigned = Vec::new();
         for &(addr, slot) in pods {
             let Some(owner) = owners.get_mut(slot as usize) else {
                 continue;
             };
             if *owner != Some(addr) {
                 *owner = Some(addr);
+                reassigned.push(slot);
                 let h = &self.pods[slot as usize];
                 h.consecutive.store(0, Ordering::Relaxed);
                 h.ejected_until.store(0, Ordering::Relaxed);
@@ -166,6 +168,7 @@ impl Health {
                 h.probation.store(false, Ordering::Relaxed);
             }
         }
+        reassigned
     }
 
     /// Whether the pod in `slot` is out of the candidates at `now`.

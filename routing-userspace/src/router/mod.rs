@@ -9,6 +9,7 @@
 //! and outcome whether something was reserved.
 
 pub mod decision;
+pub mod feedback;
 pub mod group;
 pub mod health;
 pub mod knobs;
@@ -36,10 +37,12 @@ use crate::keys::chain::PromptChain;
 use crate::keys::{self, KeySource, RequestParts};
 use crate::load::LoadGauge;
 use crate::rules::{pod_choice, PodChoice};
+use crate::signals::{SignalStore, Usage};
 use crate::table::{ModelRoute, Pod, Route, RoutingTable};
 use crate::vocab::Strategy;
 use decision::Holds;
 pub use decision::{Attempt, Cursor, Decision, GroupChoice, Held, Spill, Target};
+use feedback::CacheFeedback;
 use health::{EjectionPolicy, Health};
 pub use knobs::RoutingKnobs;
 use pending::PendingPicks;
@@ -47,7 +50,10 @@ use prefix_index::PrefixIndex;
 use reservation::{Ledger, Loads, Reservation};
 
 pub struct Router {
+    /// This node's view of each pod's requests in flight (node-wide with eBPF).
     gauge: Arc<dyn LoadGauge>,
+    /// What the pods report of their own load; a pick reads the larger of the two.
+    signals: Arc<SignalStore>,
     /// Passive health: pods ejected for failing are skipped.
     health: Arc<Health>,
     /// Reservations of pods, keyed by gauge slot (a pod serving several models is one load).
@@ -58,26 +64,38 @@ pub struct Router {
     index: PrefixIndex,
     /// Bounded and cache-aware picks whose requests have not started upstream yet.
     pending: Arc<PendingPicks>,
+    /// Predicted against reported cached tokens, per pod.
+    feedback: CacheFeedback,
     knobs: RoutingKnobs,
 }
 
 impl Router {
+    /// A router reading `gauge` alone (no engine reports arrive in its store).
     pub fn new(gauge: Arc<dyn LoadGauge>, knobs: RoutingKnobs) -> Self {
-        Self::with_ejection(gauge, knobs, EjectionPolicy::default())
+        let local = Arc::new(crate::load::userspace::UserspaceGauge::default());
+        let signals = Arc::new(SignalStore::new(
+            crate::signals::store::DEFAULT_STALENESS,
+            local,
+        ));
+        Self::with_signals(gauge, signals, knobs, EjectionPolicy::default())
     }
 
-    pub fn with_ejection(
+    /// A router reading `gauge` and the pods' own reports in `signals`.
+    pub fn with_signals(
         gauge: Arc<dyn LoadGauge>,
+        signals: Arc<SignalStore>,
         knobs: RoutingKnobs,
         ejection: EjectionPolicy,
     ) -> Self {
         Self {
             gauge,
+            signals,
             health: Arc::new(Health::new(ejection)),
             pods: Ledger::new(knobs.reservation_ttl),
             members: Ledger::new(knobs.reservation_ttl),
             index: PrefixIndex::new(knobs.cache_aware_index_budget),
             pending: PendingPicks::new(),
+            feedback: CacheFeedback::default(),
             knobs,
         }
     }
@@ -101,10 +119,10 @@ impl Router {
         self.knobs.balance_for(&m.spec)
     }
 
-    /// A pod's load as a bounded pick reads it, reservations apart: the gauge plus the bounded
+    /// A pod's load as a bounded pick reads it, reservations apart: its load plus the bounded
     /// picks of it whose requests have not started yet.
-    pub fn bounded_load(&self, pod: &Pod) -> u64 {
-        self.pod_load(pod) + pod.slot.map_or(0, |s| self.pending.get(s))
+    pub fn bounded_load(&self, pod: &Pod, now: Instant) -> u64 {
+        self.pod_load(pod, now) + pod.slot.map_or(0, |s| self.pending.get(s))
     }
 
     /// Every pod's load as a bounded pick reads it: gauge, pending picks and unexpired
@@ -113,7 +131,7 @@ impl Router {
         self.pods.loads(
             m.pods.len(),
             |i| m.pods[i].slot.map(u64::from),
-            |i| self.bounded_load(&m.pods[i]),
+            |i| self.bounded_load(&m.pods[i], now),
             now,
         )
     }
@@ -133,12 +151,54 @@ impl Router {
     /// The pods (and their gauge slots) changed: the gauge and the health records follow.
     pub fn pods_changed(&self, pods: &[(std::net::SocketAddr, crate::load::Slot)]) {
         self.gauge.set_pods(pods);
-        self.health.pods_changed(pods);
+        for slot in self.health.pods_changed(pods) {
+            // A slot that now stands for another pod: its reports were the old pod's.
+            self.signals.reset(slot);
+            self.feedback.reset(slot);
+        }
     }
 
-    /// A pod's load as picks see it (gauge only; reservations are apart).
-    pub fn pod_load(&self, pod: &Pod) -> u64 {
-        pod.slot.map_or(0, |s| self.gauge.active(s))
+    /// A pod's load as picks see it (reservations apart): the larger of this node's count of
+    /// its requests in flight and what the pod's fresh report says (its engine's running and
+    /// waiting requests plus what this node started there since).
+    pub fn pod_load(&self, pod: &Pod, now: Instant) -> u64 {
+        pod.slot
+            .map_or(0, |s| self.signals.load(s, self.gauge.active(s), now))
+    }
+
+    /// What the pods report of their load.
+    pub fn signals(&self) -> &Arc<SignalStore> {
+        &self.signals
+    }
+
+    /// Predicted against reported cached tokens, per pod.
+    pub fn feedback(&self) -> &CacheFeedback {
+        &self.feedback
+    }
+
+    /// The answer to decision `d` served by its model's pod `i` reported `usage`: when the
+    /// index predicted more than the pod found cached, it forgets what the pod lost (see
+    /// [`feedback`]).
+    pub fn cache_feedback(&self, d: &Decision, i: usize, usage: &Usage) {
+        let (Some(chain), Some(predicted)) = (d.prompt(), d.match_depth()) else {
+            return;
+        };
+        let Some(slot) = d.model().pods.get(i).and_then(|p| p.slot) else {
+            return;
+        };
+        // The prediction was for the picked pod; another one (a retry) was predicted nothing.
+        let predicted = match d.picked_index() == Some(i) {
+            true => predicted as usize,
+            false => 0,
+        };
+        let lost = match feedback::verdict(chain, predicted, usage) {
+            feedback::Verdict::Lost { held } => {
+                Some(self.index.forget(slot, &chain.links()[held..predicted]))
+            }
+            feedback::Verdict::Agrees | feedback::Verdict::Unknown => None,
+        };
+        let predicted_tokens = feedback::predicted_tokens(chain, predicted, usage);
+        self.feedback.record(slot, predicted_tokens, usage, lost);
     }
 
     /// Unexpired reservations of a pod.
@@ -207,13 +267,13 @@ impl Router {
             now,
         );
         let picked_slot = d.picked_pod().and_then(|p| p.slot);
-        if let (Some(depths), Some(chain)) = (pick.depths, &chain) {
+        if let (Some(depths), Some(chain)) = (pick.depths, chain) {
             // The index learns the chain for the pod the decision picked: the cache-aware
             // choice, unless passive health moved it off an ejected pod.
             if let Some(slot) = picked_slot {
                 self.index.learn(slot, chain.links());
             }
-            d.set_match_depth(d.picked_index().map_or(0, |i| depths[i]));
+            d.set_match(d.picked_index().map_or(0, |i| depths[i]), chain);
         }
         d.hold(Holds {
             pod: pick.reservation,
@@ -290,7 +350,7 @@ impl Router {
             // An ejected pod ranks last (it is skipped unless nothing else is left).
             |i| match self.health.is_ejected(m.pods[i].slot, now) {
                 true => u64::MAX / 2,
-                false => self.pod_load(&m.pods[i]),
+                false => self.pod_load(&m.pods[i], now),
             },
             |loads| rank(loads, rr, attempts),
             |order| order.clone().next(),

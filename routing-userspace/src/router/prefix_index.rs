@@ -3,9 +3,9 @@
 //!
 //! It is an approximation of the pods' prefix caches from the outside: it learns every chain
 //! it routes (all links, for the pod it picked), and forgets the least recently used
-//! `(link, pod)` entries once it holds as many as its memory budget allows. It never asks a
-//! pod, so it can believe a pod still holds a prefix its cache already evicted; the cost of that
-//! is one request routed by an outdated belief, which the next one corrects.
+//! `(link, pod)` entries once it holds as many as its memory budget allows. It can believe a pod
+//! still holds a prefix its cache already evicted; the pod's answer says how much of the prompt
+//! it found cached, and entries it evidently lost are forgotten (see [`super::feedback`]).
 //!
 //! Layout: a slab of entries threaded on two index lists (the link's pods, and one LRU order
 //! over all entries), and an open-addressing table from link to the first entry of its list
@@ -239,6 +239,28 @@ impl PrefixIndex {
         for &link in chain.iter().rev() {
             inner.touch(link, slot, self.capacity, self.max_slots);
         }
+    }
+
+    /// The pod in `slot` does not hold these links (its own report says so): drop their
+    /// entries for it; returns how many there were.
+    pub fn forget(&self, slot: Slot, links: &[u64]) -> usize {
+        let mut inner = self.lock();
+        let mut dropped = 0;
+        for &link in links {
+            let mut e = inner.links.get(&inner.entries, link).unwrap_or(NIL);
+            while e != NIL {
+                let entry = inner.entries[e as usize];
+                if entry.pod == slot {
+                    inner.remove(e);
+                    inner.entries[e as usize].next_pod = inner.free;
+                    inner.free = e;
+                    dropped += 1;
+                    break;
+                }
+                e = entry.next_pod;
+            }
+        }
+        dropped
     }
 
     /// Forget the pods `keep` says are gone (after a routing-table rebuild).

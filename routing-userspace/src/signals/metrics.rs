@@ -230,7 +230,8 @@ impl PodSignalMetrics {
         match u.cached_tokens {
             Some(cached) => {
                 self.prompt_hit.inc_by(cached);
-                self.prompt_miss.inc_by(u.prompt_tokens - cached);
+                self.prompt_miss
+                    .inc_by(u.prompt_tokens.saturating_sub(cached));
             }
             None => self.prompt_unknown.inc_by(u.prompt_tokens),
         }
@@ -312,7 +313,8 @@ mod tests {
         scrape.record(ScrapeResult::Invalid);
         scrape.record(ScrapeResult::Timeout);
 
-        let store = SignalStore::new(Duration::from_secs(2));
+        let local = std::sync::Arc::new(crate::load::userspace::UserspaceGauge::default());
+        let store = SignalStore::new(Duration::from_secs(2), local);
         let t0 = Instant::now();
         let report = EngineReport {
             running: Some(3),

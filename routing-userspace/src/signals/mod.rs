@@ -26,6 +26,6 @@ pub mod usage;
 pub use metrics::{EngineFamilies, PodSignalMetrics};
 pub use report::{EngineReport, Source};
 pub use scrape::{ScrapeConfig, ScrapeTarget, ScrapeTargets, Scraper};
-pub use settings::{SignalArgs, SignalSettings};
+pub use settings::SignalSettings;
 pub use store::{SignalStore, SignalView};
 pub use usage::{Usage, UsageObserver};

@@ -1,12 +1,14 @@
-//! The per-pod signal store: the last engine load report of each pod, per source, and how many
-//! requests this node started on the pod since, so a pick can read the pod's whole load.
+//! The per-pod signal store: the last engine load report of each pod, per source, so a pick
+//! can read the pod's whole load.
 //!
-//! A pod's load is `max(node in flight, running + waiting at the report + started since)` over
-//! its fresh reports: the node-local count alone sees only this node's share of the pod
-//! (about 1/N of it with N proxies), the engine's count sees everyone's but ages, and what this
-//! node started since the report covers its own part of that ageing. The estimate errs high
-//! (requests that finished since still count until the next report), never below the
-//! node-local count; a report past its freshness stands for nothing.
+//! A pod's load is `max(node in flight, running + waiting at the report + what this process
+//! added since)` over its fresh reports: the node-local count alone sees only this node's share
+//! of the pod (about 1/N of it with N proxies), the engine's count sees everyone's but ages,
+//! and the change in this process's own requests on the pod since the report (its count then,
+//! against its count now) covers its own part of that ageing, in both directions: requests it
+//! started since add, requests of its own that ended since take away. Other nodes' changes
+//! since the report are invisible here until the next one; a report past its freshness stands
+//! for nothing, and the estimate is never below the node-local count.
 //!
 //! Each pod keeps one report per [`Source`]: vLLM's in-band report has no running count, so it
 //! must not replace the scraped one that has. Reads are on the pick path, so they are a few
@@ -21,12 +23,14 @@
 //! node more than once per second (any pod worth balancing) refreshes it continuously.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering::*};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::report::{EngineReport, Source};
-use crate::load::{Slot, MAX_SLOTS};
+use crate::load::userspace::UserspaceGauge;
+use crate::load::{LoadGauge, Slot, MAX_SLOTS};
 
 /// How long a report counts, unless its source says otherwise.
 pub const DEFAULT_STALENESS: Duration = Duration::from_secs(2);
@@ -44,8 +48,8 @@ struct Record {
     /// `ABSENT` once the slot was reset.
     at_ns: AtomicU64,
     fresh_until_ns: AtomicU64,
-    /// The pod's `started` count when the report was asked for.
-    started_at: AtomicU64,
+    /// This process's requests in flight on the pod when the report was asked for.
+    local_at: AtomicU64,
 }
 
 /// A consistent read of a [`Record`].
@@ -56,7 +60,7 @@ struct Snap {
     kv: Option<f64>,
     at_ns: u64,
     fresh_until_ns: u64,
-    started_at: u64,
+    local_at: u64,
 }
 
 impl Snap {
@@ -64,14 +68,17 @@ impl Snap {
         now_ns < self.fresh_until_ns
     }
 
-    /// The engine's load at the report plus what this node started since; `None` without a
-    /// request count.
-    fn estimate(&self, started: u64) -> Option<u64> {
+    /// The engine's load at the report, moved by how this process's own requests on the pod
+    /// changed since (`local` now against then); `None` without a request count.
+    fn estimate(&self, local: u64) -> Option<u64> {
         if self.running.is_none() && self.waiting.is_none() {
             return None;
         }
         let engine = self.running.unwrap_or(0) + self.waiting.unwrap_or(0);
-        Some(engine.saturating_add(started.saturating_sub(self.started_at)))
+        Some(match local.checked_sub(self.local_at) {
+            Some(more) => engine.saturating_add(more),
+            None => engine.saturating_sub(self.local_at - local),
+        })
     }
 }
 
@@ -92,13 +99,13 @@ impl Record {
             return false;
         }
         fence(Release);
-        let [running, waiting, kv_bits, at_ns, fresh_until_ns, started_at] = values;
+        let [running, waiting, kv_bits, at_ns, fresh_until_ns, local_at] = values;
         self.running.store(running, Relaxed);
         self.waiting.store(waiting, Relaxed);
         self.kv_bits.store(kv_bits, Relaxed);
         self.at_ns.store(at_ns, Relaxed);
         self.fresh_until_ns.store(fresh_until_ns, Relaxed);
-        self.started_at.store(started_at, Relaxed);
+        self.local_at.store(local_at, Relaxed);
         self.seq.store(s + 2, Release);
         true
     }
@@ -119,7 +126,7 @@ impl Record {
                 kv: opt(self.kv_bits.load(Relaxed)).map(f64::from_bits),
                 at_ns: self.at_ns.load(Relaxed),
                 fresh_until_ns: self.fresh_until_ns.load(Relaxed),
-                started_at: self.started_at.load(Relaxed),
+                local_at: self.local_at.load(Relaxed),
             };
             fence(Acquire);
             if self.seq.load(Relaxed) == s1 {
@@ -134,8 +141,6 @@ impl Record {
 #[derive(Debug, Default)]
 #[repr(align(64))]
 struct PodSignals {
-    /// Requests this node started on the pod, ever.
-    started: AtomicU64,
     /// By [`Source::index`].
     reports: [Record; 2],
 }
@@ -145,7 +150,7 @@ struct PodSignals {
 pub struct Stamp {
     pub source: Source,
     at_ns: u64,
-    started: u64,
+    local: u64,
 }
 
 /// Engine signals of every pod slot.
@@ -154,15 +159,20 @@ pub struct SignalStore {
     epoch: Instant,
     staleness: Duration,
     pods: Box<[PodSignals]>,
+    /// This process's requests in flight per pod.
+    local: Arc<UserspaceGauge>,
 }
 
 impl SignalStore {
-    /// A store whose reports count for `staleness` (in-band; the scraper sets its own).
-    pub fn new(staleness: Duration) -> Self {
+    /// A store whose reports count for `staleness` (in-band; the scraper sets its own), over
+    /// `local`, this process's requests in flight per pod (what it adds to a report's count
+    /// as they change).
+    pub fn new(staleness: Duration, local: Arc<UserspaceGauge>) -> Self {
         Self {
             epoch: Instant::now(),
             staleness,
             pods: (0..MAX_SLOTS).map(|_| PodSignals::default()).collect(),
+            local,
         }
     }
 
@@ -175,14 +185,6 @@ impl SignalStore {
         u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(ABSENT - 1)
     }
 
-    /// A request of this node starts upstream on `slot`'s pod: one relaxed add.
-    #[inline]
-    pub fn started(&self, slot: Slot) {
-        if let Some(p) = self.pods.get(slot as usize) {
-            p.started.fetch_add(1, Relaxed);
-        }
-    }
-
     /// `report` arrived at `at` (an in-band header, read as the response head came): it counts
     /// for the store's staleness limit.
     pub fn report(&self, slot: Slot, report: &EngineReport, source: Source, at: Instant) {
@@ -192,14 +194,10 @@ impl SignalStore {
     /// Stamp a report about to be asked for (the scraper, before its request): requests this
     /// node starts from now on count on top of it.
     pub fn stamp(&self, slot: Slot, source: Source, at: Instant) -> Stamp {
-        let started = self
-            .pods
-            .get(slot as usize)
-            .map_or(0, |p| p.started.load(Relaxed));
         Stamp {
             source,
             at_ns: self.ns(at),
-            started,
+            local: self.local.active(slot),
         }
     }
 
@@ -218,24 +216,24 @@ impl SignalStore {
             report.kv_usage.map_or(ABSENT, f64::to_bits),
             stamp.at_ns,
             stamp.at_ns.saturating_add(valid).min(ABSENT - 1),
-            stamp.started,
+            stamp.local,
         ]);
     }
 
-    /// The pod's load: `max(node_in_flight, running + waiting + started since)` over its fresh
-    /// reports, else `node_in_flight`.
+    /// The pod's load: `max(node_in_flight, running + waiting + what this process added since)`
+    /// over its fresh reports, else `node_in_flight`.
     #[inline]
     pub fn load(&self, slot: Slot, node_in_flight: u64, now: Instant) -> u64 {
         let Some(p) = self.pods.get(slot as usize) else {
             return node_in_flight;
         };
         let now_ns = self.ns(now);
-        let started = p.started.load(Relaxed);
+        let local = self.local.active(slot);
         p.reports
             .iter()
             .filter_map(Record::read)
             .filter(|s| s.fresh(now_ns))
-            .filter_map(|s| s.estimate(started))
+            .filter_map(|s| s.estimate(local))
             .fold(node_in_flight, u64::max)
     }
 
@@ -285,7 +283,7 @@ impl SignalStore {
     pub fn snapshot(&self, slot: Slot, now: Instant) -> Option<SignalView> {
         let p = self.pods.get(slot as usize)?;
         let now_ns = self.ns(now);
-        let started = p.started.load(Relaxed);
+        let local = self.local.active(slot);
         let view = |source: Source| {
             p.reports[source.index()].read().map(|s| ReportView {
                 running: s.running,
@@ -293,11 +291,11 @@ impl SignalStore {
                 kv_usage: s.kv,
                 age_seconds: now_ns.saturating_sub(s.at_ns) as f64 / 1e9,
                 fresh: s.fresh(now_ns),
-                started_since: started.saturating_sub(s.started_at),
+                in_flight_here_then: s.local_at,
             })
         };
         Some(SignalView {
-            started,
+            in_flight_here: local,
             inband: view(Source::InBand),
             scrape: view(Source::Scrape),
         })
@@ -319,8 +317,8 @@ impl SignalStore {
 /// One pod's signals, as `/debug/routing` shows them.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct SignalView {
-    /// Requests this node started on the pod.
-    pub started: u64,
+    /// This process's requests in flight on the pod.
+    pub in_flight_here: u64,
     pub inband: Option<ReportView>,
     pub scrape: Option<ReportView>,
 }
@@ -334,8 +332,9 @@ pub struct ReportView {
     pub age_seconds: f64,
     /// Still within its freshness (it counts in the pod's load).
     pub fresh: bool,
-    /// Requests this node started on the pod since the report.
-    pub started_since: u64,
+    /// This process's requests in flight on the pod when the report was asked for (what it
+    /// has added or taken since moves the report's count).
+    pub in_flight_here_then: u64,
 }
 
 #[cfg(test)]

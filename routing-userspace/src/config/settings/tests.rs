@@ -165,3 +165,79 @@ fn the_help_shows_each_default_as_a_flag_takes_it() {
         assert!(help.contains(shown), "{shown} missing from serve --help");
     }
 }
+
+/// `serve`'s flags with environment variables given as a map (never the process's): each
+/// variable becomes its flag, which is how clap would read it.
+fn serve_args_with_env(flags: &[&str], env: &[(&str, &str)]) -> Result<ServeArgs, clap::Error> {
+    let env: std::collections::HashMap<&str, &str> = env.iter().copied().collect();
+    let cmd = ServeArgs::augment_args(clap::Command::new("serve")).mut_args(|a| a.env(None));
+    let mut argv = vec!["serve".to_owned()];
+    for a in ServeArgs::augment_args(clap::Command::new("serve")).get_arguments() {
+        let var = a.get_env().and_then(|v| v.to_str());
+        if let (Some(v), Some(long)) = (var.and_then(|v| env.get(v)), a.get_long()) {
+            argv.push(format!("--{long}={v}"));
+        }
+    }
+    argv.extend(flags.iter().map(|s| (*s).to_owned()));
+    let matches = cmd.try_get_matches_from(argv)?;
+    ServeArgs::from_arg_matches(&matches)
+}
+
+fn signals(flags: &[&str], env: &[(&str, &str)]) -> Result<SignalSettings, clap::Error> {
+    serve_args_with_env(flags, env).map(|a| Settings::from_args(&a).0.signals)
+}
+
+#[test]
+fn engine_signals_default_to_in_band_reports_and_a_scrape_budget_of_one() {
+    let s = signals(&[], &[]).unwrap();
+    assert!(s.inband);
+    assert_eq!(s.staleness, Duration::from_secs(2));
+    let scrape = s.scrape.unwrap();
+    assert_eq!(scrape.budget, 1.0);
+    assert_eq!(scrape.path, "/metrics");
+    assert_eq!(scrape.max_report_age, Duration::from_secs(5));
+    assert_eq!(s.fleet_size, 0);
+}
+
+#[test]
+fn engine_signal_flags_and_environment() {
+    let s = signals(
+        &[
+            "--engine-load-reports",
+            "false",
+            "--engine-metrics-path",
+            "/v1/metrics",
+        ],
+        &[
+            ("FLEXINFER_PROXY_ENGINE_SCRAPE_BUDGET", "0.5"),
+            ("FLEXINFER_PROXY_ENGINE_REPORT_STALENESS", "1500ms"),
+            ("FLEXINFER_PROXY_FLEET_SIZE", "10"),
+        ],
+    )
+    .unwrap();
+    assert!(!s.inband);
+    assert_eq!(s.staleness, Duration::from_millis(1500));
+    assert_eq!(s.fleet_size, 10);
+    let scrape = s.scrape.unwrap();
+    assert_eq!((scrape.budget, scrape.path.as_str()), (0.5, "/v1/metrics"));
+    let off = signals(&[], &[("FLEXINFER_PROXY_ENGINE_SCRAPE_BUDGET", "0")]).unwrap();
+    assert!(off.scrape.is_none());
+}
+
+#[test]
+fn bad_engine_signal_values_are_refused_with_the_reason() {
+    for (args, why) in [
+        (&["--engine-scrape-budget=-1"][..], "0 or more"),
+        (&["--engine-scrape-budget", "NaN"][..], "0 or more"),
+        (&["--engine-scrape-budget", "lots"][..], "not a number"),
+        (&["--engine-report-staleness", "0s"][..], "more than 0"),
+        (
+            &["--engine-metrics-path", "metrics"][..],
+            "must start with /",
+        ),
+        (&["--engine-load-reports", "maybe"][..], "maybe"),
+    ] {
+        let e = signals(args, &[]).unwrap_err().to_string();
+        assert!(e.contains(why), "{args:?}: {e}");
+    }
+}

@@ -243,7 +243,8 @@ async fn the_task_reports_pods_and_skips_those_with_complete_in_band_reports() {
     let (scraped, scraped_hits) = server(Answer::Page(VLLM_PAGE)).await;
     let (inband, inband_hits) = server(Answer::Page(VLLM_PAGE)).await;
     let (down, _) = server(Answer::Status(503)).await;
-    let store = Arc::new(SignalStore::new(Duration::from_secs(60)));
+    let local = Arc::new(crate::load::userspace::UserspaceGauge::default());
+    let store = Arc::new(SignalStore::new(Duration::from_secs(60), local));
     let families = EngineFamilies::new();
     // Pod 2 answered in-band with both counts: it needs no scrape while that is fresh.
     let complete = EngineReport {

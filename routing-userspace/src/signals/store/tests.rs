@@ -4,6 +4,12 @@ use super::*;
 
 const S: Slot = 3;
 
+/// A store over a gauge of this process's requests, which the tests start and end.
+fn store_with(staleness: Duration) -> (SignalStore, Arc<UserspaceGauge>) {
+    let local = Arc::new(UserspaceGauge::default());
+    (SignalStore::new(staleness, Arc::clone(&local)), local)
+}
+
 fn counts(running: Option<u64>, waiting: Option<u64>) -> EngineReport {
     EngineReport {
         running,
@@ -25,7 +31,7 @@ fn secs(s: f64) -> Duration {
 
 #[test]
 fn a_report_counts_until_it_is_stale() {
-    let store = SignalStore::new(secs(2.0));
+    let (store, _local) = store_with(secs(2.0));
     let t0 = Instant::now();
     assert_eq!(store.load(S, 1, t0), 1, "no report: the node-local count");
     store.report(S, &counts(Some(3), Some(2)), Source::InBand, t0);
@@ -37,7 +43,7 @@ fn a_report_counts_until_it_is_stale() {
 
 #[test]
 fn the_node_count_is_a_floor() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+    let (store, _local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     store.report(S, &counts(Some(1), Some(0)), Source::InBand, t0);
     assert_eq!(store.load(S, 7, t0), 7);
@@ -45,31 +51,39 @@ fn the_node_count_is_a_floor() {
 }
 
 #[test]
-fn requests_started_since_the_report_add_up() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+fn this_processs_requests_since_the_report_move_its_count() {
+    let (store, local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
-    store.started(S);
-    store.started(S);
+    let earlier = [local.enter(S), local.enter(S)];
     store.report(S, &counts(Some(3), Some(1)), Source::InBand, t0);
     assert_eq!(
         store.load(S, 0, t0),
         4,
-        "earlier starts are in the engine's count"
+        "earlier requests are in the engine's count"
     );
-    store.started(S);
-    store.started(S);
+    let later = [local.enter(S), local.enter(S)];
     assert_eq!(store.load(S, 0, t0), 6);
-    // Another pod's starts do not count here.
-    store.started(S + 1);
+    // Another pod's requests do not count here.
+    let _other = local.enter(S + 1);
     assert_eq!(store.load(S, 0, t0), 6);
+    // Requests that end take their share away again, earlier ones included: one after
+    // another, requests never pile up in the estimate.
+    drop(later);
+    assert_eq!(store.load(S, 0, t0), 4);
+    drop(earlier);
+    assert_eq!(store.load(S, 0, t0), 2);
+    for _ in 0..100 {
+        drop(local.enter(S));
+    }
+    assert_eq!(store.load(S, 0, t0), 2);
 }
 
 #[test]
 fn a_stamp_taken_before_asking_counts_starts_during_the_scrape() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+    let (store, local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     let stamp = store.stamp(S, Source::Scrape, t0);
-    store.started(S);
+    let _during = local.enter(S);
     store.record(S, &counts(Some(2), Some(0)), stamp, secs(5.0));
     assert_eq!(store.load(S, 0, t0), 3);
     assert_eq!(store.load(S, 0, t0 + secs(4.9)), 3, "its own validity");
@@ -78,7 +92,7 @@ fn a_stamp_taken_before_asking_counts_starts_during_the_scrape() {
 
 #[test]
 fn sources_keep_their_own_report() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+    let (store, local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     store.record(
         S,
@@ -98,7 +112,7 @@ fn sources_keep_their_own_report() {
         t0 + secs(0.5),
     );
     assert_eq!(store.load(S, 0, t0 + secs(1.0)), 10);
-    store.started(S);
+    let _started = local.enter(S);
     assert_eq!(store.load(S, 0, t0 + secs(1.0)), 11);
     // The in-band one ages out first; the scraped one still counts.
     assert_eq!(store.load(S, 0, t0 + secs(3.0)), 11);
@@ -108,10 +122,10 @@ fn sources_keep_their_own_report() {
 
 #[test]
 fn a_report_without_counts_is_no_load() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+    let (store, local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     store.report(S, &kv(0.9), Source::InBand, t0);
-    store.started(S);
+    let _started = local.enter(S);
     assert_eq!(store.load(S, 0, t0), 0);
     // And an empty report changes nothing.
     store.report(S, &counts(Some(4), None), Source::InBand, t0);
@@ -121,7 +135,7 @@ fn a_report_without_counts_is_no_load() {
 
 #[test]
 fn full_pods() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+    let (store, _local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     assert!(!store.is_full(S, t0, 0, 0.5), "nothing known: not full");
     store.report(S, &counts(Some(8), Some(3)), Source::InBand, t0);
@@ -135,7 +149,7 @@ fn full_pods() {
 
 #[test]
 fn the_freshest_report_of_a_field_decides_fullness() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+    let (store, _local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     let stamp = store.stamp(S, Source::Scrape, t0);
     store.record(S, &counts(Some(8), Some(20)), stamp, secs(10.0));
@@ -149,7 +163,7 @@ fn the_freshest_report_of_a_field_decides_fullness() {
 
 #[test]
 fn scrapes_are_wanted_unless_a_fresh_in_band_report_is_complete() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+    let (store, _local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     assert!(store.wants_scrape(S, t0));
     store.report(S, &counts(None, Some(1)), Source::InBand, t0);
@@ -165,7 +179,7 @@ fn scrapes_are_wanted_unless_a_fresh_in_band_report_is_complete() {
 
 #[test]
 fn reset_forgets_the_previous_pod() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+    let (store, _local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     store.report(S, &counts(Some(5), Some(5)), Source::InBand, t0);
     let stamp = store.stamp(S, Source::Scrape, t0);
@@ -181,13 +195,13 @@ fn reset_forgets_the_previous_pod() {
 }
 
 #[test]
-fn snapshot_shows_ages_and_starts() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+fn snapshot_shows_ages_and_this_processs_requests() {
+    let (store, local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     assert_eq!(
         store.snapshot(S, t0),
         Some(SignalView {
-            started: 0,
+            in_flight_here: 0,
             inband: None,
             scrape: None
         })
@@ -202,7 +216,7 @@ fn snapshot_shows_ages_and_starts() {
         Source::InBand,
         t0,
     );
-    store.started(S);
+    let _started = local.enter(S);
     let v = store.snapshot(S, t0 + secs(1.5)).unwrap();
     assert_eq!(
         v.inband,
@@ -212,10 +226,10 @@ fn snapshot_shows_ages_and_starts() {
             kv_usage: Some(0.25),
             age_seconds: 1.5,
             fresh: true,
-            started_since: 1,
+            in_flight_here_then: 0,
         })
     );
-    assert_eq!(v.started, 1);
+    assert_eq!(v.in_flight_here, 1);
     let json = serde_json::to_value(v).unwrap();
     assert_eq!(json["inband"]["kv_usage"], 0.25);
     assert!(json["scrape"].is_null());
@@ -224,10 +238,10 @@ fn snapshot_shows_ages_and_starts() {
 
 #[test]
 fn slots_past_capacity_are_ignored() {
-    let store = SignalStore::new(DEFAULT_STALENESS);
+    let (store, local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
     let past = MAX_SLOTS as Slot;
-    store.started(past);
+    let _ignored = local.enter(past);
     store.report(past, &counts(Some(9), Some(9)), Source::InBand, t0);
     store.reset(past);
     assert_eq!(store.load(past, 2, t0), 2);
@@ -236,7 +250,7 @@ fn slots_past_capacity_are_ignored() {
 
 #[test]
 fn concurrent_writes_never_tear_a_read() {
-    let store = Arc::new(SignalStore::new(Duration::from_secs(3600)));
+    let store = Arc::new(store_with(Duration::from_secs(3600)).0);
     let t0 = Instant::now();
     let writers: Vec<_> = (0..3u64)
         .map(|w| {
