@@ -1,7 +1,11 @@
 //! `cargo xtask bench <group>`: named criterion runs with the exact flags docs/benchmarks.md uses,
-//! the proxy-level loopback benchmark against peer proxies (`bench overhead`, in
-//! `bench_overhead`), and routing quality on real model servers (`bench real-llm`, in
-//! `bench_real_llm`).
+//! and the benches that run whole processes: the proxy's per-request cost against peer proxies
+//! on loopback (`bench overhead`, in `overhead/`), and routing quality on real model servers
+//! (`bench real-llm`, in `real_llm/`). How the peer proxies start is shared, in `peers`.
+
+pub mod overhead;
+pub mod peers;
+pub mod real_llm;
 
 use std::process::Command;
 
@@ -22,18 +26,18 @@ pub enum Group {
     Route,
     /// Proxy overhead on loopback: wrk against fast static upstreams directly and through
     /// nginx, haproxy, smg and flexinfer-proxy (userspace gauge, and default flags as root).
-    /// Installs what it needs. Not criterion: see xtask/src/bench_overhead.rs.
-    Overhead(crate::bench_overhead::OverheadBench),
+    /// Installs what it needs. Not criterion: see xtask/src/bench/overhead/.
+    Overhead(overhead::OverheadBench),
     /// Routing quality on three real llama.cpp servers (xllamacpp + SmolLM2 from PyPI):
     /// chat-with-doc and hot-prompt workloads through flexinfer-proxy's routings and smg's
     /// cache_aware policy; TTFT, cached prompt tokens, requests per server, wall time.
-    RealLlm(crate::bench_real_llm::RealLlmBench),
+    RealLlm(real_llm::RealLlmBench),
 }
 
 pub fn run(args: &Bench) -> Result<()> {
     let (package, bench) = match &args.group {
-        Group::Overhead(o) => return crate::bench_overhead::run(o),
-        Group::RealLlm(r) => return crate::bench_real_llm::run(r),
+        Group::Overhead(o) => return overhead::run(o),
+        Group::RealLlm(r) => return real_llm::run(r),
         Group::Gauge => ("routing-userspace", "gauge_read"),
         Group::Route => ("routing-userspace", "route"),
     };
