@@ -16,6 +16,7 @@ mod models;
 mod net;
 mod process;
 mod scratch;
+pub mod stream;
 
 pub use bpffs::{bpffs_root, PinDir};
 pub use cgroup::{cgroup2_root, Cgroup};

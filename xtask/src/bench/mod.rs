@@ -1,11 +1,13 @@
 //! `cargo xtask bench <group>`: named criterion runs with the exact flags docs/benchmarks.md uses,
 //! and the benches that run whole processes: the proxy's per-request cost against peer proxies
-//! on loopback (`bench overhead`, in `overhead/`), and routing quality on real model servers
+//! on loopback (`bench overhead`, in `overhead/`), what relaying SSE streams costs against the
+//! same peers (`bench stream`, in `stream/`), and routing quality on real model servers
 //! (`bench real-llm`, in `real_llm/`). How the peer proxies start is shared, in `peers`.
 
 pub mod overhead;
 pub mod peers;
 pub mod real_llm;
+pub mod stream;
 
 use std::process::Command;
 
@@ -32,12 +34,18 @@ pub enum Group {
     /// chat-with-doc and hot-prompt workloads through flexinfer-proxy's routings and smg's
     /// cache_aware policy; TTFT, cached prompt tokens, requests per server, wall time.
     RealLlm(real_llm::RealLlmBench),
+    /// SSE relay on loopback: fast stamped-event upstreams directly and through haproxy, nginx
+    /// (proxy_buffering off) and flexinfer-proxy; events/s and CPU per event (paced, bulk),
+    /// RSS per open stream and added per-event delay at 1,000 and 8,000 streams, RSS per idle
+    /// connection. Installs what it needs. See xtask/src/bench/stream/.
+    Stream(stream::StreamBench),
 }
 
 pub fn run(args: &Bench) -> Result<()> {
     let (package, bench) = match &args.group {
         Group::Overhead(o) => return overhead::run(o),
         Group::RealLlm(r) => return real_llm::run(r),
+        Group::Stream(s) => return stream::run(s),
         Group::Gauge => ("routing-userspace", "gauge_read"),
         Group::Route => ("routing-userspace", "route"),
     };

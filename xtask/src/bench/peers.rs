@@ -38,19 +38,25 @@ pub fn remove_stale(prefix: &str, who: &str) {
 
 /// The part of an nginx config every instance shares: pid, logs and temp paths in its own dir
 /// (nginx as root otherwise writes under /var/lib/nginx), no access log, room for
-/// `worker_connections` connections, and client keep-alive connections that are never closed
-/// for their request count. The caller adds its `server`s and the closing `}`.
-pub fn nginx_common(dir: &Path, worker_connections: u32) -> String {
+/// `worker_connections` connections (the open-files limit is inherited: raise it first), every
+/// queued connection accepted at each wakeup with `multi_accept` (without it nginx accepts one
+/// per event loop turn, and thousands of connections opened at once wait in the listen queue
+/// for seconds), and client keep-alive connections that are never closed for their request
+/// count. The caller adds its `server`s and the closing `}`.
+pub fn nginx_common(dir: &Path, worker_connections: u32, multi_accept: bool) -> String {
     let d = dir.display();
-    let files = worker_connections * 2 + 64;
+    let multi_accept = if multi_accept {
+        " multi_accept on;"
+    } else {
+        ""
+    };
     format!(
         r#"worker_processes 1;
-worker_rlimit_nofile {files};
 daemon off;
 master_process on;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
-events {{ worker_connections {worker_connections}; }}
+events {{ worker_connections {worker_connections};{multi_accept} }}
 http {{
     access_log off;
     client_body_temp_path {d}/client_body;

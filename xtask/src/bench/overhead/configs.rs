@@ -46,7 +46,7 @@ pub fn upstream_conf(dir: &Path, ports: &[u16]) -> String {
     let models = format!(
         r#"{{"object":"list","data":[{{"id":"{MODEL}","object":"model","owned_by":"bench"}}]}}"#
     );
-    let mut s = nginx_common(dir, NGINX_CONNECTIONS);
+    let mut s = nginx_common(dir, NGINX_CONNECTIONS, false);
     for (i, p) in ports.iter().enumerate() {
         let _ = write!(
             s,
@@ -74,7 +74,7 @@ pub fn nginx_proxy_conf(dir: &Path, port: u16, upstreams: &[SocketAddr], case: C
         .iter()
         .map(|u| format!("        server {u};\n"))
         .collect();
-    let mut s = nginx_common(dir, NGINX_CONNECTIONS);
+    let mut s = nginx_common(dir, NGINX_CONNECTIONS, false);
     let _ = write!(
         s,
         r#"    upstream be {{
