@@ -56,8 +56,8 @@ pub struct StreamBench {
     /// Seconds between all streams open and the measured window.
     #[arg(long, default_value_t = 2)]
     pub warmup: u32,
-    /// Client connections of the idle mode.
-    #[arg(long, default_value_t = 1000)]
+    /// Client connections of the idle mode (thousands: the allocators grow in MiB steps).
+    #[arg(long, default_value_t = 8000)]
     pub idle_connections: usize,
     /// Load generator threads (all on the load side's CPU).
     #[arg(long, default_value_t = 1)]
