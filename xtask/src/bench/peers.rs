@@ -133,6 +133,8 @@ pub fn flexinfer(fx: &FxLaunch, log: &Path) -> Result<Proc> {
         .args(["--listen", &fx.listen.to_string()])
         .args(["--admin-listen", &fx.admin.to_string()])
         .args(["--worker-threads", "1", "--drain-timeout", "1s"])
+        // Nothing routes by its readiness here: stop without the 5 s shutdown delay.
+        .args(["--shutdown-delay", "0s"])
         .args(fx.extra);
     match &fx.gauge {
         FxGauge::Userspace => {

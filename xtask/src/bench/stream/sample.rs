@@ -63,9 +63,12 @@ impl Sample {
         self.get("events") / self.window_s()
     }
 
-    /// The proxy's CPU microseconds per relayed event.
+    /// The proxy's CPU microseconds per relayed event (NaN without events).
     pub fn cpu_us_per_event(&self) -> f64 {
-        self.get("proxy_cpu_us") / self.get("events")
+        match self.get("events") {
+            e if e > 0.0 => self.get("proxy_cpu_us") / e,
+            _ => f64::NAN,
+        }
     }
 
     /// The share of a core `who` (proxy, upstream, self) used over the window.
