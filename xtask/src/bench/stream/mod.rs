@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use flexinfer_test_support::harness::os::raise_nofile_limit;
 use flexinfer_test_support::harness::report::{date_utc, RunDir};
 use flexinfer_test_support::is_root;
 
@@ -86,6 +87,13 @@ struct Env<'a> {
 
 pub fn run(args: &StreamBench) -> Result<()> {
     let (modes, mut targets) = select(&args.modes, &args.only)?;
+    // Every process started from here inherits it: 8,000 streams are 16,000 sockets in a proxy.
+    let files = raise_nofile_limit().context("raising the open-files limit")?;
+    if files < 20_000 {
+        eprintln!(
+            "bench stream: open files limited to {files}; the 8,000-stream mode needs 16,000+"
+        );
+    }
     crate::setup::ensure_apt(&["nginx", "haproxy"])?;
     let root = is_root();
     let bin = ebpf::release_proxy(!args.no_build, root)?;
