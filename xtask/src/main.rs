@@ -2,8 +2,6 @@
 #![forbid(unsafe_code)]
 
 mod bench;
-mod bench_overhead;
-mod bench_real_llm;
 mod ebpf;
 mod fuzz;
 mod image;

@@ -1,6 +1,7 @@
 //! What the integration tests (`tests/`) and `cargo xtask bench` both need to run real
 //! processes on loopback and clean up after them: child process guards, scratch directories,
-//! free ports and readiness waits, child cgroups, bpffs pin directories and models files.
+//! free ports and readiness waits, child cgroups, bpffs pin directories and models files, and
+//! the measuring [`harness`] (statistics, reports, an HTTP/1.1 client with an SSE reader).
 //!
 //! One copy, so a fix (a process that outlives its test, a pin left on bpffs) lands in every
 //! user at once. Deliberately synchronous std code with no dependency on `routing-userspace`:
@@ -10,18 +11,20 @@
 mod bpffs;
 mod cgroup;
 mod cpu;
+pub mod harness;
 mod models;
 mod net;
 mod process;
 mod scratch;
+pub mod stream;
 
 pub use bpffs::{bpffs_root, PinDir};
 pub use cgroup::{cgroup2_root, Cgroup};
 pub use cpu::pin_to_cpu;
+pub use harness::http::parse_response;
 pub use models::{ModelEntry, ModelsFile};
 pub use net::{
-    free_port, http_request, loopback, parse_response, raw_exchange, wait_http_ok, wait_port,
-    HttpReply,
+    free_port, http_request, loopback, raw_exchange, wait_http_ok, wait_port, HttpReply,
 };
 pub use process::Proc;
 pub use scratch::TempDir;

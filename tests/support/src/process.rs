@@ -98,7 +98,7 @@ impl Proc {
 }
 
 /// utime + stime of `pid` and of every process below it, from /proc.
-fn tree_cpu_time(pid: u32) -> Duration {
+pub(crate) fn tree_cpu_time(pid: u32) -> Duration {
     // SAFETY: sysconf has no side effects.
     let hz = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
         n if n > 0 => n as u64,

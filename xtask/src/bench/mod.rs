@@ -1,7 +1,13 @@
 //! `cargo xtask bench <group>`: named criterion runs with the exact flags docs/benchmarks.md uses,
-//! the proxy-level loopback benchmark against peer proxies (`bench overhead`, in
-//! `bench_overhead`), and routing quality on real model servers (`bench real-llm`, in
-//! `bench_real_llm`).
+//! and the benches that run whole processes: the proxy's per-request cost against peer proxies
+//! on loopback (`bench overhead`, in `overhead/`), what relaying SSE streams costs against the
+//! same peers (`bench stream`, in `stream/`), and routing quality on real model servers
+//! (`bench real-llm`, in `real_llm/`). How the peer proxies start is shared, in `peers`.
+
+pub mod overhead;
+pub mod peers;
+pub mod real_llm;
+pub mod stream;
 
 use std::process::Command;
 
@@ -25,18 +31,24 @@ pub enum Group {
     Signals,
     /// Proxy overhead on loopback: wrk against fast static upstreams directly and through
     /// nginx, haproxy, smg and flexinfer-proxy (userspace gauge, and default flags as root).
-    /// Installs what it needs. Not criterion: see xtask/src/bench_overhead.rs.
-    Overhead(crate::bench_overhead::OverheadBench),
+    /// Installs what it needs. Not criterion: see xtask/src/bench/overhead/.
+    Overhead(overhead::OverheadBench),
     /// Routing quality on three real llama.cpp servers (xllamacpp + SmolLM2 from PyPI):
     /// chat-with-doc and hot-prompt workloads through flexinfer-proxy's routings and smg's
     /// cache_aware policy; TTFT, cached prompt tokens, requests per server, wall time.
-    RealLlm(crate::bench_real_llm::RealLlmBench),
+    RealLlm(real_llm::RealLlmBench),
+    /// SSE relay on loopback: fast stamped-event upstreams directly and through haproxy, nginx
+    /// (proxy_buffering off) and flexinfer-proxy; events/s and CPU per event (paced, bulk),
+    /// RSS per open stream and added per-event delay at 1,000 and 8,000 streams, RSS per idle
+    /// connection. Installs what it needs. See xtask/src/bench/stream/.
+    Stream(stream::StreamBench),
 }
 
 pub fn run(args: &Bench) -> Result<()> {
     let (package, bench) = match &args.group {
-        Group::Overhead(o) => return crate::bench_overhead::run(o),
-        Group::RealLlm(r) => return crate::bench_real_llm::run(r),
+        Group::Overhead(o) => return overhead::run(o),
+        Group::RealLlm(r) => return real_llm::run(r),
+        Group::Stream(s) => return stream::run(s),
         Group::Gauge => ("routing-userspace", "gauge_read"),
         Group::Route => ("routing-userspace", "route"),
         Group::Signals => ("routing-userspace", "signals"),

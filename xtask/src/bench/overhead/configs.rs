@@ -1,0 +1,127 @@
+//! The configs of one `bench overhead` run: the upstream nginx that answers every POST with a
+//! fixed completion, the nginx and haproxy proxy configs per case (how each balances), and the
+//! wrk script.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use super::targets::{Case, COMPLETION, MODEL};
+use crate::bench::peers::nginx_common;
+
+/// nginx `worker_connections` of the upstreams and the nginx proxy.
+const NGINX_CONNECTIONS: u32 = 4096;
+
+/// POSTs `body`; with `session`, every request carries a new `X-Session-ID` (a counter, so
+/// about 10 000 distinct values cycle).
+pub fn wrk_script(body: &str, session: bool) -> String {
+    let request = if session {
+        r#"
+local n = 0
+request = function()
+  n = n + 1
+  wrk.headers["X-Session-ID"] = "session-" .. (n % 10000)
+  return wrk.format()
+end
+"#
+    } else {
+        ""
+    };
+    format!(
+        r#"wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = [==[{body}]==]
+{request}
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("BENCH requests=%d duration_us=%d errors=%d non2xx=%d p50_us=%d p99_us=%d\n",
+    summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, e.status,
+    latency:percentile(50), latency:percentile(99)))
+end
+"#
+    )
+}
+
+pub fn upstream_conf(dir: &Path, ports: &[u16]) -> String {
+    let models = format!(
+        r#"{{"object":"list","data":[{{"id":"{MODEL}","object":"model","owned_by":"bench"}}]}}"#
+    );
+    let mut s = nginx_common(dir, NGINX_CONNECTIONS, false);
+    for (i, p) in ports.iter().enumerate() {
+        let _ = write!(
+            s,
+            r#"    server {{
+        listen 127.0.0.1:{p};
+        default_type application/json;
+        add_header X-Upstream u{i};
+        location = /health {{ return 200 '{{"status":"ok"}}'; }}
+        location = /v1/models {{ return 200 '{models}'; }}
+        location / {{ return 200 '{COMPLETION}'; }}
+    }}
+"#
+        );
+    }
+    s.push_str("}\n");
+    s
+}
+
+pub fn nginx_proxy_conf(dir: &Path, port: u16, upstreams: &[SocketAddr], case: Case) -> String {
+    let balance = match case {
+        Case::LeastLoaded => "least_conn;",
+        Case::Session | Case::Prefix => "hash $http_x_session_id consistent;",
+    };
+    let servers: String = upstreams
+        .iter()
+        .map(|u| format!("        server {u};\n"))
+        .collect();
+    let mut s = nginx_common(dir, NGINX_CONNECTIONS, false);
+    let _ = write!(
+        s,
+        r#"    upstream be {{
+        {balance}
+{servers}        keepalive 64;
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://be;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"#
+    );
+    s
+}
+
+pub fn haproxy_conf(port: u16, upstreams: &[SocketAddr], case: Case) -> String {
+    let balance = match case {
+        Case::LeastLoaded => "balance leastconn",
+        Case::Session | Case::Prefix => "balance hdr(X-Session-ID)\n    hash-type consistent",
+    };
+    let servers: String = upstreams
+        .iter()
+        .enumerate()
+        .map(|(i, u)| format!("    server u{i} {u}\n"))
+        .collect();
+    format!(
+        r#"global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+    http-reuse safe
+frontend fe
+    bind 127.0.0.1:{port}
+    default_backend be
+backend be
+    {balance}
+{servers}"#
+    )
+}

@@ -1,0 +1,272 @@
+//! `cargo xtask bench overhead`: what flexinfer-proxy costs per request next to nginx, haproxy
+//! and smg, in front of upstreams so fast that the proxy's own work is what gets measured.
+//!
+//! The upstreams are one nginx serving a fixed chat completion on three loopback ports (it
+//! answers in microseconds; a simulated model server would hide the proxy). Every proxy runs
+//! one worker thread and routes one model over the three upstreams, per case: a session header
+//! with a small body (consistent hashing on `X-Session-ID`), a ~4 KB chat body (flexinfer
+//! routes it by its prefix, the header proxies by the session header) and least-loaded.
+//! wrk -t1 and the upstreams share CPU 0; the proxy under test has CPU 1 to itself, so its
+//! requests per second are what one core of it serves. Configurations are interleaved round by
+//! round so drift hits all alike; the table gives the median and min..max over rounds, and
+//! raw output goes to `<target>/bench-overhead/<unix time>/`.
+//!
+//! The files: `targets` (what is compared), `configs` (the peers' and upstreams' configs, the
+//! wrk script), `sample` (one measured run), `table`; processes start through
+//! [`crate::bench::peers`].
+//!
+//! The default-flags row runs as root with no `--gauge` flag, so the proxy loads its eBPF gauge;
+//! it attaches to a child cgroup of this harness with a pin dir of its own, both removed after
+//! the run (and, if a run was killed, by the next one). Only loopback addresses are used.
+
+mod configs;
+mod sample;
+mod table;
+mod targets;
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use flexinfer_test_support::harness::report::RunDir;
+use flexinfer_test_support::{is_root, TempDir};
+
+use crate::bench::peers;
+use crate::ebpf;
+use sample::{run_one, Sample};
+use table::{cpu_cell, render_table};
+use targets::{Case, Target, CASES, TARGETS};
+
+#[derive(clap::Args)]
+pub struct OverheadBench {
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u32,
+    /// Warm-up seconds before each measured run (not recorded).
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u32,
+    /// Rounds (each selected configuration and case once per round).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// Connections wrk keeps open (closed loop: this many requests always in flight).
+    #[arg(long, default_value_t = 32)]
+    pub connections: u32,
+    /// Only these configurations and/or cases, comma-separated (configurations: direct, nginx,
+    /// haproxy, smg, fx-userspace, fx-default; cases: session, prefix, least-loaded). A kind
+    /// not named is not filtered.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Skip building (use the release binary already in the target directory).
+    #[arg(long)]
+    pub no_build: bool,
+}
+
+/// Prefix of the cgroups and pin dirs this harness creates (`<prefix>-<pid>-<n>`).
+const PREFIX: &str = "flexinfer-bench";
+
+/// What the runs share.
+struct Env<'a> {
+    bin: &'a Path,
+    smg: Option<&'a Path>,
+    tmp: &'a Path,
+    out: &'a Path,
+    args: &'a OverheadBench,
+}
+
+pub fn run(args: &OverheadBench) -> Result<()> {
+    let (targets, cases) = select(&args.only)?;
+    crate::setup::ensure_apt(&["nginx", "haproxy", "wrk"])?;
+    let root = is_root();
+    let bin = ebpf::release_proxy(!args.no_build, root)?;
+    if root {
+        peers::remove_stale(PREFIX, "bench overhead");
+    }
+    let base = ebpf::target_dir().join("bench-overhead");
+    let mut skipped: Vec<String> = Vec::new();
+    let smg = if targets.contains(&Target::Smg) {
+        match peers::install_smg(&base) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                skipped.push(format!("smg: not measured, it did not install: {e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let targets = runnable(targets, smg.is_some(), root, &mut skipped);
+    if targets.is_empty() || cases.is_empty() {
+        bail!("nothing to run: {}", skipped.join("; "));
+    }
+    let out = RunDir::create(&base)?;
+    let [nginx, haproxy] = peers::PEER_TOOLS;
+    let tools = [nginx, haproxy, ("wrk", &["wrk", "-v"][..])];
+    out.stamp(&peers::versions(&tools, smg.as_deref()))?;
+    let tmp = TempDir::try_new("bench")?;
+    let env = Env {
+        bin: &bin,
+        smg: smg.as_deref(),
+        tmp: tmp.path(),
+        out: out.path(),
+        args,
+    };
+    println!(
+        "bench overhead: {} connections, {}s warm-up + {}s measured, {} rounds; raw output in {}",
+        args.connections,
+        args.warmup,
+        args.duration,
+        args.rounds,
+        out.path().display()
+    );
+    let rows = rounds(&targets, &cases, &env)?;
+    let mut table = render_table(&rows);
+    for s in &skipped {
+        let _ = writeln!(table, "\n{s}");
+    }
+    out.write("table.md", &table)?;
+    println!("\n{table}");
+    Ok(())
+}
+
+/// The targets that can run here: smg only if it installed, fx-default only as root (the
+/// others are named in `skipped`).
+fn runnable(targets: Vec<Target>, smg: bool, root: bool, skipped: &mut Vec<String>) -> Vec<Target> {
+    targets
+        .into_iter()
+        .filter(|t| match t {
+            Target::Smg => smg,
+            Target::FxDefault if !root => {
+                skipped.push(
+                    "fx-default: not measured, not running as root (it loads the eBPF gauge)"
+                        .into(),
+                );
+                false
+            }
+            _ => true,
+        })
+        .collect()
+}
+
+/// Every (case, target) once per round, rounds interleaved so drift hits all alike.
+fn rounds(
+    targets: &[Target],
+    cases: &[Case],
+    env: &Env,
+) -> Result<Vec<(Case, Target, Vec<Sample>)>> {
+    let mut rows: Vec<(Case, Target, Vec<Sample>)> = Vec::new();
+    for &case in cases {
+        for &t in targets {
+            rows.push((case, t, Vec::new()));
+        }
+    }
+    for round in 1..=env.args.rounds {
+        for (case, target, samples) in rows.iter_mut() {
+            let tag = format!("{}-{}-r{round}", case.name(), target.name());
+            let s = run_one(*target, *case, &tag, env)
+                .with_context(|| format!("{} / {} (round {round})", case.name(), target.name()))?;
+            println!(
+                "  {:<13} {:<13} round {round}: {:>8.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  proxy CPU {}  errors {} non-2xx {}",
+                case.name(),
+                target.name(),
+                s.rps(),
+                s.p50_us as f64 / 1e3,
+                s.p99_us as f64 / 1e3,
+                cpu_cell(&[s]),
+                s.errors,
+                s.non2xx
+            );
+            samples.push(s);
+        }
+    }
+    Ok(rows)
+}
+
+/// Split `--only` into the configurations and cases it names (all of a kind it does not name).
+fn select(only: &[String]) -> Result<(Vec<Target>, Vec<Case>)> {
+    for o in only {
+        let known = TARGETS.iter().any(|t| t.name() == o) || CASES.iter().any(|c| c.name() == o);
+        if !known {
+            let names: Vec<&str> = TARGETS
+                .iter()
+                .map(|t| t.name())
+                .chain(CASES.iter().map(|c| c.name()))
+                .collect();
+            bail!("--only {o}: not one of {}", names.join(", "));
+        }
+    }
+    let named = |n: &str| only.iter().any(|o| o == n);
+    let mut targets: Vec<Target> = TARGETS.into_iter().filter(|t| named(t.name())).collect();
+    if targets.is_empty() {
+        targets = TARGETS.to_vec();
+    }
+    let mut cases: Vec<Case> = CASES.into_iter().filter(|c| named(c.name())).collect();
+    if cases.is_empty() {
+        cases = CASES.to_vec();
+    }
+    Ok((targets, cases))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::configs::{haproxy_conf, nginx_proxy_conf};
+    use super::targets::{prefix_body, small_body, COMPLETION, MODEL};
+    use super::*;
+    use flexinfer_test_support::loopback;
+
+    #[test]
+    fn parses_the_done_line() {
+        let s = Sample::parse(
+            "Running 10s test\nBENCH requests=1000 duration_us=2000000 errors=1 non2xx=2 p50_us=900 p99_us=3000\n",
+        )
+        .unwrap();
+        assert_eq!(s.requests, 1000);
+        assert_eq!(s.rps(), 500.0);
+        assert_eq!((s.errors, s.non2xx, s.p50_us, s.p99_us), (1, 2, 900, 3000));
+        assert!(Sample::parse("no line").is_err());
+    }
+
+    #[test]
+    fn bodies_have_the_issues_sizes_and_quote_safely() {
+        let p = prefix_body();
+        assert!((3900..=4300).contains(&p.len()), "{}", p.len());
+        let s = small_body();
+        assert!(s.len() < 200, "{}", s.len());
+        for b in [&p, &s] {
+            assert!(
+                !b.contains("]==]"),
+                "the Lua long string must not end early"
+            );
+            let v: serde_json::Value = serde_json::from_str(b).unwrap();
+            assert_eq!(v["model"], MODEL);
+        }
+        // nginx's return '...' needs the completion free of single quotes.
+        assert!(!COMPLETION.contains('\''));
+        serde_json::from_str::<serde_json::Value>(COMPLETION).unwrap();
+    }
+
+    #[test]
+    fn only_filters_each_kind_it_names() {
+        let (t, c) = select(&[]).unwrap();
+        assert_eq!((t.len(), c.len()), (6, 3));
+        let (t, c) = select(&["haproxy".into(), "fx-default".into()]).unwrap();
+        assert_eq!(t, vec![Target::Haproxy, Target::FxDefault]);
+        assert_eq!(c.len(), 3);
+        let (t, c) = select(&["prefix".into()]).unwrap();
+        assert_eq!((t.len(), c), (6, vec![Case::Prefix]));
+        assert!(select(&["fx-ebpf".into()]).is_err());
+    }
+
+    #[test]
+    fn the_header_proxies_hash_the_session_header_consistently() {
+        let ups = [loopback(1), loopback(2), loopback(3)];
+        let n = nginx_proxy_conf(Path::new("/t"), 9, &ups, Case::Session);
+        assert!(n.contains("hash $http_x_session_id consistent;") && n.contains("keepalive 64;"));
+        assert_eq!(n.matches("server 127.0.0.1:").count(), 3);
+        assert!(
+            nginx_proxy_conf(Path::new("/t"), 9, &ups, Case::LeastLoaded).contains("least_conn;")
+        );
+        let h = haproxy_conf(9, &ups, Case::Prefix);
+        assert!(h.contains("balance hdr(X-Session-ID)") && h.contains("hash-type consistent"));
+        assert!(haproxy_conf(9, &ups, Case::LeastLoaded).contains("balance leastconn"));
+    }
+}

@@ -1,0 +1,141 @@
+//! What `bench overhead` compares: the configurations (proxies) and the cases (request kinds
+//! and the routing each proxy applies to them), and the request bodies and fixed completion.
+
+use std::fmt::Write as _;
+
+pub const MODEL: &str = "bench-model";
+pub const PATH: &str = "/v1/chat/completions";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Target {
+    Direct,
+    Nginx,
+    Haproxy,
+    Smg,
+    FxUserspace,
+    FxDefault,
+}
+
+pub const TARGETS: [Target; 6] = [
+    Target::Direct,
+    Target::Nginx,
+    Target::Haproxy,
+    Target::Smg,
+    Target::FxUserspace,
+    Target::FxDefault,
+];
+
+impl Target {
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::Nginx => "nginx",
+            Target::Haproxy => "haproxy",
+            Target::Smg => "smg",
+            Target::FxUserspace => "fx-userspace",
+            Target::FxDefault => "fx-default",
+        }
+    }
+
+    pub fn what(self, case: Case) -> String {
+        match (self, case) {
+            (Target::Direct, _) => "wrk -> one upstream, no proxy".into(),
+            (Target::Nginx, Case::LeastLoaded) => "nginx 1 worker, least_conn, keepalive".into(),
+            (Target::Nginx, _) => {
+                "nginx 1 worker, hash $http_x_session_id consistent, keepalive".into()
+            }
+            (Target::Haproxy, Case::LeastLoaded) => "haproxy nbthread 1, balance leastconn".into(),
+            (Target::Haproxy, _) => {
+                "haproxy nbthread 1, balance hdr(X-Session-ID), hash-type consistent".into()
+            }
+            (Target::Smg, c) => format!("smg, 1 tokio worker, --policy {}", c.smg_policy()),
+            (Target::FxUserspace, c) => {
+                format!("flexinfer --gauge userspace, routing {}", c.routing())
+            }
+            (Target::FxDefault, c) => format!(
+                "flexinfer default flags as root (eBPF gauge, pooled connections), routing {}",
+                c.routing()
+            ),
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Case {
+    Session,
+    Prefix,
+    LeastLoaded,
+}
+
+pub const CASES: [Case; 3] = [Case::Session, Case::Prefix, Case::LeastLoaded];
+
+impl Case {
+    pub fn name(self) -> &'static str {
+        match self {
+            Case::Session => "session",
+            Case::Prefix => "prefix",
+            Case::LeastLoaded => "least-loaded",
+        }
+    }
+
+    /// flexinfer's `routing:` for the case.
+    pub fn routing(self) -> &'static str {
+        match self {
+            Case::Session => "session-affinity",
+            Case::Prefix => "prefix",
+            Case::LeastLoaded => "least-loaded",
+        }
+    }
+
+    pub fn smg_policy(self) -> &'static str {
+        match self {
+            Case::Session => "consistent_hashing",
+            Case::Prefix => "prefix_hash",
+            Case::LeastLoaded => "least_load",
+        }
+    }
+
+    /// Whether clients send a fresh `X-Session-ID` per request (the header proxies hash it).
+    pub fn sends_session(self) -> bool {
+        self != Case::LeastLoaded
+    }
+
+    pub fn body(self) -> String {
+        match self {
+            Case::Prefix => prefix_body(),
+            Case::Session | Case::LeastLoaded => small_body(),
+        }
+    }
+}
+
+/// The fixed completion every upstream answers (about 300 bytes).
+pub const COMPLETION: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1764547200,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Your parcel ships today."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}"#;
+
+/// A one-turn chat request of about 150 bytes.
+pub fn small_body() -> String {
+    format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"Where is my parcel? Order NW-48213."}}],"max_tokens":16}}"#
+    )
+}
+
+/// A chat request of about 4 KB: a long system prompt (the shared prefix) and one user turn.
+pub fn prefix_body() -> String {
+    const RULES: [&str; 6] = [
+        "Standard parcels ship within two business days; express parcels ship the same day when ordered before 14:00 local time.",
+        "Freight bookings need a confirmed pallet count and a loading-dock time window before a truck is assigned.",
+        "Commercial invoices list the HS code, the country of origin and the value of each line item.",
+        "Invoices are issued monthly, payment terms are thirty days and disputes must be raised within sixty days.",
+        "Never invent tracking numbers, prices or dates; when unsure, say so and name the form or team that can help.",
+        "Answer in the customer's language, in short paragraphs, and use a numbered list only for step-by-step instructions.",
+    ];
+    let mut system =
+        String::from("You are the support assistant of Northwind Logistics. Company policy:");
+    let mut i = 0;
+    while system.len() < 3800 {
+        let _ = write!(system, " ({}) {}", i + 1, RULES[i % RULES.len()]);
+        i += 1;
+    }
+    format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"My express parcel NW-48213 still says label created. When will it ship?"}}],"max_tokens":16}}"#
+    )
+}

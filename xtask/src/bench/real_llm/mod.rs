@@ -1,0 +1,328 @@
+//! `cargo xtask bench real-llm`: routing quality on real model servers. Three llama.cpp
+//! servers (xllamacpp with SmolLM2-135M from PyPI, one thread each, prompt caching on) behind
+//! flexinfer-proxy with each routing, and behind smg 1.13 `--policy cache_aware`, on two
+//! workloads:
+//!
+//! - **chat-with-doc**: a few long documents (each in its request's system message, as a
+//!   real engine renders it), a different question per request, a few requests in flight;
+//! - **hot-prompt**: one long system prompt shared by every request, a different user each,
+//!   several requests in flight.
+//!
+//! Reported per run: time to first token p50 and p95 (streaming, the first SSE event), the share
+//! of prompt tokens the servers found cached (`timings.cache_n`, else
+//! `usage.prompt_tokens_details.cached_tokens`), requests per server and the wall time. Each
+//! run salts its prompts, so no run finds another's prefixes cached. Requests per server are
+//! counted by a small forwarder in front of each server (it counts the completions it passes
+//! back, so every router is counted alike). Everything listens on loopback; outputs go to
+//! `<target>/real-llm/<unix time>/`. It is a benchmark, never a test.
+//!
+//! The files: `install` (xllamacpp, the model, the launcher), `forwarder` (the counting
+//! forwarders), `workload` (prompts and the streaming client), `table`.
+
+mod forwarder;
+mod install;
+mod table;
+mod workload;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use flexinfer_test_support::harness::report::RunDir;
+use flexinfer_test_support::{
+    free_port, http_request, loopback, wait_http_ok, ModelEntry, ModelsFile, Proc,
+};
+
+use crate::ebpf;
+use forwarder::counting_forwarder;
+use install::{install_llama, served_model_id, LAUNCHER};
+use table::{table, Row};
+use workload::{request_body, run_workload};
+
+#[derive(clap::Args)]
+pub struct RealLlmBench {
+    /// Model servers.
+    #[arg(long, default_value_t = 3)]
+    pub servers: usize,
+    /// Requests of the hot-prompt workload per routing.
+    #[arg(long, default_value_t = 96)]
+    pub hot_requests: usize,
+    /// Requests in flight in the hot-prompt workload.
+    #[arg(long, default_value_t = 9)]
+    pub hot_concurrency: usize,
+    /// Requests of the chat-with-doc workload per routing.
+    #[arg(long, default_value_t = 36)]
+    pub doc_requests: usize,
+    /// Requests in flight in the chat-with-doc workload.
+    #[arg(long, default_value_t = 3)]
+    pub doc_concurrency: usize,
+    /// Documents of the chat-with-doc workload.
+    #[arg(long, default_value_t = 6)]
+    pub documents: usize,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
+    /// Slots per server (llama.cpp n_parallel): requests a server runs at once, each slot
+    /// keeping its last prompt's KV for the next request that shares it.
+    #[arg(long, default_value_t = 2)]
+    pub slots: u32,
+    /// hashBalanceFloor of the bounded models (default: --slots; a server runs that many at
+    /// once and queues the rest, where the proxy's default of 4 suits batching servers).
+    #[arg(long)]
+    pub floor: Option<u64>,
+    /// Only these routings, comma-separated (default, prefix, prefix-bounded, session-affinity,
+    /// cache-aware, smg-cache-aware) and/or workloads (chat-with-doc, hot-prompt).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Skip building (use the release binary already in the target directory).
+    #[arg(long)]
+    pub no_build: bool,
+}
+
+/// The routings compared: a label, and the model name that selects it (flexinfer) or `None`
+/// for smg.
+const ROUTINGS: [(&str, Option<&str>); 6] = [
+    ("default", Some("llm-default")),
+    ("prefix", Some("llm-prefix")),
+    ("prefix-bounded", Some("llm-prefix-bounded")),
+    ("session-affinity", Some("llm-session")),
+    ("cache-aware", Some("llm-cache-aware")),
+    ("smg-cache-aware", None),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Workload {
+    ChatWithDoc,
+    HotPrompt,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 2] = [Workload::ChatWithDoc, Workload::HotPrompt];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::ChatWithDoc => "chat-with-doc",
+            Workload::HotPrompt => "hot-prompt",
+        }
+    }
+}
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+pub const PATH: &str = "/v1/chat/completions";
+
+type Routing = (&'static str, Option<&'static str>);
+
+/// The routings and workloads `--only` picks (all of a kind it does not name).
+fn select(only: &[String]) -> Result<(Vec<Routing>, Vec<Workload>)> {
+    let routing_names: Vec<&str> = ROUTINGS.iter().map(|r| r.0).collect();
+    let workload_names: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).collect();
+    let known: Vec<&str> = routing_names
+        .iter()
+        .chain(&workload_names)
+        .copied()
+        .collect();
+    if let Some(bad) = only.iter().find(|o| !known.contains(&o.as_str())) {
+        bail!("--only {bad}: not one of {}", known.join(", "));
+    }
+    let picked = |name: &str, of: &[&str]| {
+        let named: Vec<&String> = only.iter().filter(|o| of.contains(&o.as_str())).collect();
+        named.is_empty() || named.iter().any(|o| *o == name)
+    };
+    let routings = ROUTINGS
+        .into_iter()
+        .filter(|r| picked(r.0, &routing_names))
+        .collect();
+    let workloads = Workload::ALL
+        .into_iter()
+        .filter(|w| picked(w.name(), &workload_names))
+        .collect();
+    Ok((routings, workloads))
+}
+
+pub fn run(args: &RealLlmBench) -> Result<()> {
+    if args.servers == 0 || args.hot_concurrency == 0 || args.doc_concurrency == 0 {
+        bail!("--servers and the concurrencies must be positive");
+    }
+    let (routings, workloads) = select(&args.only)?;
+    let base = ebpf::target_dir().join("real-llm");
+    let out = RunDir::create(&base)?;
+    let (python, model) = install_llama(&base)?;
+    let smg = if routings.iter().any(|r| r.1.is_none()) {
+        Some(crate::bench::peers::install_smg(
+            &ebpf::target_dir().join("bench-overhead"),
+        )?)
+    } else {
+        None
+    };
+    let bin = ebpf::release_proxy(!args.no_build, false)?;
+    let fleet = Fleet::start(&python, &model, out.path(), args)?;
+    let served_model = served_model_id(fleet.servers[0].1)?;
+    let (proxy, proxy_addr, admin) = start_proxy(&bin, out.path(), &fleet.fronts, args)?;
+    let smg_proc = match &smg {
+        Some(smg) => Some(start_smg(smg, &fleet.fronts, &served_model, out.path())?),
+        None => None,
+    };
+    out.stamp(&crate::bench::peers::versions(&[], smg.as_deref()))?;
+    let salt = out
+        .path()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut rows = Vec::new();
+    for (n, &workload) in workloads.iter().enumerate() {
+        for (k, &(label, model)) in routings.iter().enumerate() {
+            let (addr, model) = match model {
+                Some(m) => (proxy_addr, m),
+                None => (smg_proc.as_ref().context("smg")?.1, "llm"),
+            };
+            if model == "llm" {
+                wait_for_smg(addr, args)?;
+            }
+            let salt = format!("run {salt}-{n}-{k}");
+            let before = fleet.served();
+            let run = run_workload(addr, model, workload, &salt, args)?;
+            let per_server = fleet
+                .served()
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a - b)
+                .collect();
+            let row = Row::new(workload, label, &run, per_server);
+            println!("{}", row.markdown());
+            rows.push(row);
+        }
+    }
+    let table = table(&rows, args, &served_model);
+    out.write("results.md", &table)?;
+    if let Ok(r) = http_request(admin, "GET", "/metrics", &[], b"") {
+        out.write("proxy-metrics.txt", r.text())?;
+    }
+    println!("\n{table}\nraw output: {}", out.path().display());
+    drop(smg_proc);
+    drop(proxy);
+    drop(fleet);
+    Ok(())
+}
+
+/// The model servers, each behind a counting forwarder.
+struct Fleet {
+    servers: Vec<(Proc, SocketAddr)>,
+    fronts: Vec<SocketAddr>,
+    counters: Vec<Arc<AtomicU64>>,
+}
+
+impl Fleet {
+    fn start(python: &Path, model: &Path, out: &Path, args: &RealLlmBench) -> Result<Self> {
+        let launcher = out.join("serve.py");
+        std::fs::write(&launcher, LAUNCHER)?;
+        let mut fleet = Fleet {
+            servers: Vec::new(),
+            fronts: Vec::new(),
+            counters: Vec::new(),
+        };
+        for i in 0..args.servers {
+            let port = free_port();
+            let mut cmd = Command::new(python);
+            cmd.arg(&launcher)
+                .arg(model)
+                .arg("127.0.0.1")
+                .arg(port.to_string())
+                .arg(args.slots.to_string());
+            let log = out.join(format!("llama-{i}.log"));
+            let p = Proc::spawn(&format!("llama-{i}"), cmd, &log)?.graceful(Duration::from_secs(5));
+            fleet.servers.push((p, loopback(port)));
+        }
+        for (p, addr) in &fleet.servers {
+            wait_http_ok(*addr, "/health", START_TIMEOUT)
+                .with_context(|| format!("{} did not start:\n{}", p.name(), p.log_text()))?;
+            let (front, count) = counting_forwarder(*addr)?;
+            fleet.fronts.push(front);
+            fleet.counters.push(count);
+        }
+        Ok(fleet)
+    }
+
+    /// Completions each server has served so far.
+    fn served(&self) -> Vec<u64> {
+        self.counters
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+/// flexinfer-proxy with one model per routing over the same fronts: (proxy, listen, admin).
+fn start_proxy(
+    bin: &Path,
+    out: &Path,
+    fronts: &[SocketAddr],
+    args: &RealLlmBench,
+) -> Result<(Proc, SocketAddr, SocketAddr)> {
+    let models = out.join("models.yaml");
+    let entry = |name: &str| ModelEntry::new(name).endpoints(fronts);
+    let floor = args.floor.unwrap_or(u64::from(args.slots));
+    let bounded = |name: &str| entry(name).hash_balance_floor(floor);
+    ModelsFile::new()
+        .model(entry("llm-default"))
+        .model(
+            entry("llm-prefix")
+                .routing("prefix")
+                .hash_balance_factor(0.0),
+        )
+        .model(bounded("llm-prefix-bounded").routing("prefix"))
+        .model(bounded("llm-session").routing("session-affinity"))
+        .model(bounded("llm-cache-aware").routing("cache-aware"))
+        .write_to(&models)?;
+    let (listen, admin) = (loopback(free_port()), loopback(free_port()));
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(&models)
+        .args(["--listen", &listen.to_string()])
+        .args(["--admin-listen", &admin.to_string()])
+        .args(["--gauge", "userspace", "--route-header"]);
+    let proxy = Proc::spawn("flexinfer-proxy", cmd, &out.join("proxy.log"))?
+        .graceful(Duration::from_secs(5));
+    wait_http_ok(admin, "/readyz", START_TIMEOUT).with_context(|| proxy.log_text())?;
+    Ok((proxy, listen, admin))
+}
+
+/// smg `--policy cache_aware` over the fronts, `llm` aliased to the served model.
+fn start_smg(
+    smg: &Path,
+    fronts: &[SocketAddr],
+    served_model: &str,
+    out: &Path,
+) -> Result<(Proc, SocketAddr)> {
+    let (port, metrics) = (free_port(), free_port());
+    let mut cmd = Command::new(smg);
+    cmd.args(["launch", "--host", "127.0.0.1", "--port"])
+        .arg(port.to_string())
+        .arg("--worker-urls")
+        .args(fronts.iter().map(|f| format!("http://{f}")))
+        .args(["--policy", "cache_aware", "--disable-tokenizer-autoload"])
+        .arg("--model-alias")
+        .arg(format!("llm={served_model}"))
+        .args(["--log-level", "warn", "--prometheus-host", "127.0.0.1"])
+        .arg("--prometheus-port")
+        .arg(metrics.to_string());
+    let p = Proc::spawn("smg", cmd, &out.join("smg.log"))?.graceful(Duration::from_secs(5));
+    Ok((p, loopback(port)))
+}
+
+/// smg registers its workers in the background: wait until a request goes through.
+fn wait_for_smg(addr: SocketAddr, args: &RealLlmBench) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    let body = request_body("llm", "Say ok.", "ok?", args.max_tokens);
+    loop {
+        match http_request(addr, "POST", PATH, &[], body.as_bytes()) {
+            Ok(r) if r.status == 200 => return Ok(()),
+            r if Instant::now() > deadline => bail!("smg never answered 200: {r:?}"),
+            _ => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}

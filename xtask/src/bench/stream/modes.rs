@@ -1,0 +1,105 @@
+//! The modes of `bench stream`: what the upstreams send and how many streams the load
+//! generator holds.
+//!
+//! Throughput modes measure relayed events per second and the proxy's CPU per event: `paced`
+//! (1,000 connections, each answer 50 events 20 ms apart, one answer after another) and `bulk`
+//! (32 connections, each answer's 200 events written at once). Scale modes hold every stream
+//! open for the whole window (answers far longer than the run) and measure memory per open
+//! stream and the delay added to each event: `scale-1k` (1,000 streams at 50 events/s) and
+//! `scale-8k` (8,000 at 2 events/s: the memory and wakeup test). `idle` opens keep-alive
+//! client connections that send nothing, for the memory of an idle connection.
+
+use std::time::Duration;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    Paced,
+    Bulk,
+    Scale1k,
+    Scale8k,
+    Idle,
+}
+
+pub const MODES: [Mode; 5] = [
+    Mode::Paced,
+    Mode::Bulk,
+    Mode::Scale1k,
+    Mode::Scale8k,
+    Mode::Idle,
+];
+
+/// Content events per answer in the scale modes: longer than any run, so streams stay open.
+const ENDLESS: u32 = 1_000_000;
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Paced => "paced",
+            Mode::Bulk => "bulk",
+            Mode::Scale1k => "scale-1k",
+            Mode::Scale8k => "scale-8k",
+            Mode::Idle => "idle",
+        }
+    }
+
+    pub fn what(self) -> &'static str {
+        match self {
+            Mode::Paced => "1,000 connections, answers of 50 events 20 ms apart, one after another",
+            Mode::Bulk => {
+                "32 connections, answers of 200 events written at once, one after another"
+            }
+            Mode::Scale1k => "1,000 streams open for the whole window, 50 events/s each",
+            Mode::Scale8k => "8,000 streams open for the whole window, 2 events/s each",
+            Mode::Idle => "keep-alive client connections that send nothing",
+        }
+    }
+
+    /// Streams (or idle connections) the load generator opens.
+    pub fn connections(self, idle_connections: usize) -> usize {
+        match self {
+            Mode::Paced | Mode::Scale1k => 1000,
+            Mode::Bulk => 32,
+            Mode::Scale8k => 8000,
+            Mode::Idle => idle_connections,
+        }
+    }
+
+    /// Content events per answer, the time between two, and whether all go in one write.
+    pub fn pacing(self) -> (u32, Duration, bool) {
+        match self {
+            Mode::Paced => (50, Duration::from_millis(20), false),
+            Mode::Bulk => (200, Duration::ZERO, true),
+            Mode::Scale1k => (ENDLESS, Duration::from_millis(20), false),
+            Mode::Scale8k => (ENDLESS, Duration::from_millis(500), false),
+            Mode::Idle => (1, Duration::ZERO, true),
+        }
+    }
+
+    pub fn is_scale(self) -> bool {
+        matches!(self, Mode::Scale1k | Mode::Scale8k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_issues_rates() {
+        for (m, streams, per_s) in [(Mode::Scale1k, 1000, 50), (Mode::Scale8k, 8000, 2)] {
+            let (events, interval, bulk) = m.pacing();
+            assert_eq!(m.connections(0), streams);
+            assert_eq!(
+                Duration::from_secs(1).as_millis() / interval.as_millis(),
+                per_s
+            );
+            assert!(
+                !bulk && events as u128 * interval.as_millis() > 3_600_000,
+                "endless"
+            );
+        }
+        assert_eq!(Mode::Paced.pacing(), (50, Duration::from_millis(20), false));
+        assert_eq!(Mode::Bulk.pacing().0, 200);
+        assert_eq!(Mode::Idle.connections(123), 123);
+    }
+}
