@@ -5,7 +5,8 @@
 //! share this process, so none may change process-wide state (environment, working directory,
 //! signal handlers, rlimits): configuration goes to the child processes they start, each test
 //! has its own ports, scratch dirs, cgroups and pin dirs, and `container` builds its image once
-//! for all.
+//! for all. Tests that cannot run here (no BPF, no podman, no Prometheus) say so through
+//! `flexinfer_tests::skip`, which `cargo xtask test` counts apart from passes.
 
 mod bad_input;
 mod bpffs_mount;
