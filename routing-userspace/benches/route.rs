@@ -20,9 +20,8 @@ use http::{HeaderMap, HeaderValue};
 
 use routing_userspace::balance::bounded::HashBalance;
 use routing_userspace::body::BodyFields;
-use routing_userspace::discovery::{ModelSet, ModelSpec, Update};
+use routing_userspace::discovery::ModelSpec;
 use routing_userspace::keys::{chain, extract, KeyLimits, RequestParts};
-use routing_userspace::load::slots::SlotAllocator;
 use routing_userspace::load::userspace::UserspaceGauge;
 use routing_userspace::metrics::Metrics;
 use routing_userspace::router::{Decision, Router, RoutingKnobs};
@@ -36,16 +35,9 @@ fn table(strategy: Strategy, pods: u16) -> RoutingTable {
     m.endpoints = (0..pods)
         .map(|p| SocketAddr::from(([10, 0, (p / 250) as u8, (p % 250) as u8 + 1], 8000)))
         .collect();
-    let mut set = ModelSet::default();
-    set.apply(Update::Reset(vec![m]));
-    let mut slots = SlotAllocator::default();
-    slots.sync(&RoutingTable::pod_addrs(&set));
-    RoutingTable::build(
-        &set,
-        &slots,
-        &Metrics::new(10_000),
-        LabelGroupMode::RoundRobin,
-    )
+    let (table, _) =
+        RoutingTable::of_models(vec![m], &Metrics::new(10_000), LabelGroupMode::RoundRobin);
+    table
 }
 
 /// A chat body of about `bytes` bytes: half system prompt, half the user's question, plus a

@@ -245,7 +245,7 @@ pub fn yamllint(text: &str) -> anyhow::Result<Option<String>> {
     Ok(Some(report))
 }
 
-/// Every set of value overrides the chart tests render (`tests/tests/chart.rs` asserts that
+/// Every set of value overrides the chart tests render (`tests/tests/it/chart.rs` asserts that
 /// each one it uses is listed here), plus the container tests' shape. The manifest tests
 /// validate each against the Kubernetes schemas and `values.schema.json`, so a variant the
 /// chart tests cover is one the API server would accept.

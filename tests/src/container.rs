@@ -28,19 +28,25 @@ use crate::{free_port, get, loopback, proxy_bin};
 /// Name prefix of everything these tests create (containers, cgroups, pin dirs).
 const PREFIX: &str = "flexinfer-ctest";
 
-/// Podman, or `None` (after saying why) when the test should skip. BPF is needed too. With
-/// FLEXINFER_REQUIRE_EBPF set and root, a missing podman is a failure, not a skip.
-pub fn podman_or_skip(test: &str) -> Option<Engine> {
-    if !bpf_or_skip(test) {
+/// Podman, or `None` (after recording a skip with the reason) when the test should skip. BPF is
+/// needed too. With FLEXINFER_REQUIRE_EBPF set and root, a missing podman is a failure, not a
+/// skip.
+pub fn podman_or_skip() -> Option<Engine> {
+    if !bpf_or_skip() {
         return None;
     }
     match Engine::podman() {
         Ok(e) => Some(e),
         Err(e) if ebpf_required() => {
-            panic!("{test}: containers required (FLEXINFER_REQUIRE_EBPF, root) but {e:#}; `cargo xtask test` installs podman")
+            panic!(
+                "{}: containers required (FLEXINFER_REQUIRE_EBPF, root) but {e:#}; `cargo xtask test` installs podman",
+                flexinfer_test_support::running_test()
+            )
         }
         Err(e) => {
-            eprintln!("SKIP {test}: {e:#} (set FLEXINFER_REQUIRE_EBPF=1 to fail instead)");
+            flexinfer_test_support::skip(&format!(
+                "{e:#} (set FLEXINFER_REQUIRE_EBPF=1 to fail instead)"
+            ));
             None
         }
     }
@@ -202,12 +208,21 @@ impl Drop for NodeCgroup {
     }
 }
 
+/// Where the chart's bpffs hostPath points, on the host and in the pod.
+const HOST_BPFFS: &str = "/sys/fs/bpf";
+
 /// A pin directory of its own under /sys/fs/bpf, removed (which detaches) on drop.
 pub struct PinDir(pub PathBuf);
 
 impl PinDir {
+    /// Mounts bpffs at /sys/fs/bpf first if the host has none, as every real node has: a
+    /// container started before that would mount a bpffs of its own, whose pins the host (and
+    /// the other pods) never see.
     pub fn new() -> Self {
-        Self(PathBuf::from("/sys/fs/bpf").join(unique("pins")))
+        let root = PathBuf::from(HOST_BPFFS);
+        routing_userspace::ebpf::sys::mount_bpffs_once(&root)
+            .unwrap_or_else(|e| panic!("mounting bpffs at {HOST_BPFFS} on the host: {e}"));
+        Self(root.join(unique("pins")))
     }
 }
 

@@ -54,16 +54,19 @@ pub fn ebpf_required() -> bool {
     std::env::var_os("FLEXINFER_REQUIRE_EBPF").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-/// `true` if the test should run. Panics when BPF is missing but required; otherwise prints
-/// why it skips.
-pub fn bpf_or_skip(test: &str) -> bool {
+/// `true` if the test should run. Panics when BPF is missing but required; otherwise records a
+/// skip with the reason ([`flexinfer_test_support::skip`]), which the runner counts.
+pub fn bpf_or_skip() -> bool {
     match bpf_missing() {
         None => true,
-        Some(why) if ebpf_required() => {
-            panic!("{test}: eBPF required (FLEXINFER_REQUIRE_EBPF) but {why}")
-        }
+        Some(why) if ebpf_required() => panic!(
+            "{}: eBPF required (FLEXINFER_REQUIRE_EBPF) but {why}",
+            flexinfer_test_support::running_test()
+        ),
         Some(why) => {
-            eprintln!("SKIP {test}: {why} (set FLEXINFER_REQUIRE_EBPF=1 to fail instead)");
+            flexinfer_test_support::skip(&format!(
+                "{why} (set FLEXINFER_REQUIRE_EBPF=1 to fail instead)"
+            ));
             false
         }
     }

@@ -13,6 +13,8 @@ pub mod container;
 /// eBPF test harness: child cgroups, pin dirs, connection-holding helper processes.
 pub mod ebpf;
 pub mod prom;
+/// Waiting until a proxy routes by the models file a test rewrote.
+pub mod reload;
 /// Custom resources checked against their CRD's openAPIV3Schema.
 pub mod schema;
 
@@ -28,11 +30,15 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-pub use flexinfer_test_support::{free_port, loopback, ModelEntry, ModelsFile, Proc, TempDir};
+pub use flexinfer_test_support::{
+    free_port, loopback, running_test, skip, ModelEntry, ModelsFile, Proc, TempDir,
+};
 
 /// The `flexinfer-proxy` binary: `FLEXINFER_PROXY_BIN`, else next to this test's target dir.
 /// `cargo test --workspace` builds it first (routing-userspace has integration tests of its
-/// own, which makes cargo build its binary).
+/// own, which makes cargo build its binary); `cargo test -p flexinfer-tests` does not, so a
+/// binary older than the routing-userspace library this test was built with is refused
+/// rather than tested.
 pub fn proxy_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("FLEXINFER_PROXY_BIN") {
         return PathBuf::from(p);
@@ -49,7 +55,32 @@ pub fn proxy_bin() -> PathBuf {
         "{} not found: build it first (cargo build -p routing-userspace) or set FLEXINFER_PROXY_BIN",
         bin.display()
     );
+    if let Some(lib) = newer_library(&bin, &profile_dir.join("deps")) {
+        panic!(
+            "{} is older than {}: it does not run the code under test; build it first \
+             (cargo build -p routing-userspace --bin flexinfer-proxy) or set FLEXINFER_PROXY_BIN",
+            bin.display(),
+            lib.display()
+        );
+    }
     bin
+}
+
+/// A `librouting_userspace-*.rlib` in `deps` modified after `bin`: cargo builds the binary after
+/// the library it links, so such a library is code the binary was not built from.
+fn newer_library(bin: &Path, deps: &Path) -> Option<PathBuf> {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let built = modified(bin)?;
+    std::fs::read_dir(deps)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("librouting_userspace-") && n.ends_with(".rlib"))
+        })
+        .find(|p| modified(p).is_some_and(|m| m > built))
 }
 
 fn spawn(name: &str, args: &[String], env: &HashMap<String, String>, log: PathBuf) -> Proc {
@@ -79,6 +110,30 @@ pub struct Sim {
     pub name: String,
     pub addr: SocketAddr,
     pub proc: Proc,
+}
+
+impl Sim {
+    /// Waits until this sim is generating exactly `n` requests (`sim_requests_in_flight`), so a
+    /// test that stops something mid-request knows its request is there. Panics after 10 s.
+    pub async fn wait_in_flight(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = get(self.addr, "/metrics").await.map(|r| r.text());
+            let now = text
+                .as_deref()
+                .ok()
+                .and_then(|t| metric_value(t, "sim_requests_in_flight", &[]));
+            if now == Some(n as f64) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sim {}: {now:?} requests in flight after 10 s, want {n}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 /// Start a sim named `name` with extra flags, and wait for /health.
@@ -117,10 +172,55 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Replace the models file and wait until the proxy has applied it (its poll is 100 ms).
+    /// Replace the models file and wait until `/debug/routing` shows it applied. Panics if the
+    /// proxy refuses the file, or has not applied it within 10 s (its poll is 100 ms).
     pub async fn rewrite_config(&self, models: &ModelsFile) {
+        let refused = self.refusals();
         models.write_to(&self.config).expect("swap config");
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let view = get(self.admin, "/debug/routing")
+                .await
+                .expect("debug view")
+                .json();
+            let differs = match reload::view_shows(&view, models) {
+                Ok(()) => return,
+                Err(why) => why,
+            };
+            assert_eq!(
+                self.refusals(),
+                refused,
+                "the proxy refused the new models file:\n{}",
+                self.proc.log_text()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "the proxy has not applied the new models file after 10 s: {differs}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Replace the models file with one the proxy must refuse, and wait until it says so in
+    /// its log (it keeps routing by the last good table).
+    pub async fn rewrite_config_refused(&self, models: &ModelsFile) {
+        let refused = self.refusals();
+        models.write_to(&self.config).expect("swap config");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.refusals() == refused {
+            assert!(
+                Instant::now() < deadline,
+                "no {:?} within 10 s:\n{}",
+                reload::REFUSED_LINE,
+                self.proc.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// How many rewritten models files the proxy has refused so far.
+    fn refusals(&self) -> usize {
+        self.proc.log_text().matches(reload::REFUSED_LINE).count()
     }
 
     pub async fn metrics(&self) -> String {

@@ -3,7 +3,6 @@
 //! the text exposition format.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -199,8 +198,8 @@ pub fn url_encode(s: &str) -> String {
 }
 
 /// The Prometheus binary: `PROMETHEUS_BIN`, else `/usr/bin/prometheus`. When it is missing the
-/// test fails under CI (env `CI` set) and is skipped loudly otherwise (returns `None`).
-pub fn prometheus_bin_or_skip(test: &str) -> Option<PathBuf> {
+/// test fails under CI (env `CI` set) and otherwise records a skip (returns `None`).
+pub fn prometheus_bin_or_skip() -> Option<PathBuf> {
     let bin = std::env::var_os("PROMETHEUS_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/prometheus"));
@@ -209,21 +208,16 @@ pub fn prometheus_bin_or_skip(test: &str) -> Option<PathBuf> {
     }
     if std::env::var_os("CI").is_some() {
         panic!(
-            "{test}: Prometheus not found at {} and CI is set: install it (Debian: apt-get install prometheus) or set PROMETHEUS_BIN",
+            "{}: Prometheus not found at {} and CI is set: install it (Debian: apt-get install prometheus) or set PROMETHEUS_BIN",
+            flexinfer_test_support::running_test(),
             bin.display()
         );
     }
-    // Straight to the process's stderr: the test harness captures `eprintln!` of passing tests,
-    // and a skip must not pass silently.
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n==================== SKIPPED: {test} ====================\n\
-         Prometheus not found at {}. This test did NOT run (cargo will count it as passed).\n\
-         Install it (Debian: apt-get install prometheus) or set PROMETHEUS_BIN; set CI to make\n\
-         a missing Prometheus fail.\n\
-         ==========================================================\n",
+    flexinfer_test_support::skip(&format!(
+        "Prometheus not found at {}: install it (Debian: apt-get install prometheus) or set \
+         PROMETHEUS_BIN; set CI to make a missing Prometheus fail",
         bin.display()
-    );
+    ));
     None
 }
 
@@ -289,6 +283,33 @@ impl Prometheus {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         p
+    }
+
+    /// Waits until Prometheus has scraped its target `n` times after `since` (Unix seconds), so
+    /// a query over that time finds the samples it needs, however late a loaded machine ran
+    /// the scrapes. Panics after 30 s.
+    pub async fn wait_scrapes_since(&self, since: f64, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = unix_now();
+            let window_ms = ((now - since) * 1000.0).ceil().max(1.0) as u64;
+            let q = format!("count_over_time(up{{job=\"{SCRAPE_JOB}\"}}[{window_ms}ms])");
+            let got = self.query(&q, now).await;
+            let scrapes = got
+                .as_ref()
+                .ok()
+                .and_then(|v| v.first())
+                .map_or(0.0, |s| s.value);
+            if scrapes >= n as f64 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{scrapes} of {n} scrapes after {since:.3} within 30 s: {got:?}\n{}",
+                self.proc.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// `GET /api/v1/query` at `time` (Unix seconds); the vector or scalar result.

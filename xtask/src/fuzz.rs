@@ -3,12 +3,20 @@
 //!
 //! The parsers fuzzed here face bytes from clients, pods, operators and the API server, and a
 //! panic in any of them takes requests down with it. Fuzzing needs nightly and takes minutes
-//! per target, so it is a task of its own, not part of `cargo xtask test` or CI. The seed corpus
-//! in the repo stays small (`tests/fuzz/corpus/<target>/`); what libFuzzer adds goes to the
-//! target directory, crashes to `tests/fuzz/artifacts/<target>/` (ignored by git). A crash
-//! worth keeping is minimized (`cargo fuzz tmin`) into `tests/fuzz/regressions/<target>/`;
-//! `--replay` runs those and the seeds once (with `--strict`, also against checks for findings
-//! already reported, which the targets skip by default). See docs/fuzzing.md.
+//! per target, so it is a task of its own. The seed corpus in the repo stays small
+//! (`tests/fuzz/corpus/<target>/`); what libFuzzer adds goes to the target directory, crashes
+//! to `tests/fuzz/artifacts/<target>/` (ignored by git). A crash worth keeping is minimized
+//! (`cargo fuzz tmin`) into `tests/fuzz/regressions/<target>/`; `--replay` runs those and the
+//! seeds once (with `--strict`, also against checks for findings already reported, which the
+//! targets skip by default). See docs/fuzzing.md.
+//!
+//! `cargo xtask test` (so CI) runs [`replay_for_tests`]: every target built and every seed and
+//! regression replayed under `--strict`, so a target that no longer compiles against the proxy
+//! or an input that crashes again fails the run. It builds with `--quick-build` (debug build,
+//! no sanitizer: under a third of the optimized ASan build's CPU time, see docs/fuzzing.md);
+//! debug assertions and overflow checks stay on, and every check of the targets is an
+//! assertion, so a replay fails on the same inputs either way (the proxy's fuzzed code has no
+//! `unsafe` for a sanitizer to watch).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -33,6 +41,11 @@ pub struct Fuzz {
     /// crash again until the code is fixed.
     #[arg(long)]
     pub strict: bool,
+    /// Build without optimization and without a sanitizer (`cargo fuzz build --dev
+    /// --sanitizer none`), keeping debug assertions: a fraction of the build time, for
+    /// replays (`cargo xtask test` replays this way). Slow for fuzzing.
+    #[arg(long)]
+    pub quick_build: bool,
     /// Extra libFuzzer flags, after `--` (e.g. `-- -jobs=2`).
     #[arg(last = true)]
     pub libfuzzer_args: Vec<String>,
@@ -107,8 +120,9 @@ fn select(names: &[String]) -> Result<Vec<&'static Target>> {
         .collect()
 }
 
-/// `cargo +nightly fuzz ...` at the workspace root, for the fuzz crate and its target dir.
-fn cargo_fuzz(sub: &str) -> Command {
+/// `cargo +nightly fuzz ...` at the workspace root, for the fuzz crate and its target dir
+/// (`run` builds first, so it takes the same build flags as `build`).
+fn cargo_fuzz(sub: &str, quick_build: bool) -> Command {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(workspace_root())
         .arg(format!("+{}", nightly()))
@@ -117,15 +131,19 @@ fn cargo_fuzz(sub: &str) -> Command {
         // Debug assertions and overflow checks: an overflow is a finding, not a wrap.
         .arg("--debug-assertions")
         .arg("--target-dir")
-        .arg(fuzz_target_dir())
-        // The host toolchain's rustup override would otherwise leak into the nightly build.
-        .env_remove("RUSTUP_TOOLCHAIN")
+        .arg(fuzz_target_dir());
+    if quick_build {
+        cmd.args(["--dev", "--sanitizer", "none"]);
+    }
+    // The host toolchain's rustup override would otherwise leak into the nightly build.
+    cmd.env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("RUSTC")
         .env_remove("RUSTC_WRAPPER");
     cmd
 }
 
-fn ensure_cargo_fuzz() -> Result<()> {
+/// Installs cargo-fuzz unless `cargo fuzz` works already.
+pub fn ensure_cargo_fuzz() -> Result<()> {
     let works = Command::new("cargo")
         .args(["fuzz", "--version"])
         .stdout(Stdio::null())
@@ -215,7 +233,7 @@ fn run_target(t: &'static Target, args: &Fuzz, logs: &Path) -> Result<Outcome> {
     let log_path = logs.join(format!("{}.log", t.name));
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
-    let mut cmd = cargo_fuzz("run");
+    let mut cmd = cargo_fuzz("run", args.quick_build);
     cmd.arg(t.name);
     if args.replay {
         // Directories and files given on the command line are run once each (-runs=0 keeps
@@ -224,7 +242,8 @@ fn run_target(t: &'static Target, args: &Fuzz, logs: &Path) -> Result<Outcome> {
         if regressions.is_dir() {
             cmd.arg(&regressions);
         }
-        cmd.args(["--", "-runs=0"]);
+        // The final stats count the inputs run: a replay that ran none must not pass.
+        cmd.args(["--", "-runs=0", "-print_final_stats=1"]);
     } else {
         // libFuzzer writes new inputs to the first directory: the work corpus, not the repo.
         cmd.arg(&work).arg(&seeds).arg("--");
@@ -290,22 +309,32 @@ fn render(outcomes: &[Outcome], replay: bool) -> String {
     t
 }
 
-pub fn run(args: &Fuzz) -> Result<()> {
-    let targets = select(&args.target)?;
+/// `cargo fuzz build` of every target; `Ok(false)` if it did not compile.
+fn build(args: &Fuzz) -> Result<bool> {
     crate::setup::ensure_nightly()?;
     ensure_cargo_fuzz()?;
-    println!("fuzz: building the targets ({} toolchain)", nightly());
-    let status = cargo_fuzz("build")
+    println!(
+        "fuzz: building the targets ({} toolchain{})",
+        nightly(),
+        if args.quick_build {
+            ", debug build, no sanitizer"
+        } else {
+            ""
+        }
+    );
+    let status = cargo_fuzz("build", args.quick_build)
         .status()
         .context("running cargo fuzz build")?;
-    if !status.success() {
-        bail!("cargo fuzz build failed ({status})");
-    }
+    Ok(status.success())
+}
+
+/// Runs `targets` one after the other; prints and writes the table, returns the outcomes.
+fn run_all(targets: &[&'static Target], args: &Fuzz) -> Result<Vec<Outcome>> {
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let logs = fuzz_target_dir().join("logs").join(stamp.to_string());
     std::fs::create_dir_all(&logs)?;
     let mut outcomes = Vec::new();
-    for t in targets {
+    for &t in targets {
         if args.replay {
             println!("fuzz: {}: replaying seeds and regressions", t.name);
         } else {
@@ -325,19 +354,84 @@ pub fn run(args: &Fuzz) -> Result<()> {
     let table = render(&outcomes, args.replay);
     std::fs::write(logs.join("summary.md"), &table)?;
     println!("\n{table}");
-    let crashed: Vec<&str> = outcomes
-        .iter()
-        .filter(|o| !o.ok)
-        .map(|o| o.target.name)
-        .collect();
+    Ok(outcomes)
+}
+
+pub fn run(args: &Fuzz) -> Result<()> {
+    let targets = select(&args.target)?;
+    if !build(args)? {
+        bail!("cargo fuzz build failed");
+    }
+    let outcomes = run_all(&targets, args)?;
+    let crashed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.ok).collect();
     if !crashed.is_empty() {
+        let names: Vec<&str> = crashed.iter().map(|o| o.target.name).collect();
         bail!(
             "{} crashed; inputs under tests/fuzz/artifacts/, logs in {}",
-            crashed.join(", "),
-            logs.display()
+            names.join(", "),
+            crashed[0].log.parent().unwrap_or(Path::new(".")).display()
         );
     }
     Ok(())
+}
+
+/// One target's replay under `cargo xtask test`: `failure` says what went wrong, if anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    pub target: &'static str,
+    pub failure: Option<String>,
+}
+
+/// What `cargo xtask test` runs: `cargo xtask fuzz --replay --strict --quick-build`, every
+/// target. A build that fails is one failure (`target: "build"`), each target that crashes on
+/// a seed or a regression another; `Err` only when the tools cannot be set up or run.
+pub fn replay_for_tests() -> Result<Vec<Replayed>> {
+    let args = Fuzz {
+        target: Vec::new(),
+        seconds: 0,
+        replay: true,
+        strict: true,
+        quick_build: true,
+        libfuzzer_args: Vec::new(),
+    };
+    if !build(&args)? {
+        return Ok(vec![Replayed {
+            target: "build",
+            failure: Some("`cargo fuzz build` of tests/fuzz failed (output above)".into()),
+        }]);
+    }
+    let targets: Vec<&'static Target> = TARGETS.iter().collect();
+    let outcomes = run_all(&targets, &args)?;
+    Ok(outcomes
+        .iter()
+        .map(|o| Replayed {
+            target: o.target.name,
+            failure: replay_failure(o, replay_inputs(o.target)),
+        })
+        .collect())
+}
+
+/// The seeds and regressions a replay of `t` runs.
+fn replay_inputs(t: &Target) -> u64 {
+    let dir = |d: &str| count_files(&fuzz_dir().join(d).join(t.name)) as u64;
+    dir("corpus") + dir("regressions")
+}
+
+/// Why a replay failed: a crash (its first panic), or fewer runs than inputs (libFuzzer runs
+/// each input once, and an empty one first).
+fn replay_failure(o: &Outcome, inputs: u64) -> Option<String> {
+    let log = o.log.display();
+    if !o.ok {
+        let what = o.stats.panic.as_deref().unwrap_or("failed");
+        return Some(format!("crashed: {what} (log {log})"));
+    }
+    match o.stats.execs {
+        Some(n) if n >= inputs && inputs > 0 => None,
+        n => Some(format!(
+            "ran {} of its {inputs} seeds and regressions (log {log})",
+            n.map_or("?".into(), |n| n.to_string())
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -393,6 +487,33 @@ stat::peak_rss_mb:              81
                 t.name
             );
         }
+    }
+
+    #[test]
+    fn a_replay_fails_on_a_crash_or_on_inputs_it_did_not_run() {
+        let outcome = |ok: bool, execs: Option<u64>| Outcome {
+            target: &TARGETS[0],
+            seconds: 1.0,
+            stats: Stats {
+                execs,
+                panic: (!ok).then(|| "fuzz_targets/keys.rs:9:9: boom".to_owned()),
+                ..Stats::default()
+            },
+            corpus: 0,
+            ok,
+            log: PathBuf::from("/logs/keys.log"),
+        };
+        assert_eq!(replay_failure(&outcome(true, Some(33)), 32), None);
+        assert_eq!(
+            replay_failure(&outcome(false, Some(3)), 32).as_deref(),
+            Some("crashed: fuzz_targets/keys.rs:9:9: boom (log /logs/keys.log)")
+        );
+        assert_eq!(
+            replay_failure(&outcome(true, Some(5)), 32).as_deref(),
+            Some("ran 5 of its 32 seeds and regressions (log /logs/keys.log)")
+        );
+        assert!(replay_failure(&outcome(true, None), 32).is_some());
+        assert!(replay_failure(&outcome(true, Some(1)), 0).is_some());
     }
 
     #[test]

@@ -362,10 +362,9 @@ fn the_index_forgets_pods_that_leave_the_table() {
     spec.endpoints = kept.iter().map(|&p| addr(p)).collect();
     let mut set = ModelSet::default();
     set.apply(Update::Reset(vec![spec]));
-    w.slots.sync(&RoutingTable::pod_addrs(&set));
-    let table = RoutingTable::build(
+    let (table, _) = RoutingTable::rebuild(
         &set,
-        &w.slots,
+        &mut w.slots,
         &Metrics::new(10),
         LabelGroupMode::RoundRobin,
     );

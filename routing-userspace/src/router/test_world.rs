@@ -10,7 +10,7 @@ use http::HeaderMap;
 
 use super::{Decision, Router, RoutingKnobs};
 use crate::body::BodyFields;
-use crate::discovery::{ModelSet, ModelSpec, Update};
+use crate::discovery::ModelSpec;
 use crate::keys::RequestParts;
 use crate::load::slots::SlotAllocator;
 use crate::load::userspace::UserspaceGauge;
@@ -46,14 +46,11 @@ pub(super) fn model<P: Borrow<u16>>(
 impl World {
     /// `models` as discovery would report them, routed with `knobs`.
     pub fn new(models: Vec<ModelSpec>, knobs: RoutingKnobs) -> World {
-        let mut set = ModelSet::default();
-        set.apply(Update::Reset(models));
-        let mut slots = SlotAllocator::default();
-        slots.sync(&RoutingTable::pod_addrs(&set));
+        let (table, slots) =
+            RoutingTable::of_models(models, &Metrics::new(100), knobs.label_group_mode);
         let gauge = Arc::new(UserspaceGauge::default());
-        let mode = knobs.label_group_mode;
         World {
-            table: RoutingTable::build(&set, &slots, &Metrics::new(100), mode),
+            table,
             router: Router::new(gauge.clone(), knobs),
             gauge,
             slots,

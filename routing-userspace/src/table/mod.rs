@@ -23,6 +23,8 @@ use crate::metrics::handles::{GroupMetrics, ModelMetrics};
 use crate::metrics::Metrics;
 use crate::vocab::LabelGroupMode;
 
+mod rebuild;
+
 /// One ready pod of a model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pod {

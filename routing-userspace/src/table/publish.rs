@@ -70,8 +70,8 @@ impl Published {
         let (set, slots) = &mut *guard;
         let changed = set.apply(update);
         if changed || (is_reset && !self.is_synced()) {
-            let assigned = slots.sync(&RoutingTable::pod_addrs(set));
-            let table = RoutingTable::build(set, slots, &self.metrics, self.label_group_mode);
+            let (table, assigned) =
+                RoutingTable::rebuild(set, slots, &self.metrics, self.label_group_mode);
             self.metrics
                 .table_rebuilt(table.models().map(|m| (&*m.name, m.pods.len())));
             on_rebuild(&assigned, &table);

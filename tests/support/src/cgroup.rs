@@ -120,7 +120,7 @@ mod tests {
 
     fn root_with_cgroups() -> bool {
         if !crate::is_root() || cgroup2_root().is_err() {
-            eprintln!("SKIP: needs root and a cgroup2 mount");
+            crate::skip("needs root and a cgroup2 mount");
             return false;
         }
         true

@@ -1,6 +1,7 @@
 //! What the integration tests (`tests/`) and `cargo xtask bench` both need to run real
 //! processes on loopback and clean up after them: child process guards, scratch directories,
-//! free ports and readiness waits, child cgroups, bpffs pin directories and models files, and
+//! free ports and readiness waits, child cgroups, bpffs pin directories, models files, the
+//! skip markers a test leaves when it cannot run here (read back by `cargo xtask test`), and
 //! the measuring [`harness`] (statistics, reports, an HTTP/1.1 client with an SSE reader).
 //!
 //! One copy, so a fix (a process that outlives its test, a pin left on bpffs) lands in every
@@ -17,6 +18,7 @@ mod net;
 mod process;
 mod scratch;
 pub mod stream;
+mod skip;
 
 pub use bpffs::{bpffs_root, PinDir};
 pub use cgroup::{cgroup2_root, Cgroup};
@@ -28,6 +30,7 @@ pub use net::{
 };
 pub use process::Proc;
 pub use scratch::TempDir;
+pub use skip::{read_markers, running_test, skip, write_marker, Skipped, SKIP_DIR_ENV};
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

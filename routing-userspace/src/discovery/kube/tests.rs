@@ -430,8 +430,7 @@ mod routing {
 
     pub(super) fn table(set: &ModelSet) -> RoutingTable {
         let mut slots = SlotAllocator::default();
-        slots.sync(&RoutingTable::pod_addrs(set));
-        RoutingTable::build(set, &slots, &Metrics::new(100), LabelGroupMode::Prefix)
+        RoutingTable::rebuild(set, &mut slots, &Metrics::new(100), LabelGroupMode::Prefix).0
     }
 
     /// Where a request goes first.

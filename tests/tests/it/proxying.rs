@@ -328,13 +328,13 @@ use xxhash_rust::xxh3::xxh3_64 as xxh3;
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_drains_requests_in_flight_then_exits() {
     let dir = TempDir::new("drain");
-    let (_sim, mut proxy) = one_model(&dir, &["--inter-token-ms", "100"]).await;
+    let (sim, mut proxy) = one_model(&dir, &["--inter-token-ms", "100"]).await;
     let addr = proxy.addr;
     // About a second of generation.
     let body = chat_body("solo", None, "long answer", r#"{"max_tokens":10}"#);
     let in_flight =
         tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &body).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    sim.wait_in_flight(1).await;
     let status = tokio::task::spawn_blocking(move || {
         let s = proxy.proc.terminate(Duration::from_secs(10));
         (s, proxy)

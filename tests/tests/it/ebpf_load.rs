@@ -29,7 +29,7 @@ fn embedded() -> &'static [u8] {
 
 #[test]
 fn the_object_build_ebpf_wrote_is_embedded_and_loads_under_the_verifier() {
-    if !bpf_or_skip("the_object_build_ebpf_wrote_is_embedded_and_loads_under_the_verifier") {
+    if !bpf_or_skip() {
         return;
     }
     let path = built_object();
@@ -68,7 +68,7 @@ fn with_broken_program(object: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_refused_program_reports_the_verifier_log_and_the_fix() {
-    if !bpf_or_skip("a_refused_program_reports_the_verifier_log_and_the_fix") {
+    if !bpf_or_skip() {
         return;
     }
     let broken = with_broken_program(embedded());
@@ -112,7 +112,7 @@ fn serve_as(uid: u32, dir: &Path) -> std::process::Output {
 
 #[test]
 fn without_privilege_the_error_names_the_capabilities() {
-    if !bpf_or_skip("without_privilege_the_error_names_the_capabilities") {
+    if !bpf_or_skip() {
         return;
     }
     let dir = TempDir::new("ebpf-unprivileged");

@@ -401,6 +401,7 @@ async fn a_slow_header_is_cut_off_at_the_header_read_timeout() {
             if start.elapsed() > Duration::from_secs(15) {
                 break;
             }
+            // The pace is the point (a byte per 100 ms), not a wait for a condition.
             std::thread::sleep(Duration::from_millis(100));
         }
         (start.elapsed(), String::from_utf8_lossy(&got).into_owned())
@@ -433,8 +434,8 @@ async fn connections_past_the_limit_get_503_with_retry_after() {
     let held: Vec<std::net::TcpStream> = (0..4)
         .map(|_| std::net::TcpStream::connect(proxy.addr).unwrap())
         .collect();
-    // Let the proxy accept them all.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // No wait for the proxy to take them: it accepts in the order the kernel queued the
+    // connections, counting each as it accepts it, and these four connected before the next.
     let r = exchange(proxy.addr, chat(&[], &ok_body()))
         .await
         .unwrap()
@@ -444,6 +445,21 @@ async fn connections_past_the_limit_get_503_with_retry_after() {
     let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(j["error"]["code"], "too_many_connections");
     drop(held);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The slots free once the proxy sees the closes: until then a new client still gets 503.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = exchange(proxy.addr, chat(&[], &ok_body()))
+            .await
+            .unwrap()
+            .expect("an answer");
+        if r.status != 503 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still 503 10 s after the held connections closed"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     still_serves(&mut proxy, "the connection limit").await;
 }

@@ -31,8 +31,8 @@ fn workspace() -> PathBuf {
 }
 
 /// The interpreter with kubernetes_validate and jsonschema: FLEXINFER_PYTHON, else the venv
-/// `cargo xtask test` falls back to, else python3. `None` (skip) only outside CI.
-fn python(test: &str) -> Option<PathBuf> {
+/// `cargo xtask test` falls back to, else python3. `None` (a recorded skip) only outside CI.
+fn python() -> Option<PathBuf> {
     let venv = xtask::paths::target_dir().join("tools/python/bin/python3");
     let candidates: Vec<PathBuf> = std::env::var_os("FLEXINFER_PYTHON")
         .map(PathBuf::from)
@@ -51,9 +51,14 @@ fn python(test: &str) -> Option<PathBuf> {
         }
     }
     if std::env::var_os("CI").is_some() {
-        panic!("{test}: kubernetes-validate is not installed (pip install kubernetes-validate) and CI is set");
+        panic!(
+            "{}: kubernetes-validate is not installed (pip install kubernetes-validate) and CI is set",
+            flexinfer_tests::running_test()
+        );
     }
-    eprintln!("SKIP {test}: kubernetes-validate is not installed (pip install kubernetes-validate; set CI to fail instead)");
+    flexinfer_tests::skip(
+        "kubernetes-validate is not installed (pip install kubernetes-validate; set CI to fail instead)",
+    );
     None
 }
 
@@ -152,8 +157,7 @@ fn builtin_documents(path: &Path) -> String {
 
 #[test]
 fn every_manifest_validates_strictly_on_the_oldest_and_newest_supported_kubernetes() {
-    let test = "every_manifest_validates_strictly_on_the_oldest_and_newest_supported_kubernetes";
-    let Some(python) = python(test) else { return };
+    let Some(python) = python() else { return };
     let dir = TempDir::new("manifests");
     let files = manifests(&dir);
     let documents: usize = files.iter().map(|m| m.resources.len()).sum();
@@ -183,8 +187,7 @@ fn every_manifest_validates_strictly_on_the_oldest_and_newest_supported_kubernet
 
 #[test]
 fn the_validator_rejects_unknown_fields_and_wrong_types() {
-    let test = "the_validator_rejects_unknown_fields_and_wrong_types";
-    let Some(python) = python(test) else { return };
+    let Some(python) = python() else { return };
     let dir = TempDir::new("manifests-bad");
     let text = render(
         &chart_dir(),
@@ -542,7 +545,7 @@ fn values_schema() -> Value {
 
 #[test]
 fn values_schema_accepts_the_defaults_and_every_variant() {
-    let Some(python) = python("values_schema_accepts_the_defaults_and_every_variant") else {
+    let Some(python) = python() else {
         return;
     };
     let instances: Vec<Value> = variants()
@@ -561,7 +564,7 @@ fn values_schema_accepts_the_defaults_and_every_variant() {
 
 #[test]
 fn values_schema_rejects_mistyped_values() {
-    let Some(python) = python("values_schema_rejects_mistyped_values") else {
+    let Some(python) = python() else {
         return;
     };
     let cases = [
@@ -637,7 +640,7 @@ fn values_schema_rejects_mistyped_values() {
 
 #[test]
 fn the_schema_durations_are_the_ones_the_proxy_parses() {
-    let Some(python) = python("the_schema_durations_are_the_ones_the_proxy_parses") else {
+    let Some(python) = python() else {
         return;
     };
     let samples = [

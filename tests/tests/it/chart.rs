@@ -79,7 +79,8 @@ fn default_render_lints_clean() {
                 "yamllint warnings:\n{report}\n{text}"
             ),
             None => {
-                eprintln!("yamllint not installed; lint skipped (set CI to make this an error)")
+                flexinfer_tests::skip("yamllint not installed (set CI to make this an error)");
+                return;
             }
         }
     }

@@ -310,7 +310,9 @@ async fn removing_a_pod_moves_only_that_pods_keys() {
         .unwrap()
         .pod();
     proxy
-        .rewrite_config(&ModelsFile::new().model(ModelEntry::new("chat").routing("fastest")))
+        .rewrite_config_refused(
+            &ModelsFile::new().model(ModelEntry::new("chat").routing("fastest")),
+        )
         .await;
     let r = post(proxy.addr, "/v1/chat/completions", &key0, &body)
         .await

@@ -66,7 +66,7 @@ const SETTLE: Duration = Duration::from_secs(3);
 
 #[test]
 fn counts_connections_to_tracked_pods_only() {
-    if !bpf_or_skip("counts_connections_to_tracked_pods_only") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -133,7 +133,7 @@ fn counts_connections_to_tracked_pods_only() {
 
 #[test]
 fn reopening_pins_continues_counts_without_double_attach() {
-    if !bpf_or_skip("reopening_pins_continues_counts_without_double_attach") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -167,7 +167,7 @@ fn reopening_pins_continues_counts_without_double_attach() {
 
 #[test]
 fn two_processes_share_one_pinned_set() {
-    if !bpf_or_skip("two_processes_share_one_pinned_set") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -201,7 +201,7 @@ fn two_processes_share_one_pinned_set() {
 
 #[test]
 fn sigkilled_holder_leaves_no_phantom_load() {
-    if !bpf_or_skip("sigkilled_holder_leaves_no_phantom_load") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -241,7 +241,9 @@ fn open_without_bpffs_fails_with_a_clear_error() {
             );
         }
         Err(EbpfError::NotEmbedded) if !ebpf_required() => {
-            eprintln!("SKIP open_without_bpffs_fails_with_a_clear_error: eBPF object not embedded");
+            flexinfer_tests::skip(
+                "this build embeds no eBPF object (run `cargo xtask build-ebpf`)",
+            );
         }
         Err(e) => panic!("expected NoBpffs, got {e:?}"),
         Ok(_) => panic!("open succeeded on a directory that is not bpffs"),
@@ -250,7 +252,7 @@ fn open_without_bpffs_fails_with_a_clear_error() {
 
 #[test]
 fn detach_removes_pins_and_the_attachment() {
-    if !bpf_or_skip("detach_removes_pins_and_the_attachment") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -274,7 +276,7 @@ fn detach_removes_pins_and_the_attachment() {
 
 #[test]
 fn detach_also_removes_the_pins_of_earlier_layouts() {
-    if !bpf_or_skip("detach_also_removes_the_pins_of_earlier_layouts") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -312,7 +314,7 @@ fn detach_also_removes_the_pins_of_earlier_layouts() {
 /// created under its versioned directory, and exactly one program stays attached.
 #[test]
 fn an_earlier_layout_is_replaced_in_place() {
-    if !bpf_or_skip("an_earlier_layout_is_replaced_in_place") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -367,7 +369,7 @@ fn an_earlier_layout_is_replaced_in_place() {
 
 #[test]
 fn every_test_cleans_up_after_itself() {
-    if !bpf_or_skip("every_test_cleans_up_after_itself") {
+    if !bpf_or_skip() {
         return;
     }
     let path;
@@ -388,7 +390,7 @@ fn every_test_cleans_up_after_itself() {
 
 #[test]
 fn ipv6_and_v4_mapped_pods_are_counted() {
-    if !bpf_or_skip("ipv6_and_v4_mapped_pods_are_counted") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -412,7 +414,7 @@ fn ipv6_and_v4_mapped_pods_are_counted() {
 
 #[test]
 fn a_cgroup_that_is_not_cgroup2_is_refused_and_leaves_nothing_pinned() {
-    if !bpf_or_skip("a_cgroup_that_is_not_cgroup2_is_refused_and_leaves_nothing_pinned") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -431,7 +433,7 @@ fn a_cgroup_that_is_not_cgroup2_is_refused_and_leaves_nothing_pinned() {
     }
     assert_nothing_left(&pins.opts.pin_dir);
     // The next open (with a real cgroup) starts clean and works. (A refused program, which
-    // fails after maps were made, leaves nothing either: tests/tests/ebpf_load.rs.)
+    // fails after maps were made, leaves nothing either: tests/tests/it/ebpf_load.rs.)
     pins.opts.cgroup = Some(cg.path().to_path_buf());
     let gauge = open(&pins.opts);
     assert!(gauge.created());
@@ -464,7 +466,7 @@ fn probe(pins: &TestPins, cg: &Cgroup, pods: &[SocketAddr]) -> String {
 
 #[test]
 fn a_second_process_sees_the_same_load() {
-    if !bpf_or_skip("a_second_process_sees_the_same_load") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();
@@ -484,7 +486,7 @@ fn a_second_process_sees_the_same_load() {
 
 #[test]
 fn processes_starting_together_attach_once() {
-    if !bpf_or_skip("processes_starting_together_attach_once") {
+    if !bpf_or_skip() {
         return;
     }
     let cg = test_cgroup();

@@ -39,7 +39,7 @@ async fn ask(proxy: &Proxy, model: &str, i: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sequential_requests_reuse_pooled_connections_and_the_gauge_returns_to_zero() {
-    if !bpf_or_skip("sequential_requests_reuse_pooled_connections_and_the_gauge_returns_to_zero") {
+    if !bpf_or_skip() {
         return;
     }
     let dir = TempDir::new("ebpf-pool");
@@ -85,7 +85,7 @@ async fn sequential_requests_reuse_pooled_connections_and_the_gauge_returns_to_z
 
 #[tokio::test(flavor = "multi_thread")]
 async fn another_proxys_requests_count_here_while_they_run_and_leave_when_they_end() {
-    if !bpf_or_skip("another_proxys_requests_count_here_while_they_run_and_leave_when_they_end") {
+    if !bpf_or_skip() {
         return;
     }
     let dir = TempDir::new("ebpf-node");
@@ -194,7 +194,7 @@ impl Lcg {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_at_any_moment_leaves_no_phantom_load_over_100_rounds() {
-    if !bpf_or_skip("sigkill_at_any_moment_leaves_no_phantom_load_over_100_rounds") {
+    if !bpf_or_skip() {
         return;
     }
     let dir = TempDir::new("ebpf-kill-loop");
@@ -241,6 +241,7 @@ async fn sigkill_at_any_moment_leaves_no_phantom_load_over_100_rounds() {
                 })
             })
             .collect();
+        // A random moment to SIGKILL at is the point of the loop, not a wait for a condition.
         tokio::time::sleep(Duration::from_millis(20 + rng.next(180))).await;
         let busy: u64 = kernel_pods(&pins).iter().map(|p| p.in_flight).sum();
         proxy.proc.kill().expect("SIGKILL the proxy");
@@ -277,7 +278,7 @@ async fn sigkill_at_any_moment_leaves_no_phantom_load_over_100_rounds() {
 /// past a failing pod and one cut off mid-stream each leave the kernel's count at 0.
 #[tokio::test(flavor = "multi_thread")]
 async fn timeouts_retries_and_ejection_leave_no_phantom_load() {
-    if !bpf_or_skip("timeouts_retries_and_ejection_leave_no_phantom_load") {
+    if !bpf_or_skip() {
         return;
     }
     use flexinfer_tests::backends::{fixed_status, hanging};

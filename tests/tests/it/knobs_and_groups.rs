@@ -142,12 +142,22 @@ async fn the_spec_debug_lines_are_logged() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let log = proxy.proc.log_text();
     let pod_line = format!(
         "routing to pod model=my-model strategy=prefix target={} key_source=explicit-header",
         sim.addr
     );
+    // The lines are written as the requests are routed, but reach the log file through the
+    // proxy's writer: wait until the second one is there (or 5 s passed) before reading.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !proxy
+        .proc
+        .log_text()
+        .contains("routing fallback to service")
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let log = proxy.proc.log_text();
     assert!(log.contains(&pod_line), "missing {pod_line:?} in\n{log}");
     assert!(
         log.contains("routing fallback to service model=my-model strategy=prefix key_source=none"),

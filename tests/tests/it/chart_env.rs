@@ -2,12 +2,13 @@
 //! `$(VAR)` references) and parsed by the proxy's own `serve` argument parser: every value the
 //! chart can render is one the proxy accepts and means what the values file says.
 //!
-//! One test in its own binary, because it sets process environment variables.
+//! The environment goes to the parser as a map, not through the process environment (which the
+//! other tests of this binary share): see [`parse_serve_env`].
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use flexinfer_tests::chart::{chart_dir, documents, render};
 use routing_userspace::config::ServeArgs;
 use serde_json::{json, Value};
@@ -16,6 +17,28 @@ use serde_json::{json, Value};
 struct Serve {
     #[command(flatten)]
     args: ServeArgs,
+}
+
+/// `serve`'s own parser (its flags, value parsers and defaults) reading `env` as the process
+/// environment. clap reads an argument's variable when the command is built and feeds its
+/// value to the argument exactly as it feeds a default (one raw value through the argument's
+/// value parser), so each argument's variable is dropped and the map's value, if any, becomes
+/// its default. The process environment is never read: nothing set outside the test leaks in.
+fn parse_serve_env(env: &HashMap<String, String>) -> Result<ServeArgs, clap::Error> {
+    let cmd = Serve::command().mut_args(|arg| {
+        let value = arg
+            .get_env()
+            .and_then(|name| env.get(name.to_str()?))
+            .cloned();
+        let arg = arg.env(None::<&'static str>);
+        match value {
+            // clap keeps defaults as `'static` text; a test parses a handful of them.
+            Some(v) => arg.default_value(&*String::leak(v)),
+            None => arg,
+        }
+    });
+    let matches = cmd.try_get_matches_from(["serve"])?;
+    Serve::from_arg_matches(&matches).map(|s| s.args)
 }
 
 /// The proxy container's env as the kubelet hands it to the process.
@@ -65,19 +88,8 @@ fn parse(overrides: Value, pod_ip: &str) -> ServeArgs {
     )
     .unwrap();
     let env = kubelet_env(&documents(&text).unwrap(), pod_ip);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FLEXINFER_PROXY_") || k.starts_with("PROXY_") {
-            std::env::remove_var(k);
-        }
-    }
-    for (k, v) in &env {
-        std::env::set_var(k, v);
-    }
-    let parsed = Serve::try_parse_from(["serve"]).unwrap_or_else(|e| panic!("{env:#?}\n{e}"));
-    for (k, _) in &env {
-        std::env::remove_var(k);
-    }
-    parsed.args
+    let map: HashMap<String, String> = env.iter().cloned().collect();
+    parse_serve_env(&map).unwrap_or_else(|e| panic!("{env:#?}\n{e}"))
 }
 
 #[test]
@@ -156,4 +168,30 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
     assert_eq!(a.resilience.max_ejected_share, 0.25);
     assert_eq!(a.shutdown_delay.0, Duration::ZERO);
     assert_eq!(a.drain_timeout.0, Duration::from_secs(120));
+}
+
+#[test]
+fn the_env_map_reaches_serve_as_its_environment_would() {
+    let env = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let a = parse_serve_env(&env(&[
+        ("FLEXINFER_PROXY_LISTEN", "127.0.0.1:18080"),
+        ("FLEXINFER_PROXY_REQUIRE_EBPF", "true"),
+        ("FLEXINFER_PROXY_CONNECT_TIMEOUT", "750ms"),
+    ]))
+    .unwrap();
+    assert_eq!(a.listen.to_string(), "127.0.0.1:18080");
+    assert!(a.ebpf.require_ebpf);
+    assert_eq!(a.connect_timeout.0, Duration::from_millis(750));
+    // An empty map is the defaults, whatever this process's own environment holds.
+    let d = parse_serve_env(&HashMap::new()).unwrap();
+    assert_eq!(d.listen.to_string(), "0.0.0.0:8080");
+    assert!(!d.ebpf.require_ebpf);
+    // A bad value is refused as the proxy refuses it at start.
+    let bad = parse_serve_env(&env(&[("FLEXINFER_PROXY_CONNECT_TIMEOUT", "soon")]));
+    assert!(bad.is_err(), "{:?}", bad.map(|a| a.connect_timeout));
 }

@@ -87,9 +87,7 @@ fn write_models(dir: &TempDir, yaml: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_image_serves_with_ebpf_on_and_routes_as_the_daemonset_runs_it() {
-    let Some(engine) =
-        podman_or_skip("the_image_serves_with_ebpf_on_and_routes_as_the_daemonset_runs_it")
-    else {
+    let Some(engine) = podman_or_skip() else {
         return;
     };
     let image = test_image(&engine);
@@ -221,9 +219,7 @@ async fn the_image_serves_with_ebpf_on_and_routes_as_the_daemonset_runs_it() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_pods_on_one_node_share_the_load_and_a_sigkilled_pod_leaves_none() {
-    let Some(engine) =
-        podman_or_skip("two_pods_on_one_node_share_the_load_and_a_sigkilled_pod_leaves_none")
-    else {
+    let Some(engine) = podman_or_skip() else {
         return;
     };
     let image = test_image(&engine);
@@ -300,9 +296,7 @@ async fn two_pods_on_one_node_share_the_load_and_a_sigkilled_pod_leaves_none() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_drains_the_request_in_flight_and_exits_within_the_grace_period() {
-    let Some(engine) =
-        podman_or_skip("sigterm_drains_the_request_in_flight_and_exits_within_the_grace_period")
-    else {
+    let Some(engine) = podman_or_skip() else {
         return;
     };
     let image = test_image(&engine);

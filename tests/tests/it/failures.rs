@@ -119,7 +119,14 @@ async fn one_pod_of_two_answering_503_is_retried_then_ejected() {
 
     // After the cool-down real traffic probes it: one more failure ejects it again, for
     // twice as long.
-    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pod_view(&proxy, "chat", bad.addr).await["ejected"].is_null() {
+        assert!(
+            Instant::now() < deadline,
+            "still ejected 10 s into a 2 s cool-down"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let before = bad.requests();
     let mut i = 100;
     while bad.requests() == before {
@@ -249,7 +256,7 @@ async fn sigterm_turns_readyz_503_then_the_stream_completes_and_the_proxy_exits(
     assert_eq!(get(admin, "/readyz").await.unwrap().status, 200);
     // About two seconds of streamed generation, in flight at SIGTERM.
     let stream = tokio::spawn(stream_text(addr, "chat", 20));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    sim.wait_in_flight(1).await;
     let pid = proxy.proc.pid() as i32;
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     // Not ready at once, while still serving: endpoints drop the pod before it stops.
@@ -290,7 +297,7 @@ async fn a_stream_still_running_at_the_drain_timeout_ends_with_an_error_event() 
     let proxy = start_proxy(&models, &flags, &[], dir.path()).await;
     // Ten seconds of generation: far past the drain timeout.
     let stream = tokio::spawn(stream_text(proxy.addr, "chat", 100));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    sim.wait_in_flight(1).await;
     assert_eq!(
         unsafe { libc::kill(proxy.proc.pid() as i32, libc::SIGTERM) },
         0

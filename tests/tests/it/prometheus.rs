@@ -19,8 +19,9 @@ const DOCS: [(&str, &str); 3] = [
 /// Requests per phase, one every `SPACING`: ten seconds of traffic, ten scrapes.
 const REQUESTS: usize = 40;
 const SPACING: Duration = Duration::from_millis(250);
-/// After a phase, long enough for two more scrapes to see its last requests.
-const SETTLE: Duration = Duration::from_millis(2500);
+/// Scrapes after a phase's last request before its window closes: the first one sees the last
+/// requests, the second puts that sample inside the window whatever the scrape's offset.
+const SETTLE_SCRAPES: usize = 2;
 
 fn body(doc: &str) -> String {
     chat_body(
@@ -48,6 +49,7 @@ impl Phase {
 
 async fn run_phase(
     proxy: &Proxy,
+    prom: &Prometheus,
     name: &'static str,
     header: impl Fn(usize) -> Option<String>,
 ) -> Phase {
@@ -76,7 +78,7 @@ async fn run_phase(
             }
         }
     }
-    tokio::time::sleep(SETTLE).await;
+    prom.wait_scrapes_since(unix_now(), SETTLE_SCRAPES).await;
     Phase {
         name,
         start,
@@ -146,9 +148,7 @@ async fn signals(prom: &Prometheus, queries: &[SpecQuery], phase: &Phase) -> Sig
 
 #[tokio::test(flavor = "multi_thread")]
 async fn chat_with_doc_phases_show_the_expected_signals_in_prometheus() {
-    let Some(bin) =
-        prometheus_bin_or_skip("chat_with_doc_phases_show_the_expected_signals_in_prometheus")
-    else {
+    let Some(bin) = prometheus_bin_or_skip() else {
         return;
     };
     let began = Instant::now();
@@ -177,18 +177,19 @@ async fn chat_with_doc_phases_show_the_expected_signals_in_prometheus() {
             .endpoints(pods.iter().map(|p| p.addr)),
     );
     let proxy = start_proxy(&yaml, &[], &[], dir.path()).await;
+    let before = unix_now();
     let prom = Prometheus::start(&bin, proxy.admin, dir.path()).await;
-    // One scrape of the idle proxy first, so every pre-touched series starts at zero.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Scrapes of the idle proxy first, so every pre-touched series starts at zero.
+    prom.wait_scrapes_since(before, 2).await;
 
-    let p1 = run_phase(&proxy, "explicit-stable", |i| {
+    let p1 = run_phase(&proxy, &prom, "explicit-stable", |i| {
         Some(DOCS[i % DOCS.len()].0.to_string())
     })
     .await;
     let s1 = signals(&prom, &queries, &p1).await;
-    let p2 = run_phase(&proxy, "canonical-context", |_| None).await;
+    let p2 = run_phase(&proxy, &prom, "canonical-context", |_| None).await;
     let s2 = signals(&prom, &queries, &p2).await;
-    let p3 = run_phase(&proxy, "malformed-key", |i| {
+    let p3 = run_phase(&proxy, &prom, "malformed-key", |i| {
         Some(format!("bad key with spaces {i}"))
     })
     .await;

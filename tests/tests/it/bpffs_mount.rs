@@ -38,7 +38,7 @@ fn unmount_all(dir: &Path) {
 
 #[test]
 fn concurrent_starts_mount_bpffs_exactly_once() {
-    if !bpf_or_skip("concurrent_starts_mount_bpffs_exactly_once") {
+    if !bpf_or_skip() {
         return;
     }
     for round in 0..5 {

@@ -63,7 +63,7 @@ async fn pods_of(proxy: &Proxy, n: usize) -> HashMap<String, usize> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_proxy_sees_the_first_ones_connections() {
-    if !bpf_or_skip("a_second_proxy_sees_the_first_ones_connections") {
+    if !bpf_or_skip() {
         return;
     }
     let dir = TempDir::new("ebpf-two");
@@ -133,7 +133,7 @@ async fn a_second_proxy_sees_the_first_ones_connections() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_pins() {
-    if !bpf_or_skip("a_sigkilled_proxy_leaves_no_phantom_load_and_a_restart_counts_from_the_pins") {
+    if !bpf_or_skip() {
         return;
     }
     let dir = TempDir::new("ebpf-kill");
@@ -267,9 +267,7 @@ async fn without_bpf_the_proxy_serves_on_the_userspace_gauge() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_when_requests_start() {
-    if !bpf_or_skip(
-        "on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_when_requests_start",
-    ) {
+    if !bpf_or_skip() {
         return;
     }
     let dir = TempDir::new("ebpf-burst");
@@ -334,7 +332,7 @@ fn serve_cmd(pins: &TestPins, config: &std::path::Path, listen: &str) -> std::pr
 
 #[test]
 fn a_proxy_that_cannot_start_leaves_the_node_untouched() {
-    if !bpf_or_skip("a_proxy_that_cannot_start_leaves_the_node_untouched") {
+    if !bpf_or_skip() {
         return;
     }
     let dir = TempDir::new("ebpf-no-start");
