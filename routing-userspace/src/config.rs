@@ -151,6 +151,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub ebpf: EbpfArgs,
 
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
+
     /// Cap on distinct keys tracked exactly per (model, strategy, key_source) series.
     #[arg(
         long,
@@ -435,6 +438,52 @@ impl EbpfArgs {
             bpffs: self.bpffs.clone(),
         }
     }
+}
+
+/// Admission (see `crate::admission`): the proxy-wide defaults of every model's queue, and
+/// when a pod counts as full from its engine's reports. Models set their own `maxConcurrency`,
+/// `queue.*` and token budget; the values are validated by `crate::admission::settings`.
+#[derive(Debug, Clone, Args)]
+pub struct AdmissionArgs {
+    /// Requests a model's queue holds while its pods are full (models: `queue.maxSize`); past
+    /// it, 429 queue_full. 0: no queue.
+    #[arg(long, env = "FLEXINFER_PROXY_QUEUE_MAX_SIZE", default_value_t = 1_000,
+          value_parser = |s: &str| crate::admission::settings::parse_queue_max_size(s))]
+    pub queue_max_size: u32,
+
+    /// Longest wait in a model's queue before 429 queue_timeout (models: `queue.timeout`).
+    #[arg(long, env = "FLEXINFER_PROXY_QUEUE_TIMEOUT", default_value = "30s",
+          value_parser = |s: &str| crate::admission::settings::parse_queue_timeout(s))]
+    pub queue_timeout: Duration,
+
+    /// Longest wait of a sheddable request (negative x-flexinfer-priority), at most
+    /// --queue-timeout (models: `queue.sheddableTimeout`).
+    #[arg(long, env = "FLEXINFER_PROXY_QUEUE_SHEDDABLE_TIMEOUT", default_value = "5s",
+          value_parser = |s: &str| crate::admission::settings::parse_queue_timeout(s))]
+    pub queue_sheddable_timeout: Duration,
+
+    /// A pod whose fresh engine report shows more waiting requests than this is full; "off"
+    /// ignores the waiting count.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_FULL_WHEN_WAITING_ABOVE",
+        default_value = "0"
+    )]
+    pub full_when_waiting_above: crate::admission::Above<u64>,
+
+    /// A pod whose fresh engine report shows KV-cache use above this share (0 to 1) is full;
+    /// "off" ignores it.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_FULL_WHEN_KV_USAGE_ABOVE",
+        default_value = "0.95"
+    )]
+    pub full_when_kv_usage_above: crate::admission::Above<f64>,
+
+    /// Tenants with their own `tenant` label on flexinfer_proxy_tokens_charged_total per
+    /// model; later ones count as "other".
+    #[arg(long, env = "FLEXINFER_PROXY_TENANT_METRIC_CAP", default_value_t = 100)]
+    pub tenant_metric_cap: usize,
 }
 
 /// Validated routing knobs.
