@@ -104,6 +104,10 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
     assert_eq!(a.resilience.max_ejected_share, 0.5);
     assert_eq!(a.shutdown_delay, Duration::from_secs(5));
     assert_eq!(a.drain_timeout, Duration::from_secs(30));
+    assert_eq!(
+        a.admission.settings(),
+        routing_userspace::admission::AdmissionDefaults::default()
+    );
 
     // The grace period outlasts the shutdown delay plus the drain, or the kubelet's SIGKILL
     // would cut streams that were still draining.
@@ -132,6 +136,9 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
                            "ejectAfterFailures": 0, "ejectBaseTime": "30s",
                            "maxEjectedShare": 0.25},
             "shutdown": {"delay": "0", "drain": "2m"},
+            "admission": {"queueMaxSize": 0, "queueTimeout": "1m", "queueSheddableTimeout": "2s",
+                          "fullWhenWaitingAbove": "off", "fullWhenKvUsageAbove": 0.9,
+                          "tenantMetricCap": 7},
         }}),
         "10.1.2.3",
     );
@@ -154,4 +161,11 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
     assert_eq!(a.resilience.max_ejected_share, 0.25);
     assert_eq!(a.shutdown_delay, Duration::ZERO);
     assert_eq!(a.drain_timeout, Duration::from_secs(120));
+    let adm = a.admission.settings();
+    assert_eq!(adm.queue_max_size, 0);
+    assert_eq!(adm.queue_timeout, Duration::from_secs(60));
+    assert_eq!(adm.sheddable_timeout, Duration::from_secs(2));
+    assert_eq!(adm.full_when.waiting_above.0, None);
+    assert_eq!(adm.full_when.kv_usage_above.0, Some(0.9));
+    assert_eq!(adm.tenant_label_cap, 7);
 }

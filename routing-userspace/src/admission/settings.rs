@@ -115,23 +115,27 @@ impl AdmissionDefaults {
     pub fn describe(&self, own: &ModelAdmission) -> [(&'static str, String); 3] {
         let s = self.settings(own);
         let from = |own: bool| if own { "this model" } else { "proxy" };
-        let limit = match own.max_concurrency {
-            Some(n) => format!("{n} requests in flight (this model)"),
-            None => "no concurrency limit".to_owned(),
-        };
         let fw = self.full_when;
-        let engine = match (fw.waiting_above.0, fw.kv_usage_above.0) {
-            (None, None) => "engine reports ignored".to_owned(),
-            (w, kv) => {
-                let mut parts = Vec::new();
-                if let Some(n) = w {
-                    parts.push(format!("more than {n} waiting"));
-                }
-                if let Some(x) = kv {
-                    parts.push(format!("KV cache above {x}"));
-                }
-                format!("a fresh engine report with {} (proxy)", parts.join(" or "))
+        let mut signals = Vec::new();
+        if let Some(n) = fw.waiting_above.0 {
+            signals.push(format!("more than {n} waiting"));
+        }
+        if let Some(x) = fw.kv_usage_above.0 {
+            signals.push(format!("KV cache above {x}"));
+        }
+        let engine = (!signals.is_empty()).then(|| {
+            format!(
+                "a fresh engine report with {} (proxy)",
+                signals.join(" or ")
+            )
+        });
+        let full = match (own.max_concurrency, engine) {
+            (Some(n), Some(e)) => format!("{n} requests in flight (this model), or {e}"),
+            (Some(n), None) => {
+                format!("{n} requests in flight (this model); engine reports ignored (proxy)")
             }
+            (None, Some(e)) => format!("{e}; no concurrency limit"),
+            (None, None) => "never: no concurrency limit, engine reports ignored (proxy)".into(),
         };
         let queue = if s.max_size == 0 {
             format!(
@@ -157,7 +161,7 @@ impl AdmissionDefaults {
             None => "none".to_owned(),
         };
         [
-            ("pods full at", format!("{limit}; or {engine}")),
+            ("pods full at", full),
             ("queue", queue),
             ("token budget", budget),
         ]
@@ -340,7 +344,7 @@ mod tests {
         let lines = d.describe(&ModelAdmission::default());
         assert_eq!(
             lines[0].1,
-            "no concurrency limit; or a fresh engine report with more than 0 waiting or KV cache above 0.95 (proxy)"
+            "a fresh engine report with more than 0 waiting or KV cache above 0.95 (proxy); no concurrency limit"
         );
         assert_eq!(
             lines[1].1,

@@ -15,8 +15,9 @@ use clap::Args;
 
 use super::file::{parse, ParseError};
 use super::{ModelSet, ModelSpec, Strategy, Update};
+use crate::admission::AdmissionDefaults;
 use crate::balance::bounded::HashBalance;
-use crate::config::{HashBalanceArgs, DEFAULT_HASH_BALANCE};
+use crate::config::{AdmissionArgs, HashBalanceArgs, DEFAULT_HASH_BALANCE};
 use crate::vocab::LabelGroupMode;
 
 /// `flexinfer-proxy config check` options.
@@ -35,6 +36,10 @@ pub struct CheckArgs {
 
     #[command(flatten)]
     pub hash_balance: HashBalanceArgs,
+
+    /// The admission defaults `serve` will run with (shown per model).
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
 }
 
 /// A file that does not pass: `FILE:LINE:COLUMN: message`.
@@ -63,21 +68,29 @@ fn located(path: &Path, e: &ParseError) -> String {
 
 /// Check `text` (read from `path`) and describe it; `Err` when the proxy would refuse it.
 pub fn check(path: &Path, text: &str, group_mode: &str) -> Result<String, CheckError> {
-    check_with(path, text, group_mode, DEFAULT_HASH_BALANCE)
+    check_with(
+        path,
+        text,
+        group_mode,
+        DEFAULT_HASH_BALANCE,
+        &AdmissionDefaults::default(),
+    )
 }
 
-/// [`check`], describing hash balance as a proxy with `balance` would run it.
+/// [`check`], describing hash balance and admission as a proxy with `balance` and
+/// `admission` would run them.
 pub fn check_with(
     path: &Path,
     text: &str,
     group_mode: &str,
     balance: HashBalance,
+    admission: &AdmissionDefaults,
 ) -> Result<String, CheckError> {
     let models = parse(text).map_err(|error| CheckError {
         path: path.to_owned(),
         error,
     })?;
-    Ok(describe(path, models, group_mode, balance))
+    Ok(describe(path, models, group_mode, balance, admission))
 }
 
 /// The proxy's hash balance from the command line, as `serve` validates it (a bad value is the
@@ -97,6 +110,7 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
         &text,
         &args.label_group_routing,
         balance_of(args),
+        &args.admission.settings(),
     ) {
         Ok(report) => {
             print!("{report}");
@@ -109,7 +123,13 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
     }
 }
 
-fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str, balance: HashBalance) -> String {
+fn describe(
+    path: &Path,
+    models: Vec<ModelSpec>,
+    group_mode: &str,
+    balance: HashBalance,
+    admission: &AdmissionDefaults,
+) -> String {
     let listed: BTreeMap<String, usize> = models
         .iter()
         .map(|m| (m.name.clone(), m.endpoints.len()))
@@ -179,6 +199,9 @@ fn describe(path: &Path, models: Vec<ModelSpec>, group_mode: &str, balance: Hash
                     if m.ready { "ready" } else { "not ready" }
                 ))
         );
+        for (label, text) in admission.describe(&m.admission) {
+            let _ = writeln!(out, "  {:<19}{text}", format!("{label}:"));
+        }
         if listed.get(&m.name).is_some_and(|&n| n > m.endpoints.len()) {
             warnings.push(format!(
                 "model {}: an endpoint is listed twice (routed once)",
@@ -408,6 +431,43 @@ models:
         }
         assert_eq!(report.matches("hash balance:").count(), 2, "{report}");
         assert!(report.contains("longest prompt-prefix match"), "{report}");
+    }
+
+    #[test]
+    fn admission_is_shown_with_where_each_value_comes_from() {
+        let report = run_check(
+            "models:\n  - name: a\n    maxConcurrency: 2\n    queue: {maxSize: 10, timeout: 5s}\n    tokensPerMinute: 6000\n    endpoints: [127.0.0.1:1]\n  - name: b\n    queue: {maxSize: 0}\n    endpoints: [127.0.0.1:2]\n",
+        )
+        .unwrap();
+        for line in [
+            "  pods full at:      2 requests in flight (this model), or a fresh engine report with more than 0 waiting or KV cache above 0.95 (proxy)",
+            "  queue:             up to 10 requests (this model), waiting 5s (this model), sheddable 5s (proxy)",
+            "  token budget:      6000 tokens a minute per tenant, burst 6000 (this model; per proxy)",
+            "  pods full at:      a fresh engine report with more than 0 waiting or KV cache above 0.95 (proxy); no concurrency limit",
+            "  queue:             none: a full model answers 429 queue_full at once (this model)",
+            "  token budget:      none",
+        ] {
+            assert!(report.lines().any(|l| l == line), "missing {line:?} in\n{report}");
+        }
+        // As serve would run with other flags.
+        let mut flags = AdmissionArgs::defaults();
+        flags.full_when_waiting_above = crate::admission::Above(None);
+        flags.full_when_kv_usage_above = crate::admission::Above(None);
+        flags.queue_timeout = std::time::Duration::from_secs(2);
+        let report = check_with(
+            Path::new("m.yaml"),
+            "models:\n  - name: c\n",
+            "round-robin",
+            DEFAULT_HASH_BALANCE,
+            &flags.settings(),
+        )
+        .unwrap();
+        for line in [
+            "  pods full at:      never: no concurrency limit, engine reports ignored (proxy)",
+            "  queue:             up to 1000 requests (proxy), waiting 2s (proxy), sheddable 2s (proxy)",
+        ] {
+            assert!(report.lines().any(|l| l == line), "missing {line:?} in\n{report}");
+        }
     }
 
     #[test]

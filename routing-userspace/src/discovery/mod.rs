@@ -11,6 +11,7 @@ pub mod kube;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+pub use crate::admission::ModelAdmission;
 pub use crate::balance::bounded::BalanceOverride;
 pub use crate::vocab::Strategy;
 
@@ -35,6 +36,9 @@ pub struct ModelSpec {
     /// The model's own hash-balance factor and floor (`hashBalanceFactor` / `hashBalanceFloor`,
     /// `flexinfer.ai/hash-balance-factor` / `-floor`); unset = the proxy's.
     pub hash_balance: BalanceOverride,
+    /// The model's own admission settings (`maxConcurrency`, `queue.*`, `tokensPerMinute`,
+    /// `tokenBurst`; unset = the proxy's).
+    pub admission: ModelAdmission,
 }
 
 impl ModelSpec {
@@ -50,11 +54,14 @@ impl ModelSpec {
             service: None,
             endpoints: Vec::new(),
             hash_balance: BalanceOverride::default(),
+            admission: ModelAdmission::default(),
         }
     }
 }
 
 /// One change from a discovery source.
+// One short-lived value per discovery event; boxing the spec would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Update {
     /// The complete set of models (a first sync or a relist). Marks discovery as synced.

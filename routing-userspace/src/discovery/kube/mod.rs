@@ -9,6 +9,7 @@
 //! - the first [`Update::Reset`] goes out once Models, Services and EndpointSlices have all been
 //!   listed; that is what readiness waits for. Broken watches relist without emptying the table.
 
+pub mod admission;
 pub mod crd;
 pub mod translate;
 pub mod watch;

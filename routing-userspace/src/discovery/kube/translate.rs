@@ -11,9 +11,10 @@ use k8s_openapi::api::discovery::v1::{EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
+use super::admission::admission_settings;
 use super::crd::Model;
 use crate::balance::bounded::{parse_factor, parse_floor};
-use crate::discovery::{BalanceOverride, ModelSpec, Strategy};
+use crate::discovery::{BalanceOverride, ModelAdmission, ModelSpec, Strategy};
 
 /// `flexinfer.ai/routing`: session-affinity | prefix | least-loaded | cache-aware; absent = default.
 pub const ROUTING_ANNOTATION: &str = "flexinfer.ai/routing";
@@ -42,6 +43,8 @@ pub struct ModelSettings {
     pub ready: bool,
     /// The hash-balance annotations (unset or invalid: the proxy's settings).
     pub hash_balance: BalanceOverride,
+    /// The admission spec fields and annotations (unset or invalid: the proxy's settings).
+    pub admission: ModelAdmission,
 }
 
 /// Reads a Model's annotations, labels, spec and status. Returns warnings for values it had to
@@ -66,6 +69,8 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
             .map(String::as_str),
     );
     warnings.extend(w);
+    let (admission, w) = admission_settings(&model.spec.admission(), annotations);
+    warnings.extend(w);
     let service_name =
         non_empty(annotations.get(SERVICE_NAME_ANNOTATION)).unwrap_or_else(|| model.name_any());
     let settings = ModelSettings {
@@ -76,6 +81,7 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
         service_name,
         ready: model.is_ready(),
         hash_balance,
+        admission,
     };
     (settings, warnings)
 }
@@ -249,6 +255,7 @@ pub fn translate<'a>(
         service: service.and_then(service_url),
         endpoints,
         hash_balance: settings.hash_balance,
+        admission: settings.admission,
     }
 }
 
@@ -353,6 +360,7 @@ mod tests {
                 service_name: "other-svc".into(),
                 ready: true,
                 hash_balance: BalanceOverride::default(),
+                admission: ModelAdmission::default(),
             }
         );
         assert_eq!(warnings.len(), 1, "{warnings:?}");
