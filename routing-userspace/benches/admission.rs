@@ -4,7 +4,9 @@
 //!   permit's drop (what every request pays once admission is wired in);
 //! - `admission/fast path with a token budget`: the same with a token bucket charged;
 //! - `admission/classify`: reading `x-flexinfer-priority` and `x-flexinfer-tenant`;
-//! - `admission/classify bearer`: the tenant from a hashed bearer token.
+//! - `admission/classify bearer`: the tenant from a hashed bearer token;
+//! - `admission/baseline *`: an uncontended mutex lock and unlock, and one histogram
+//!   observation, to read the numbers above against this machine's floor.
 //!
 //! `cargo xtask bench admission` (or `cargo bench -p routing-userspace --bench admission`).
 
@@ -16,13 +18,14 @@ use futures::FutureExt;
 use http::{HeaderMap, HeaderValue};
 
 use routing_userspace::admission::{
-    classify, AdmissionDefaults, AdmissionFamilies, Class, ModelAdmission, ModelGate, Room,
+    classify, AdmissionDefaults, AdmissionFamilies, Admitted, Class, ModelAdmission, ModelGate,
+    Room,
 };
 use routing_userspace::keys::KeyLimits;
 
 fn gate(own: &ModelAdmission) -> Arc<ModelGate> {
     let defaults = AdmissionDefaults::default();
-    let room: Arc<dyn Room> = Arc::new(|admitted: usize| admitted < 1_000_000);
+    let room: Arc<dyn Room> = Arc::new(|a: Admitted| a.starting < 1_000_000);
     ModelGate::new(
         Arc::from("bench-model"),
         defaults.settings(own),
@@ -79,6 +82,16 @@ fn fast_path(c: &mut Criterion) {
     );
     group.bench_function("classify bearer", |b| {
         b.iter(|| black_box(classify(black_box(&bearer), &KeyLimits::default())))
+    });
+    let mutex = std::sync::Mutex::new(0u64);
+    group.bench_function("baseline mutex", |b| {
+        b.iter(|| *black_box(&mutex).lock().unwrap() += 1)
+    });
+    let histogram = AdmissionFamilies::new()
+        .queue_wait_seconds
+        .with_label_values(&["bench-model"]);
+    group.bench_function("baseline histogram observe", |b| {
+        b.iter(|| histogram.observe(black_box(0.0)))
     });
     group.finish();
 }

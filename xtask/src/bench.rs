@@ -20,6 +20,8 @@ pub enum Group {
     Gauge,
     /// The per-request routing cost: body view, key extraction, decision.
     Route,
+    /// The admission cost when no queue forms: classify, admit and release a permit.
+    Admission,
     /// Proxy overhead on loopback: wrk against fast static upstreams directly and through
     /// nginx, haproxy, smg and flexinfer-proxy (userspace gauge, and default flags as root).
     /// Installs what it needs. Not criterion: see xtask/src/bench_overhead.rs.
@@ -36,6 +38,7 @@ pub fn run(args: &Bench) -> Result<()> {
         Group::RealLlm(r) => return crate::bench_real_llm::run(r),
         Group::Gauge => ("routing-userspace", "gauge_read"),
         Group::Route => ("routing-userspace", "route"),
+        Group::Admission => ("routing-userspace", "admission"),
     };
     // Both benches read the embedded object, so build it first.
     crate::ebpf::build(&crate::ebpf::BuildEbpf { release: true })?;

@@ -36,20 +36,30 @@ pub const RECHECK_EVERY: Duration = Duration::from_millis(20);
 /// Tenants listed per band in the view.
 const VIEW_TOP_TENANTS: usize = 10;
 
+/// What a gate has let in and not seen end, for the caller's room rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Admitted {
+    /// Live permits: requests admitted here that have not ended.
+    pub live: usize,
+    /// Of those, the ones whose permit was not yet marked [`AdmissionPermit::started`]:
+    /// admitted, but not yet counted by any load gauge or reservation (between admission and
+    /// the routing decision or the upstream request).
+    pub starting: usize,
+}
+
 /// Whether a model can take one more request now (the caller's rule: pods' loads against
 /// `maxConcurrency` and their engine reports, see [`super::FullWhen`]).
 ///
-/// `admitted` counts the permits this gate handed out that are still alive: requests admitted
-/// here that have not ended, including those not yet counted by any load gauge (between
-/// admission and the upstream request). It is called with the gate's lock held, so calls for
-/// one model never overlap and an answer is acted on before the next question; it must not
-/// call back into the gate.
+/// It is called with the gate's lock held, so calls for one model never overlap and an answer
+/// is acted on before the next question; it must not call back into the gate. A rule that
+/// counts free slots from load gauges should subtract `admitted.starting`, so that requests
+/// admitted a moment ago, not in the gauges yet, are not admitted twice over.
 pub trait Room: Send + Sync + 'static {
-    fn has_room(&self, admitted: usize) -> bool;
+    fn has_room(&self, admitted: Admitted) -> bool;
 }
 
-impl<F: Fn(usize) -> bool + Send + Sync + 'static> Room for F {
-    fn has_room(&self, admitted: usize) -> bool {
+impl<F: Fn(Admitted) -> bool + Send + Sync + 'static> Room for F {
+    fn has_room(&self, admitted: Admitted) -> bool {
         self(admitted)
     }
 }
@@ -91,6 +101,8 @@ pub struct ModelGate {
     state: Mutex<State>,
     /// Live permits.
     admitted: AtomicUsize,
+    /// Live permits not marked started.
+    starting: AtomicUsize,
     /// Mirrors the queue's length, so a permit's drop skips the lock when nobody waits.
     queued: AtomicUsize,
     metrics: GateMetrics,
@@ -139,6 +151,7 @@ impl ModelGate {
             model,
             max_buckets,
             admitted: AtomicUsize::new(0),
+            starting: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
             emptied: Notify::new(),
         })
@@ -148,9 +161,23 @@ impl ModelGate {
         &self.model
     }
 
-    /// Requests admitted here and not ended.
-    pub fn admitted(&self) -> usize {
-        self.admitted.load(Ordering::SeqCst)
+    /// Requests admitted here and not ended, and how many of them are not started.
+    pub fn admitted(&self) -> Admitted {
+        Admitted {
+            live: self.admitted.load(Ordering::SeqCst),
+            starting: self.starting.load(Ordering::SeqCst),
+        }
+    }
+
+    /// One more permit out (under the lock).
+    fn hand_out(&self) {
+        self.admitted.fetch_add(1, Ordering::SeqCst);
+        self.starting.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A permit's request is in the load gauges now.
+    pub(super) fn started(&self) {
+        self.starting.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Requests waiting.
@@ -222,7 +249,7 @@ impl ModelGate {
             Err(r) => return self.refuse(r),
         };
         if st.queue.is_empty() && st.room.has_room(self.admitted()) {
-            self.admitted.fetch_add(1, Ordering::SeqCst);
+            self.hand_out();
             drop(st);
             self.metrics.wait.observe(0.0);
             return Enter::Done(Ok(AdmissionPermit::new(
@@ -354,7 +381,7 @@ impl ModelGate {
                     };
                     (w.tx, Err(r))
                 } else {
-                    self.admitted.fetch_add(1, Ordering::SeqCst);
+                    self.hand_out();
                     let waited = now - q.enqueued;
                     self.metrics.wait.observe(waited.as_secs_f64());
                     (w.tx, Ok((w.tokens.take(), waited)))
@@ -376,8 +403,16 @@ impl ModelGate {
         }
     }
 
-    /// A permit ended (`dispatch`: let the next one in).
-    pub(super) fn release(self: &Arc<Self>, tokens: Option<TokenCharge>, dispatch: bool) {
+    /// A permit ended (`dispatch`: let the next one in; `started`: it was marked so).
+    pub(super) fn release(
+        self: &Arc<Self>,
+        tokens: Option<TokenCharge>,
+        started: bool,
+        dispatch: bool,
+    ) {
+        if !started {
+            self.starting.fetch_sub(1, Ordering::SeqCst);
+        }
         self.admitted.fetch_sub(1, Ordering::SeqCst);
         if let Some(t) = tokens {
             // Never corrected: the estimate stays charged.
@@ -495,7 +530,7 @@ impl ModelGate {
         GateView {
             model: self.model.to_string(),
             queued: st.queue.len(),
-            admitted: self.admitted(),
+            admitted: self.admitted().live,
             max_size: st.settings.max_size,
             timeout_ms: ms(st.settings.timeout),
             sheddable_timeout_ms: ms(st.settings.sheddable_timeout),

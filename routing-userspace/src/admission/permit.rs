@@ -13,6 +13,8 @@ pub struct AdmissionPermit {
     gate: Arc<ModelGate>,
     tokens: Option<TokenCharge>,
     waited: Duration,
+    /// Set by [`Self::started`].
+    started: bool,
     /// Set when the request never reached its client: the drop lets nobody in (the
     /// dispatcher that made it goes on by itself).
     abandoned: bool,
@@ -24,7 +26,18 @@ impl AdmissionPermit {
             gate,
             tokens,
             waited,
+            started: false,
             abandoned: false,
+        }
+    }
+
+    /// The request is counted by the load the room rule reads now (its reservation was made
+    /// or it was sent upstream): it no longer counts in [`super::gate::Admitted::starting`].
+    /// Once; later calls do nothing.
+    pub fn started(&mut self) {
+        if !self.started {
+            self.started = true;
+            self.gate.started();
         }
     }
 
@@ -63,6 +76,7 @@ impl AdmissionPermit {
 
 impl Drop for AdmissionPermit {
     fn drop(&mut self) {
-        self.gate.release(self.tokens.take(), !self.abandoned);
+        self.gate
+            .release(self.tokens.take(), self.started, !self.abandoned);
     }
 }

@@ -359,12 +359,9 @@ mod tests {
             ..ModelAdmission::default()
         };
         let lines = d.describe(&own);
-        assert!(
-            lines[0]
-                .1
-                .starts_with("2 requests in flight (this model); or"),
-            "{}",
-            lines[0].1
+        assert_eq!(
+            lines[0].1,
+            "2 requests in flight (this model), or a fresh engine report with more than 0 waiting or KV cache above 0.95 (proxy)"
         );
         assert!(lines[1].1.starts_with("none: "), "{}", lines[1].1);
         assert_eq!(

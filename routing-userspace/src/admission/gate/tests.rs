@@ -22,7 +22,8 @@ fn world(settings: GateSettings, cap: usize) -> World {
     let families = AdmissionFamilies::new();
     let cap = Arc::new(AtomicUsize::new(cap));
     let c = Arc::clone(&cap);
-    let room: Arc<dyn Room> = Arc::new(move |admitted: usize| admitted < c.load(Ordering::SeqCst));
+    let room: Arc<dyn Room> =
+        Arc::new(move |admitted: Admitted| admitted.live < c.load(Ordering::SeqCst));
     let gate = ModelGate::new(
         Arc::from("m"),
         settings,
@@ -117,7 +118,7 @@ async fn with_room_and_nobody_waiting_admission_is_immediate() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        (a.waited(), w.gate.admitted(), w.gate.queued()),
+        (a.waited(), w.gate.admitted().live, w.gate.queued()),
         (Duration::ZERO, 2, 0)
     );
     assert_eq!(a.model(), "m");
@@ -129,12 +130,67 @@ async fn with_room_and_nobody_waiting_admission_is_immediate() {
     drop(a);
     let c = third.await.unwrap();
     assert_eq!(
-        (w.gate.admitted(), w.gate.queued(), w.depth("0")),
+        (w.gate.admitted().live, w.gate.queued(), w.depth("0")),
         (2, 0, 0)
     );
     drop((b, c));
-    assert_eq!(w.gate.admitted(), 0);
+    assert_eq!(w.gate.admitted().live, 0);
     assert_eq!(w.admissions(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_admitted_but_not_yet_in_the_gauges_count_as_starting() {
+    // A room rule that reads a load gauge (two slots) and counts the admitted-but-not-started.
+    let families = AdmissionFamilies::new();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let gauge = Arc::clone(&in_flight);
+    let room: Arc<dyn Room> =
+        Arc::new(move |a: Admitted| gauge.load(Ordering::SeqCst) + a.starting < 2);
+    let gate = ModelGate::new(
+        Arc::from("m"),
+        GateSettings::default(),
+        room,
+        &families,
+        &AdmissionDefaults::default(),
+    );
+    let mut a = gate.admit(&Class::DEFAULT, 0).await.unwrap();
+    let b = gate.admit(&Class::DEFAULT, 0).await.unwrap();
+    assert_eq!(
+        gate.admitted(),
+        Admitted {
+            live: 2,
+            starting: 2
+        }
+    );
+    // The gauge has seen neither yet, but the third must wait.
+    let mut third = Box::pin(gate.admit(&Class::DEFAULT, 0));
+    assert!(futures::poll!(&mut third).is_pending());
+    // `a` reaches its pod: the gauge counts it, it is no longer starting.
+    in_flight.fetch_add(1, Ordering::SeqCst);
+    a.started();
+    a.started();
+    gate.notify();
+    assert_eq!(
+        gate.admitted(),
+        Admitted {
+            live: 2,
+            starting: 1
+        }
+    );
+    assert!(futures::poll!(&mut third).is_pending(), "still two in use");
+    // `a` ends: its slot goes to the third.
+    in_flight.fetch_sub(1, Ordering::SeqCst);
+    drop(a);
+    let c = third.await.unwrap();
+    assert_eq!(
+        gate.admitted(),
+        Admitted {
+            live: 2,
+            starting: 2
+        }
+    );
+    drop((b, c));
+    assert_eq!(gate.admitted(), Admitted::default());
 }
 
 #[tokio::test(start_paused = true)]
@@ -219,7 +275,7 @@ async fn a_waiter_leaves_with_queue_timeout_after_its_timeout_and_a_sheddable_on
     assert_eq!((w.depth("0"), w.depth("sheddable")), (0, 0));
     // Room after the deadline admits nobody.
     w.free(5);
-    assert_eq!((w.gate.admitted(), w.admissions()), (0, 0));
+    assert_eq!((w.gate.admitted().live, w.admissions()), (0, 0));
 }
 
 #[tokio::test(start_paused = true)]
@@ -240,7 +296,7 @@ async fn a_dropped_waiter_leaves_at_once_and_is_never_admitted() {
     w.free(2);
     let permit = stays.await.unwrap();
     // One slot handed out in all, to the request still waiting.
-    assert_eq!((w.gate.admitted(), w.admissions()), (1, 1));
+    assert_eq!((w.gate.admitted().live, w.admissions()), (1, 1));
     let cancelled = w.families.cancelled_total.with_label_values(&["m"]).get();
     assert_eq!(cancelled, 1);
     drop(permit);
@@ -254,7 +310,7 @@ async fn a_dropped_waiter_leaves_at_once_and_is_never_admitted() {
     assert!(task.await.unwrap_err().is_cancelled());
     assert_eq!(w.gate.queued(), 0);
     w.free(1);
-    assert_eq!((w.gate.admitted(), w.admissions()), (0, 1));
+    assert_eq!((w.gate.admitted().live, w.admissions()), (0, 1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -333,7 +389,7 @@ async fn room_that_appears_without_a_notify_is_found_by_the_recheck() {
     let families = AdmissionFamilies::new();
     let open = Arc::new(AtomicBool::new(false));
     let o = Arc::clone(&open);
-    let room: Arc<dyn Room> = Arc::new(move |_: usize| o.load(Ordering::SeqCst));
+    let room: Arc<dyn Room> = Arc::new(move |_: Admitted| o.load(Ordering::SeqCst));
     let gate = ModelGate::new(
         Arc::from("m"),
         GateSettings::default(),
@@ -484,7 +540,7 @@ async fn new_settings_keep_the_waiters_and_new_room_lets_them_in() {
     let w = world(GateSettings::default(), 0);
     let mut waiting = Box::pin(w.gate.admit(&Class::DEFAULT, 0));
     assert!(futures::poll!(&mut waiting).is_pending());
-    let room: Arc<dyn Room> = Arc::new(|_: usize| true);
+    let room: Arc<dyn Room> = Arc::new(|_: Admitted| true);
     let settings = GateSettings {
         max_size: 5,
         ..GateSettings::default()
@@ -663,8 +719,8 @@ proptest! {
                         }
                     }
                 }
-                prop_assert!(w.gate.admitted() <= w.cap.load(Ordering::SeqCst));
-                prop_assert_eq!(w.gate.admitted(), held.len());
+                prop_assert!(w.gate.admitted().live <= w.cap.load(Ordering::SeqCst));
+                prop_assert_eq!(w.gate.admitted().live, held.len());
                 prop_assert_eq!(w.gate.queued(), pending.len());
             }
             // Room for everyone: every waiting request that has time left gets in.
@@ -674,7 +730,7 @@ proptest! {
             prop_assert_eq!(tally.arrived, tally.admitted + tally.rejected + tally.cancelled);
             prop_assert_eq!(w.admissions() as usize, tally.admitted);
             drop(held);
-            prop_assert_eq!(w.gate.admitted(), 0);
+            prop_assert_eq!(w.gate.admitted().live, 0);
             Ok(())
         })?;
     }
