@@ -13,7 +13,7 @@
 //! token buckets and the settings; nothing is sent or dropped while it is held (a permit's
 //! drop takes the lock), so handing out a permit and a client's drop never deadlock.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -29,6 +29,11 @@ use super::queue::{Key, Queue};
 use super::rejection::{Reason, Rejection};
 use super::settings::{AdmissionDefaults, GateSettings};
 use super::view::{BandSnapshot, BudgetSnapshot, GateView, TenantShare};
+
+/// One live permit in [`ModelGate::permits`].
+const LIVE: u64 = 1 << 32;
+/// One not-started permit in [`ModelGate::permits`].
+const STARTING: u64 = 1;
 
 /// How often room is re-checked while anything waits.
 pub const RECHECK_EVERY: Duration = Duration::from_millis(20);
@@ -99,10 +104,10 @@ pub struct ModelGate {
     /// Token buckets kept at most.
     max_buckets: usize,
     state: Mutex<State>,
-    /// Live permits.
-    admitted: AtomicUsize,
-    /// Live permits not marked started.
-    starting: AtomicUsize,
+    /// Live permits (`LIVE` units, the high half) and of those the ones not marked started
+    /// (`STARTING` units, the low half), in one word so that handing out and releasing a
+    /// permit is one atomic add each.
+    permits: AtomicU64,
     /// Mirrors the queue's length, so a permit's drop skips the lock when nobody waits.
     queued: AtomicUsize,
     metrics: GateMetrics,
@@ -113,7 +118,7 @@ impl std::fmt::Debug for ModelGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ModelGate")
             .field("model", &self.model)
-            .field("admitted", &self.admitted)
+            .field("admitted", &self.admitted())
             .field("queued", &self.queued)
             .finish()
     }
@@ -150,8 +155,7 @@ impl ModelGate {
             }),
             model,
             max_buckets,
-            admitted: AtomicUsize::new(0),
-            starting: AtomicUsize::new(0),
+            permits: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             emptied: Notify::new(),
         })
@@ -163,21 +167,21 @@ impl ModelGate {
 
     /// Requests admitted here and not ended, and how many of them are not started.
     pub fn admitted(&self) -> Admitted {
+        let p = self.permits.load(Ordering::SeqCst);
         Admitted {
-            live: self.admitted.load(Ordering::SeqCst),
-            starting: self.starting.load(Ordering::SeqCst),
+            live: (p / LIVE) as usize,
+            starting: (p % LIVE) as usize,
         }
     }
 
     /// One more permit out (under the lock).
     fn hand_out(&self) {
-        self.admitted.fetch_add(1, Ordering::SeqCst);
-        self.starting.fetch_add(1, Ordering::SeqCst);
+        self.permits.fetch_add(LIVE + STARTING, Ordering::SeqCst);
     }
 
     /// A permit's request is in the load gauges now.
     pub(super) fn started(&self) {
-        self.starting.fetch_sub(1, Ordering::SeqCst);
+        self.permits.fetch_sub(STARTING, Ordering::SeqCst);
     }
 
     /// Requests waiting.
@@ -251,7 +255,7 @@ impl ModelGate {
         if st.queue.is_empty() && st.room.has_room(self.admitted()) {
             self.hand_out();
             drop(st);
-            self.metrics.wait.observe(0.0);
+            self.metrics.admitted_at_once();
             return Enter::Done(Ok(AdmissionPermit::new(
                 Arc::clone(self),
                 charge,
@@ -410,10 +414,8 @@ impl ModelGate {
         started: bool,
         dispatch: bool,
     ) {
-        if !started {
-            self.starting.fetch_sub(1, Ordering::SeqCst);
-        }
-        self.admitted.fetch_sub(1, Ordering::SeqCst);
+        let units = if started { LIVE } else { LIVE + STARTING };
+        self.permits.fetch_sub(units, Ordering::SeqCst);
         if let Some(t) = tokens {
             // Never corrected: the estimate stays charged.
             t.counter.inc_by(t.charge.estimate);

@@ -6,11 +6,17 @@
 //! `priority` is the integer clamped to `sheddable`, `0` .. `9`, `10+` (12 values), and the
 //! `tenant` of the token counter is the first `cap` tenants seen per model, every later one
 //! counted as `other` (as the key cardinality tracking caps what it holds exactly).
+//!
+//! The wait histogram ([`WaitHistogram`]) keeps the fast path cheap: a request admitted at once
+//! (the common case) adds 1 to a counter instead of observing 0 in the histogram, and those
+//! zero waits are folded into every bucket when `/metrics` is scraped.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 
-use prometheus::core::Collector;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry,
@@ -54,10 +60,81 @@ pub const OTHER_TENANT: &str = "other";
 /// Distinct tenant labels of `tokens_charged_total` per model, unless configured.
 pub const DEFAULT_TENANT_LABEL_CAP: usize = 100;
 
+/// `flexinfer_proxy_queue_wait_seconds{model}`: the histogram of queued waits, plus per model a
+/// count of zero waits (requests admitted at once) folded into every bucket when collected.
+#[derive(Clone)]
+pub struct WaitHistogram {
+    vec: HistogramVec,
+    immediate: Arc<RwLock<HashMap<String, Arc<AtomicU64>>>>,
+}
+
+impl WaitHistogram {
+    fn new() -> Self {
+        Self {
+            vec: HistogramVec::new(
+                HistogramOpts::new(
+                    "flexinfer_proxy_queue_wait_seconds",
+                    "Time from arrival to admission of admitted requests (0 when no queue formed)",
+                )
+                .buckets(WAIT_BUCKETS.to_vec()),
+                &["model"],
+            )
+            .expect("valid metric"),
+            immediate: Arc::default(),
+        }
+    }
+
+    /// The model's histogram (queued waits) and its zero-wait counter.
+    fn handles(&self, model: &str) -> (Histogram, Arc<AtomicU64>) {
+        let histogram = self.vec.with_label_values(&[model]);
+        let mut immediate = self.immediate.write().expect("wait histogram lock");
+        let zeros = Arc::clone(immediate.entry(model.to_owned()).or_default());
+        (histogram, zeros)
+    }
+
+    /// Admitted requests of `model` (queued and immediate), as the scraped histogram counts.
+    pub fn admitted(&self, model: &str) -> u64 {
+        let queued = self.vec.with_label_values(&[model]).get_sample_count();
+        let immediate = self.immediate.read().expect("wait histogram lock");
+        queued
+            + immediate
+                .get(model)
+                .map_or(0, |z| z.load(Ordering::Relaxed))
+    }
+}
+
+impl Collector for WaitHistogram {
+    fn desc(&self) -> Vec<&Desc> {
+        self.vec.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut families = self.vec.collect();
+        let immediate = self.immediate.read().expect("wait histogram lock");
+        for m in families.iter_mut().flat_map(|f| f.mut_metric().iter_mut()) {
+            let model = m.get_label().iter().find(|l| l.name() == "model");
+            let Some(zeros) = model.and_then(|l| immediate.get(l.value())) else {
+                continue;
+            };
+            let n = zeros.load(Ordering::Relaxed);
+            let mut h = m.get_histogram().clone();
+            h.set_sample_count(h.get_sample_count() + n);
+            let mut buckets = h.get_bucket().to_vec();
+            for b in &mut buckets {
+                // A wait of 0 is under every upper bound.
+                b.set_cumulative_count(b.cumulative_count() + n);
+            }
+            h.set_bucket(buckets);
+            m.set_histogram(h);
+        }
+        families
+    }
+}
+
 #[derive(Clone)]
 pub struct AdmissionFamilies {
     pub queue_depth: IntGaugeVec,
-    pub queue_wait_seconds: HistogramVec,
+    pub queue_wait_seconds: WaitHistogram,
     pub rejections_total: IntCounterVec,
     pub cancelled_total: IntCounterVec,
     pub tokens_charged_total: IntCounterVec,
@@ -83,15 +160,7 @@ impl AdmissionFamilies {
                 &["model", "priority"],
             )
             .expect("valid metric"),
-            queue_wait_seconds: HistogramVec::new(
-                HistogramOpts::new(
-                    "flexinfer_proxy_queue_wait_seconds",
-                    "Time from arrival to admission of admitted requests (0 when no queue formed)",
-                )
-                .buckets(WAIT_BUCKETS.to_vec()),
-                &["model"],
-            )
-            .expect("valid metric"),
+            queue_wait_seconds: WaitHistogram::new(),
             rejections_total: counter(
                 "flexinfer_proxy_admission_rejections_total",
                 "Requests admission turned away (reason: queue_full, shed, queue_timeout, rate_limited, proxy_shutdown, model_removed)",
@@ -136,7 +205,10 @@ pub struct GateMetrics {
     model: String,
     depth_vec: IntGaugeVec,
     depth: [OnceLock<IntGauge>; 12],
+    /// Waits of queued requests.
     pub wait: Histogram,
+    /// Requests admitted at once (a wait of 0).
+    pub immediate: Arc<AtomicU64>,
     rejections: [IntCounter; Reason::ALL.len()],
     pub cancelled: IntCounter,
 }
@@ -147,11 +219,13 @@ impl GateMetrics {
     pub fn resolve(f: &AdmissionFamilies, model: &str) -> Self {
         let depth: [OnceLock<IntGauge>; 12] = Default::default();
         let _ = depth[priority_label(0)].set(f.queue_depth.with_label_values(&[model, "0"]));
+        let (wait, immediate) = f.queue_wait_seconds.handles(model);
         Self {
             model: model.to_owned(),
             depth_vec: f.queue_depth.clone(),
             depth,
-            wait: f.queue_wait_seconds.with_label_values(&[model]),
+            wait,
+            immediate,
             rejections: Reason::ALL
                 .map(|r| f.rejections_total.with_label_values(&[model, r.as_str()])),
             cancelled: f.cancelled_total.with_label_values(&[model]),
@@ -165,6 +239,11 @@ impl GateMetrics {
             self.depth_vec
                 .with_label_values(&[&self.model, PRIORITY_LABELS[i]])
         })
+    }
+
+    /// A request admitted at once.
+    pub fn admitted_at_once(&self) {
+        self.immediate.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn rejected(&self, reason: Reason) {
@@ -257,6 +336,49 @@ mod tests {
             .map(|m| m.name().to_owned())
             .collect();
         assert!(names.contains(&"flexinfer_proxy_tokens_charged_total".to_owned()));
+    }
+
+    #[test]
+    fn immediate_admissions_are_zero_waits_in_every_bucket() {
+        let f = AdmissionFamilies::new();
+        let g = GateMetrics::resolve(&f, "m");
+        for _ in 0..3 {
+            g.admitted_at_once();
+        }
+        g.wait.observe(0.3);
+        let registry = Registry::new();
+        f.register(&registry).unwrap();
+        let families = registry.gather();
+        let mf = families
+            .iter()
+            .find(|m| m.name() == "flexinfer_proxy_queue_wait_seconds")
+            .unwrap();
+        let h = mf.get_metric()[0].get_histogram();
+        assert_eq!(h.get_sample_count(), 4);
+        assert_eq!(h.get_sample_sum(), 0.3);
+        let counts: Vec<(f64, u64)> = h
+            .get_bucket()
+            .iter()
+            .map(|b| (b.upper_bound(), b.cumulative_count()))
+            .collect();
+        assert_eq!(counts[0], (0.001, 3));
+        assert_eq!(counts.iter().find(|(le, _)| *le == 0.25).unwrap().1, 3);
+        assert_eq!(counts.iter().find(|(le, _)| *le == 0.5).unwrap().1, 4);
+        assert_eq!(f.queue_wait_seconds.admitted("m"), 4);
+        // The text format agrees.
+        let mut text = Vec::new();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &families, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.contains(
+                "flexinfer_proxy_queue_wait_seconds_bucket{model=\"m\",le=\"0.001\"} 3\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("flexinfer_proxy_queue_wait_seconds_count{model=\"m\"} 4\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -45,10 +45,7 @@ impl World {
     }
 
     fn admissions(&self) -> u64 {
-        self.families
-            .queue_wait_seconds
-            .with_label_values(&["m"])
-            .get_sample_count()
+        self.families.queue_wait_seconds.admitted("m")
     }
 
     fn rejected(&self, reason: &str) -> u64 {
