@@ -13,8 +13,11 @@
 //! token buckets and the settings; nothing is sent or dropped while it is held (a permit's
 //! drop takes the lock), so handing out a permit and a client's drop never deadlock.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use prometheus::IntCounter;
@@ -221,18 +224,10 @@ impl ModelGate {
     /// enters at this call: admitted or refused at once when it can be (the future is then
     /// ready), else queued. The future does not borrow the request; dropping it (the client
     /// went away) takes the request out of the queue at once, and it is never admitted.
-    pub fn admit(
-        self: &Arc<Self>,
-        class: &Class<'_>,
-        tokens: u64,
-    ) -> impl std::future::Future<Output = Result<AdmissionPermit, Rejection>> + Send + 'static
-    {
-        let entered = self.enter(class, tokens);
-        async move {
-            match entered {
-                Enter::Done(answer) => answer,
-                Enter::Queued(waiting) => waiting.wait().await,
-            }
+    pub fn admit(self: &Arc<Self>, class: &Class<'_>, tokens: u64) -> Admit {
+        match self.enter(class, tokens) {
+            Enter::Done(answer) => Admit(AdmitState::Done(Some(answer))),
+            Enter::Queued(waiting) => Admit(AdmitState::Queued(Box::pin(waiting.wait()))),
         }
     }
 
@@ -254,8 +249,8 @@ impl ModelGate {
         };
         if st.queue.is_empty() && st.room.has_room(self.admitted()) {
             self.hand_out();
-            drop(st);
             self.metrics.admitted_at_once();
+            drop(st);
             return Enter::Done(Ok(AdmissionPermit::new(
                 Arc::clone(self),
                 charge,
@@ -583,6 +578,31 @@ fn retry_estimate(st: &State, now: Instant) -> Duration {
         Duration::from_secs(1),
         st.settings.timeout.max(Duration::from_secs(1)),
     )
+}
+
+/// An admission in progress, from [`ModelGate::admit`]: ready at once when the request was
+/// admitted or refused on arrival, else waiting in the queue. Dropping it takes a waiting
+/// request out of the queue.
+#[must_use = "dropping it takes the request out of the queue"]
+pub struct Admit(AdmitState);
+
+enum AdmitState {
+    Done(Option<Answer>),
+    /// Boxed, so the common ready case stays small to move.
+    Queued(Pin<Box<dyn Future<Output = Answer> + Send>>),
+}
+
+impl Future for Admit {
+    type Output = Answer;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
+        match &mut self.0 {
+            AdmitState::Done(answer) => {
+                Poll::Ready(answer.take().expect("Admit polled after it completed"))
+            }
+            AdmitState::Queued(waiting) => waiting.as_mut().poll(cx),
+        }
+    }
 }
 
 /// A queued request's wait for its answer.

@@ -241,9 +241,11 @@ impl GateMetrics {
         })
     }
 
-    /// A request admitted at once.
+    /// A request admitted at once. Called with the gate's lock held: the writers are
+    /// serialized, so a load and a store do (no locked add); the collector only loads.
     pub fn admitted_at_once(&self) {
-        self.immediate.fetch_add(1, Ordering::Relaxed);
+        let n = self.immediate.load(Ordering::Relaxed);
+        self.immediate.store(n + 1, Ordering::Relaxed);
     }
 
     pub fn rejected(&self, reason: Reason) {

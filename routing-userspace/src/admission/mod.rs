@@ -34,7 +34,7 @@ pub mod view;
 
 pub use capacity::{Above, EngineQueue, FullWhen};
 pub use classify::{classify, Class, Classified};
-pub use gate::{Admitted, ModelGate, Room};
+pub use gate::{Admit, Admitted, ModelGate, Room};
 pub use metrics::AdmissionFamilies;
 pub use permit::AdmissionPermit;
 pub use registry::Admission;
