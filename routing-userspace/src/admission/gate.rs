@@ -223,7 +223,8 @@ impl ModelGate {
     /// [`super::budget::estimate`]) to its tenant's budget if the model has one. The request
     /// enters at this call: admitted or refused at once when it can be (the future is then
     /// ready), else queued. The future does not borrow the request; dropping it (the client
-    /// went away) takes the request out of the queue at once, and it is never admitted.
+    /// went away) takes the request out of the queue at once, and it is never admitted. Call
+    /// it inside a Tokio runtime: the first request to queue starts the re-check task.
     pub fn admit(self: &Arc<Self>, class: &Class<'_>, tokens: u64) -> Admit {
         match self.enter(class, tokens) {
             Enter::Done(answer) => Admit(AdmitState::Done(Some(answer))),
