@@ -283,6 +283,12 @@ pub fn variants() -> Vec<Value> {
         json!({"proxy": {"extraEnv": [{"name": "EXTRA", "value": "1"}]}}),
         json!({"hostNetwork": true}),
         json!({"proxy": {"adminBindAddress": "0.0.0.0"}}),
+        json!({"proxy": {"admission": {"queueMaxSize": 0}}}),
+        json!({"proxy": {"admission": {"queueTimeout": "2m"}}}),
+        json!({"proxy": {"admission": {"queueSheddableTimeout": "500ms"}}}),
+        json!({"proxy": {"admission": {"fullWhenWaitingAbove": "off"}}}),
+        json!({"proxy": {"admission": {"fullWhenKvUsageAbove": 0.8}}}),
+        json!({"proxy": {"admission": {"tenantMetricCap": 10}}}),
         json!({"proxy": {
             "adminBindAddress": "0.0.0.0",
             "timeouts": {"connect": "500ms", "firstByte": "2m", "streamIdle": "15s",
@@ -293,6 +299,9 @@ pub fn variants() -> Vec<Value> {
                            "ejectAfterFailures": 0, "ejectBaseTime": "30s",
                            "maxEjectedShare": 0.25},
             "shutdown": {"delay": "0", "drain": "2m"},
+            "admission": {"queueMaxSize": 0, "queueTimeout": "1m", "queueSheddableTimeout": "2s",
+                          "fullWhenWaitingAbove": "off", "fullWhenKvUsageAbove": 0.9,
+                          "tenantMetricCap": 7},
         }}),
         // What the container tests render (their ports and paths vary per test).
         json!({

@@ -48,6 +48,9 @@ fn check(schema: &Value, value: &Value, path: &str, root: bool, errors: &mut Vec
                     | "nullable"
                     | "format"
                     | "enum"
+                    | "minimum"
+                    | "maximum"
+                    | "pattern"
                     | "additionalProperties"
                     | "x-kubernetes-preserve-unknown-fields"
             );
@@ -79,6 +82,23 @@ fn check(schema: &Value, value: &Value, path: &str, root: bool, errors: &mut Vec
         };
         if !fits {
             errors.push(format!("{here}: {n} does not fit format {f}"));
+        }
+    }
+    if let (Some(min), Some(n)) = (s.get("minimum").and_then(Value::as_f64), value.as_f64()) {
+        if n < min {
+            errors.push(format!("{here}: {value} is less than the minimum {min}"));
+        }
+    }
+    if let (Some(max), Some(n)) = (s.get("maximum").and_then(Value::as_f64), value.as_f64()) {
+        if n > max {
+            errors.push(format!("{here}: {value} is more than the maximum {max}"));
+        }
+    }
+    if let (Some(Value::String(p)), Value::String(text)) = (s.get("pattern"), value) {
+        match regex::Regex::new(p) {
+            Ok(re) if re.is_match(text) => {}
+            Ok(_) => errors.push(format!("{here}: {text:?} does not match {p:?}")),
+            Err(e) => errors.push(format!("{here}: schema pattern {p:?} is invalid: {e}")),
         }
     }
     if let Some(Value::Array(allowed)) = s.get("enum") {
@@ -154,6 +174,8 @@ mod tests {
                     "properties": {
                         "a": {"type": "string"},
                         "n": {"type": "integer", "format": "int64", "nullable": true},
+                        "small": {"type": "integer", "minimum": 1, "maximum": 9},
+                        "d": {"type": "string", "pattern": "^[0-9]+s$"},
                         "list": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}}
                     }
                 },
@@ -174,12 +196,14 @@ mod tests {
 
     #[test]
     fn reports_each_kind_of_violation() {
-        let v = json!({"spec": {"a": 5, "extra": true, "list": [{"k": 1}]}, "other": 1});
+        let v = json!({"spec": {"a": 5, "extra": true, "list": [{"k": 1}], "small": 0, "d": "5m"}, "other": 1});
         let errors = validate_custom_resource(&schema(), &v);
         for want in [
             "spec.a: expected string, got integer (5)",
             "spec.extra: unknown field",
             "spec.list[0].k: expected string, got integer (1)",
+            "spec.small: 0 is less than the minimum 1",
+            "spec.d: \"5m\" does not match \"^[0-9]+s$\"",
             "other: unknown field",
         ] {
             assert!(

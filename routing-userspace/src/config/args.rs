@@ -11,6 +11,12 @@ use super::parse::{
     format_bytes, format_duration, parse_budget, parse_header_limit, parse_listen,
     parse_metrics_path, parse_positive_duration, parse_share, Dur,
 };
+use crate::admission::capacity::{Above, DEFAULT_FULL_WHEN};
+use crate::admission::metrics::DEFAULT_TENANT_LABEL_CAP;
+use crate::admission::settings::{
+    parse_queue_max_size, parse_queue_timeout, DEFAULT_QUEUE_MAX_SIZE, DEFAULT_QUEUE_TIMEOUT,
+    DEFAULT_SHEDDABLE_TIMEOUT,
+};
 use crate::balance::least_loaded::MAX_RANKED;
 use crate::metrics::KeyTracking;
 use crate::proxy::retry_budget::RetryBudget;
@@ -162,6 +168,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub signals: SignalArgs,
+
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
 
     /// Cap on distinct keys tracked exactly per (model, strategy, key_source) series.
     #[arg(
@@ -478,4 +487,50 @@ pub struct SignalArgs {
     /// least 1). Scrapes per proxy are spread by it.
     #[arg(long, env = "FLEXINFER_PROXY_FLEET_SIZE", default_value_t = 0)]
     pub fleet_size: usize,
+}
+
+/// Admission (see `crate::admission`): the proxy-wide defaults of every model's queue, and
+/// when a pod counts as full from its engine's reports. Models set their own `maxConcurrency`,
+/// `queue.*` and token budget.
+#[derive(Debug, Clone, Args)]
+pub struct AdmissionArgs {
+    /// Requests a model's queue holds while its pods are full (models: `queue.maxSize`); past
+    /// it, 429 queue_full. 0: no queue.
+    #[arg(long, env = "FLEXINFER_PROXY_QUEUE_MAX_SIZE", default_value_t = DEFAULT_QUEUE_MAX_SIZE,
+          value_parser = parse_queue_max_size)]
+    pub queue_max_size: u32,
+
+    /// Longest wait in a model's queue before 429 queue_timeout (models: `queue.timeout`).
+    #[arg(long, env = "FLEXINFER_PROXY_QUEUE_TIMEOUT", default_value_t = Dur(DEFAULT_QUEUE_TIMEOUT),
+          value_parser = |s: &str| parse_queue_timeout(s).map(Dur))]
+    pub queue_timeout: Dur,
+
+    /// Longest wait of a sheddable request (negative x-flexinfer-priority), at most
+    /// --queue-timeout (models: `queue.sheddableTimeout`).
+    #[arg(long, env = "FLEXINFER_PROXY_QUEUE_SHEDDABLE_TIMEOUT", default_value_t = Dur(DEFAULT_SHEDDABLE_TIMEOUT),
+          value_parser = |s: &str| parse_queue_timeout(s).map(Dur))]
+    pub queue_sheddable_timeout: Dur,
+
+    /// A pod whose fresh engine report shows more waiting requests than this is full; "off"
+    /// ignores the waiting count.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_FULL_WHEN_WAITING_ABOVE",
+        default_value_t = DEFAULT_FULL_WHEN.waiting_above
+    )]
+    pub full_when_waiting_above: Above<u64>,
+
+    /// A pod whose fresh engine report shows KV-cache use above this share (0 to 1) is full;
+    /// "off" ignores it.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_FULL_WHEN_KV_USAGE_ABOVE",
+        default_value_t = DEFAULT_FULL_WHEN.kv_usage_above
+    )]
+    pub full_when_kv_usage_above: Above<f64>,
+
+    /// Tenants with their own `tenant` label on flexinfer_proxy_tokens_charged_total per
+    /// model; later ones count as "other".
+    #[arg(long, env = "FLEXINFER_PROXY_TENANT_METRIC_CAP", default_value_t = DEFAULT_TENANT_LABEL_CAP)]
+    pub tenant_metric_cap: usize,
 }

@@ -11,8 +11,8 @@ pub mod parse;
 pub mod settings;
 
 pub use args::{
-    BalanceArgs, DiscoveryKind, EbpfArgs, GaugeKind, HashBalanceArgs, KeepAlive, LimitArgs,
-    ResilienceArgs, RoutingArgs, ServeArgs, SignalArgs, TimeoutArgs,
+    AdmissionArgs, BalanceArgs, DiscoveryKind, EbpfArgs, GaugeKind, HashBalanceArgs, KeepAlive,
+    LimitArgs, ResilienceArgs, RoutingArgs, ServeArgs, SignalArgs, TimeoutArgs,
 };
 pub use parse::{parse_bytes, parse_duration, parse_listen, Dur, DurationError, SizeError};
 pub use settings::{routing_knobs, KnobWarning, Settings};

@@ -8,10 +8,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::args::{
-    BalanceArgs, DiscoveryKind, GaugeKind, HashBalanceArgs, KeepAlive, RoutingArgs, ServeArgs,
-    SignalArgs,
+    AdmissionArgs, BalanceArgs, DiscoveryKind, GaugeKind, HashBalanceArgs, KeepAlive, RoutingArgs,
+    ServeArgs, SignalArgs,
 };
 use super::parse::{format_bytes, format_duration, parse_bytes, parse_duration};
+use crate::admission::{AdmissionDefaults, FullWhen};
 use crate::balance::bounded::{parse_factor, parse_floor, HashBalance};
 use crate::discovery::kube::KubeOptions;
 use crate::ebpf::EbpfOptions;
@@ -78,6 +79,7 @@ pub struct Settings {
     pub key_tracking: KeyTracking,
     pub gauge: GaugeSettings,
     pub signals: SignalSettings,
+    pub admission: AdmissionDefaults,
 }
 
 impl Settings {
@@ -135,8 +137,24 @@ impl Settings {
                 ebpf: args.ebpf.options(),
             },
             signals: signal_settings(&args.signals),
+            admission: admission_defaults(&args.admission),
         };
         (settings, warnings)
+    }
+}
+
+/// The proxy-wide admission defaults (a sheddable request never waits past the queue timeout).
+pub fn admission_defaults(a: &AdmissionArgs) -> AdmissionDefaults {
+    AdmissionDefaults {
+        queue_max_size: a.queue_max_size,
+        queue_timeout: a.queue_timeout.0,
+        sheddable_timeout: a.queue_sheddable_timeout.0.min(a.queue_timeout.0),
+        full_when: FullWhen {
+            waiting_above: a.full_when_waiting_above,
+            kv_usage_above: a.full_when_kv_usage_above,
+        },
+        tenant_label_cap: a.tenant_metric_cap,
+        ..AdmissionDefaults::default()
     }
 }
 

@@ -15,8 +15,11 @@ use clap::Args;
 
 use super::file::{parse, ParseError};
 use super::{EngineKind, ModelSet, ModelSpec, Strategy, Update};
-use crate::config::{routing_knobs, KnobWarning, RoutingArgs};
+use crate::admission::AdmissionDefaults;
+use crate::config::settings::admission_defaults;
+use crate::config::{routing_knobs, AdmissionArgs, KnobWarning, RoutingArgs};
 use crate::router::RoutingKnobs;
+use crate::vocab::LabelGroupMode;
 
 /// `flexinfer-proxy config check` options: the file, and the routing flags `serve` will run
 /// with (the same flags and variables, so the report shows what that proxy does).
@@ -27,6 +30,10 @@ pub struct CheckArgs {
 
     #[command(flatten)]
     pub routing: RoutingArgs,
+
+    /// The admission defaults `serve` will run with (shown per model).
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
 }
 
 /// A file that does not pass: `FILE:LINE:COLUMN: message`.
@@ -56,22 +63,30 @@ fn located(path: &Path, e: &ParseError) -> String {
 /// Check `text` (read from `path`) and describe it as a proxy with the default knobs would
 /// route it; `Err` when the proxy would refuse it.
 pub fn check(path: &Path, text: &str) -> Result<String, CheckError> {
-    check_with(path, text, &RoutingKnobs::DEFAULT, &[])
+    let proxy = Proxy {
+        knobs: RoutingKnobs::DEFAULT,
+        admission: AdmissionDefaults::default(),
+        fallbacks: Vec::new(),
+    };
+    check_with(path, text, &proxy)
 }
 
-/// [`check`], describing the routing as a proxy with `knobs` would run it; `fallbacks` are
-/// the knobs whose flags were unusable (shown as warnings: `serve` warns of them too).
-pub fn check_with(
-    path: &Path,
-    text: &str,
-    knobs: &RoutingKnobs,
-    fallbacks: &[KnobWarning],
-) -> Result<String, CheckError> {
+/// What the report describes models against: the proxy's routing knobs, its admission
+/// defaults, and the knobs whose flags were unusable (shown as warnings: `serve` warns of them
+/// too).
+pub struct Proxy {
+    pub knobs: RoutingKnobs,
+    pub admission: AdmissionDefaults,
+    pub fallbacks: Vec<KnobWarning>,
+}
+
+/// [`check`], describing the routing and admission as `proxy` would run them.
+pub fn check_with(path: &Path, text: &str, proxy: &Proxy) -> Result<String, CheckError> {
     let models = parse(text).map_err(|error| CheckError {
         path: path.to_owned(),
         error,
     })?;
-    Ok(describe(path, models, knobs, fallbacks))
+    Ok(describe(path, models, proxy))
 }
 
 /// Run the command: the report on stdout and `Ok(true)`, or the error on stderr and
@@ -81,7 +96,12 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let (knobs, fallbacks) = routing_knobs(&args.routing);
-    match check_with(&args.file, &text, &knobs, &fallbacks) {
+    let proxy = Proxy {
+        knobs,
+        admission: admission_defaults(&args.admission),
+        fallbacks,
+    };
+    match check_with(&args.file, &text, &proxy) {
         Ok(report) => {
             print!("{report}");
             Ok(true)
@@ -93,19 +113,15 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<bool> {
     }
 }
 
-fn describe(
-    path: &Path,
-    models: Vec<ModelSpec>,
-    knobs: &RoutingKnobs,
-    fallbacks: &[KnobWarning],
-) -> String {
+fn describe(path: &Path, models: Vec<ModelSpec>, proxy: &Proxy) -> String {
     let listed: BTreeMap<String, usize> = models
         .iter()
         .map(|m| (m.name.clone(), m.endpoints.len()))
         .collect();
     let mut set = ModelSet::default();
     set.apply(Update::Reset(models));
-    let mut warnings: Vec<String> = fallbacks
+    let mut warnings: Vec<String> = proxy
+        .fallbacks
         .iter()
         .map(|w| {
             format!(
@@ -114,14 +130,12 @@ fn describe(
             )
         })
         .collect();
-    let mode = knobs.label_group_mode;
     let mut groups: BTreeMap<&str, Vec<&ModelSpec>> = BTreeMap::new();
     for m in set.models() {
         if let Some(label) = &m.service_label {
             groups.entry(label).or_default().push(m);
         }
     }
-
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -133,122 +147,18 @@ fn describe(
         plural(groups.len()),
     );
     for m in set.models() {
-        let _ = writeln!(out, "\nmodel {}", m.name);
-        let _ = writeln!(out, "  routing:           {}", routing(m));
-        if let Some(line) = hash_balance(m, knobs) {
-            let _ = writeln!(out, "  hash balance:      {line}");
-        }
-        if !m.endpoints.is_empty() {
-            let _ = writeln!(out, "  engine signals:    {}", engine(m.engine));
-        }
-        let pods: Vec<String> = m.endpoints.iter().map(ToString::to_string).collect();
-        let _ = writeln!(
-            out,
-            "  pods:              {}",
-            if pods.is_empty() {
-                "none".to_owned()
-            } else {
-                format!("{} ({})", pods.join(", "), pods.len())
-            }
-        );
-        let _ = writeln!(
-            out,
-            "  service fallback:  {}",
-            m.service.as_deref().unwrap_or("none")
-        );
-        let _ = writeln!(
-            out,
-            "  served model name: {}",
-            m.served_model_name
-                .as_deref()
-                .map_or("as requested".to_owned(), |n| format!(
-                    "{n} (the body's \"model\" is rewritten)"
-                ))
-        );
-        let _ = writeln!(
-            out,
-            "  label group:       {}",
-            m.service_label
-                .as_deref()
-                .map_or("none".to_owned(), |l| format!(
-                    "{l}, priority {}, {}",
-                    m.route_priority,
-                    if m.ready { "ready" } else { "not ready" }
-                ))
-        );
-        if listed.get(&m.name).is_some_and(|&n| n > m.endpoints.len()) {
-            warnings.push(format!(
-                "model {}: an endpoint is listed twice (routed once)",
-                m.name
-            ));
-        }
-        if m.endpoints.is_empty() && m.service.is_none() {
-            warnings.push(format!(
-                "model {}: no pods and no service: its requests are answered 503",
-                m.name
-            ));
-        } else if m.endpoints.is_empty() && m.routing != Strategy::Default {
-            warnings.push(format!(
-                "model {}: {} routing without pods: every request goes to the service",
-                m.name, m.routing
-            ));
-        }
-        if m.service_label.is_none() && !m.ready {
-            warnings.push(format!(
-                "model {}: ready: false only matters inside a label group; requests naming the model are still routed",
-                m.name
-            ));
-        }
+        describe_model(&mut out, m, proxy);
+        let listed_twice = listed.get(&m.name).is_some_and(|&n| n > m.endpoints.len());
+        warnings.extend(model_warnings(m, listed_twice));
     }
+    let mode = proxy.knobs.label_group_mode;
     for (label, members) in &groups {
-        let _ = writeln!(out, "\nlabel group {label} (mode {mode})");
         if listed.contains_key(*label) {
             warnings.push(format!(
                 "label {label} is also a model name: requests for {label} go to that model, not to the group"
             ));
         }
-        let mut tiers: BTreeMap<std::cmp::Reverse<i64>, Vec<&ModelSpec>> = BTreeMap::new();
-        for m in members {
-            tiers
-                .entry(std::cmp::Reverse(m.route_priority))
-                .or_default()
-                .push(m);
-        }
-        for (std::cmp::Reverse(p), ms) in &tiers {
-            let names: Vec<String> = ms
-                .iter()
-                .map(|m| {
-                    if m.ready {
-                        m.name.clone()
-                    } else {
-                        format!("{} (not ready)", m.name)
-                    }
-                })
-                .collect();
-            let _ = writeln!(out, "  priority {p}: {}", names.join(", "));
-        }
-        let top_ready = tiers
-            .values()
-            .find(|ms| ms.iter().any(|m| m.ready))
-            .map(|ms| ms.iter().filter(|m| m.ready).map(|m| m.name.as_str()));
-        match top_ready {
-            Some(names) => {
-                let names: Vec<&str> = names.collect();
-                let _ = writeln!(out, "  picks among:       {} ({mode})", names.join(", "));
-            }
-            None => {
-                // Members are sorted by name, so the first of the top tier is the cold start.
-                let first = tiers
-                    .values()
-                    .next()
-                    .and_then(|ms| ms.first())
-                    .map_or("", |m| m.name.as_str());
-                let _ = writeln!(
-                    out,
-                    "  picks among:       no member is ready: cold start on {first}"
-                );
-            }
-        }
+        describe_group(&mut out, label, members, mode);
     }
     if !warnings.is_empty() {
         out.push('\n');
@@ -257,6 +167,115 @@ fn describe(
         }
     }
     out
+}
+
+/// One model's lines: its routing as the proxy will run it, pods, fallback, names, group,
+/// admission.
+fn describe_model(out: &mut String, m: &ModelSpec, proxy: &Proxy) {
+    let _ = writeln!(out, "\nmodel {}", m.name);
+    let _ = writeln!(out, "  routing:           {}", routing(m));
+    if let Some(line) = hash_balance(m, &proxy.knobs) {
+        let _ = writeln!(out, "  hash balance:      {line}");
+    }
+    if !m.endpoints.is_empty() {
+        let _ = writeln!(out, "  engine signals:    {}", engine(m.engine));
+    }
+    let pods: Vec<String> = m.endpoints.iter().map(ToString::to_string).collect();
+    let pods = match pods.is_empty() {
+        true => "none".to_owned(),
+        false => format!("{} ({})", pods.join(", "), pods.len()),
+    };
+    let _ = writeln!(out, "  pods:              {pods}");
+    let service = m.service.as_deref().unwrap_or("none");
+    let _ = writeln!(out, "  service fallback:  {service}");
+    let served = m
+        .served_model_name
+        .as_deref()
+        .map_or("as requested".to_owned(), |n| {
+            format!("{n} (the body's \"model\" is rewritten)")
+        });
+    let _ = writeln!(out, "  served model name: {served}");
+    let group = m.service_label.as_deref().map_or("none".to_owned(), |l| {
+        let ready = if m.ready { "ready" } else { "not ready" };
+        format!("{l}, priority {}, {ready}", m.route_priority)
+    });
+    let _ = writeln!(out, "  label group:       {group}");
+    for (label, text) in proxy.admission.describe(&m.admission) {
+        let _ = writeln!(out, "  {:<19}{text}", format!("{label}:"));
+    }
+}
+
+/// What is valid but probably not meant in one model.
+fn model_warnings(m: &ModelSpec, listed_twice: bool) -> Vec<String> {
+    let mut w = Vec::new();
+    if listed_twice {
+        w.push(format!(
+            "model {}: an endpoint is listed twice (routed once)",
+            m.name
+        ));
+    }
+    if m.endpoints.is_empty() && m.service.is_none() {
+        w.push(format!(
+            "model {}: no pods and no service: its requests are answered 503",
+            m.name
+        ));
+    } else if m.endpoints.is_empty() && m.routing != Strategy::Default {
+        w.push(format!(
+            "model {}: {} routing without pods: every request goes to the service",
+            m.name, m.routing
+        ));
+    }
+    if m.service_label.is_none() && !m.ready {
+        w.push(format!(
+            "model {}: ready: false only matters inside a label group; requests naming the model are still routed",
+            m.name
+        ));
+    }
+    w
+}
+
+/// One label group: its priority tiers and whom it picks among (or its cold start).
+fn describe_group(out: &mut String, label: &str, members: &[&ModelSpec], mode: LabelGroupMode) {
+    let _ = writeln!(out, "\nlabel group {label} (mode {mode})");
+    let mut tiers: BTreeMap<std::cmp::Reverse<i64>, Vec<&ModelSpec>> = BTreeMap::new();
+    for m in members {
+        tiers
+            .entry(std::cmp::Reverse(m.route_priority))
+            .or_default()
+            .push(m);
+    }
+    for (std::cmp::Reverse(p), ms) in &tiers {
+        let names: Vec<String> = ms
+            .iter()
+            .map(|m| match m.ready {
+                true => m.name.clone(),
+                false => format!("{} (not ready)", m.name),
+            })
+            .collect();
+        let _ = writeln!(out, "  priority {p}: {}", names.join(", "));
+    }
+    let top_ready = tiers
+        .values()
+        .find(|ms| ms.iter().any(|m| m.ready))
+        .map(|ms| ms.iter().filter(|m| m.ready).map(|m| m.name.as_str()));
+    match top_ready {
+        Some(names) => {
+            let names: Vec<&str> = names.collect();
+            let _ = writeln!(out, "  picks among:       {} ({mode})", names.join(", "));
+        }
+        None => {
+            // Members are sorted by name, so the first of the top tier is the cold start.
+            let first = tiers
+                .values()
+                .next()
+                .and_then(|ms| ms.first())
+                .map_or("", |m| m.name.as_str());
+            let _ = writeln!(
+                out,
+                "  picks among:       no member is ready: cold start on {first}"
+            );
+        }
+    }
 }
 
 /// The hash-balance line of a model whose strategy walks a ring, with where each value comes
@@ -420,6 +439,42 @@ models:
         }
         assert_eq!(report.matches("hash balance:").count(), 2, "{report}");
         assert!(report.contains("longest prompt-prefix match"), "{report}");
+    }
+
+    #[test]
+    fn admission_is_shown_with_where_each_value_comes_from() {
+        let report = run_check(
+            "models:\n  - name: a\n    maxConcurrency: 2\n    queue: {maxSize: 10, timeout: 5s}\n    tokensPerMinute: 6000\n    endpoints: [127.0.0.1:1]\n  - name: b\n    queue: {maxSize: 0}\n    endpoints: [127.0.0.1:2]\n",
+        )
+        .unwrap();
+        for line in [
+            "  pods full at:      2 requests in flight (this model), or a fresh engine report with more than 0 waiting or KV cache above 0.95 (proxy)",
+            "  queue:             up to 10 requests (this model), waiting 5s (this model), sheddable 5s (proxy)",
+            "  token budget:      6000 tokens a minute per tenant, burst 6000 (this model; per proxy)",
+            "  pods full at:      a fresh engine report with more than 0 waiting or KV cache above 0.95 (proxy); no concurrency limit",
+            "  queue:             none: a full model answers 429 queue_full at once (this model)",
+            "  token budget:      none",
+        ] {
+            assert!(report.lines().any(|l| l == line), "missing {line:?} in\n{report}");
+        }
+        // As serve would run with other flags.
+        let mut admission = AdmissionDefaults::default();
+        admission.full_when.waiting_above = crate::admission::Above(None);
+        admission.full_when.kv_usage_above = crate::admission::Above(None);
+        admission.queue_timeout = std::time::Duration::from_secs(2);
+        admission.sheddable_timeout = std::time::Duration::from_secs(2);
+        let proxy = Proxy {
+            knobs: RoutingKnobs::DEFAULT,
+            admission,
+            fallbacks: Vec::new(),
+        };
+        let report = check_with(Path::new("m.yaml"), "models:\n  - name: c\n", &proxy).unwrap();
+        for line in [
+            "  pods full at:      never: no concurrency limit, engine reports ignored (proxy)",
+            "  queue:             up to 1000 requests (proxy), waiting 2s (proxy), sheddable 2s (proxy)",
+        ] {
+            assert!(report.lines().any(|l| l == line), "missing {line:?} in\n{report}");
+        }
     }
 
     #[test]

@@ -9,10 +9,14 @@ use serde::Deserialize;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::{BalanceOverride, EngineKind, ModelSpec, Strategy, Update};
+use crate::admission::settings::{check_budget, ModelAdmission};
 
 mod fields;
 pub use fields::ParseError;
-use fields::{BalanceFactor, BalanceFloor, Checked, HttpUrl, NonEmpty};
+use fields::{
+    BalanceFactor, BalanceFloor, Checked, HttpUrl, MaxConcurrency, NonEmpty, QueueMaxSize,
+    QueueTimeout, Tokens,
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +51,49 @@ struct FileModel {
     hash_balance_floor: Option<Checked<BalanceFloor>>,
     #[serde(default)]
     engine: Option<Checked<EngineKind>>,
+    #[serde(default)]
+    max_concurrency: Option<Checked<MaxConcurrency>>,
+    #[serde(default)]
+    queue: Option<FileQueue>,
+    #[serde(default)]
+    tokens_per_minute: Option<Checked<Tokens>>,
+    #[serde(default)]
+    token_burst: Option<Checked<Tokens>>,
+}
+
+/// A model's `queue:` block (admission).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FileQueue {
+    #[serde(default)]
+    max_size: Option<Checked<QueueMaxSize>>,
+    #[serde(default)]
+    timeout: Option<Checked<QueueTimeout>>,
+    #[serde(default)]
+    sheddable_timeout: Option<Checked<QueueTimeout>>,
+}
+
+impl FileModel {
+    /// The model's own admission settings.
+    fn admission(&self) -> Result<ModelAdmission, ParseError> {
+        let queue = self.queue.as_ref();
+        let own = ModelAdmission {
+            max_concurrency: self.max_concurrency.as_ref().map(|c| c.0),
+            queue_max_size: queue.and_then(|q| q.max_size.as_ref()).map(|c| c.0),
+            queue_timeout: queue.and_then(|q| q.timeout.as_ref()).map(|c| c.0),
+            queue_sheddable_timeout: queue
+                .and_then(|q| q.sheddable_timeout.as_ref())
+                .map(|c| c.0),
+            tokens_per_minute: self.tokens_per_minute.as_ref().map(|c| c.0),
+            token_burst: self.token_burst.as_ref().map(|c| c.0),
+        };
+        check_budget(&own).map_err(|e| ParseError {
+            message: format!("model {:?}: {e}", self.name.0),
+            line: None,
+            column: None,
+        })?;
+        Ok(own)
+    }
 }
 
 fn yes() -> bool {
@@ -56,25 +103,28 @@ fn yes() -> bool {
 /// Parse the models file text; errors say where (line and column, when the parser knows).
 pub fn parse(text: &str) -> Result<Vec<ModelSpec>, ParseError> {
     let cfg: FileConfig = serde_yaml_ng::from_str(text)?;
-    Ok(cfg
-        .models
+    cfg.models
         .into_iter()
-        .map(|m| ModelSpec {
-            name: m.name.0,
-            routing: m.routing.map_or(Strategy::Default, |r| r.0),
-            served_model_name: m.served_model_name,
-            service_label: m.service_label,
-            route_priority: m.route_priority,
-            ready: m.ready,
-            service: m.service.map(|s| s.0),
-            endpoints: m.endpoints.into_iter().map(|e| e.0).collect(),
-            hash_balance: BalanceOverride {
-                factor_milli: m.hash_balance_factor.map(|f| f.0),
-                floor: m.hash_balance_floor.map(|f| f.0),
-            },
-            engine: m.engine.map_or(EngineKind::Auto, |e| e.0),
+        .map(|m| {
+            let admission = m.admission()?;
+            Ok(ModelSpec {
+                name: m.name.0,
+                routing: m.routing.map_or(Strategy::Default, |r| r.0),
+                served_model_name: m.served_model_name,
+                service_label: m.service_label,
+                route_priority: m.route_priority,
+                ready: m.ready,
+                service: m.service.map(|s| s.0),
+                endpoints: m.endpoints.into_iter().map(|e| e.0).collect(),
+                hash_balance: BalanceOverride {
+                    factor_milli: m.hash_balance_factor.map(|f| f.0),
+                    floor: m.hash_balance_floor.map(|f| f.0),
+                },
+                engine: m.engine.map_or(EngineKind::Auto, |e| e.0),
+                admission,
+            })
         })
-        .collect())
+        .collect()
 }
 
 impl fields::Named for FileModel {
@@ -161,6 +211,7 @@ pub fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn parses_the_documented_format() {
@@ -234,6 +285,43 @@ models:
         let e = parse("models:\n  - name: a\n    engine: tgi\n").unwrap_err();
         assert!(e.message.contains("unknown engine \"tgi\""), "{e}");
         assert_eq!((e.line, e.column), (Some(3), Some(13)));
+    }
+
+    #[test]
+    fn admission_settings_parse_and_bad_ones_point_at_the_value() {
+        let m = parse(
+            "models:\n  - name: a\n    maxConcurrency: 2\n    queue:\n      maxSize: 50\n      timeout: 10s\n      sheddableTimeout: 500ms\n    tokensPerMinute: 6000\n    tokenBurst: 12000\n  - name: b\n    queue: {maxSize: 0}\n  - name: c\n",
+        )
+        .unwrap();
+        assert_eq!(
+            m[0].admission,
+            ModelAdmission {
+                max_concurrency: Some(2),
+                queue_max_size: Some(50),
+                queue_timeout: Some(Duration::from_secs(10)),
+                queue_sheddable_timeout: Some(Duration::from_millis(500)),
+                tokens_per_minute: Some(6000),
+                token_burst: Some(12000),
+            }
+        );
+        assert_eq!(m[1].admission.queue_max_size, Some(0));
+        assert_eq!(m[2].admission, ModelAdmission::default());
+        let err = |text: &str| parse(text).unwrap_err();
+        let e = err("models:\n  - name: a\n    maxConcurrency: 0\n");
+        assert!(e.message.contains("from 1"), "{e}");
+        assert_eq!((e.line, e.column), (Some(3), Some(21)));
+        let e = err("models:\n  - name: a\n    queue:\n      timeout: 0s\n");
+        assert!(e.message.contains("above 0"), "{e}");
+        assert_eq!((e.line, e.column), (Some(4), Some(16)));
+        let e = err("models:\n  - name: a\n    queue:\n      maxsize: 5\n");
+        assert!(e.message.contains("unknown field `maxsize`"), "{e}");
+        let e = err("models:\n  - name: a\n    tokensPerMinute: -5\n");
+        assert!(e.message.contains("from 1"), "{e}");
+        let e = err("models:\n  - name: a\n    tokenBurst: 100\n");
+        assert_eq!(
+            e.message,
+            "model \"a\": tokenBurst is set without tokensPerMinute"
+        );
     }
 
     #[test]

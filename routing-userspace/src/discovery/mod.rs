@@ -11,6 +11,7 @@ pub mod kube;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+pub use crate::admission::ModelAdmission;
 pub use crate::balance::bounded::BalanceOverride;
 pub use crate::vocab::{EngineKind, Strategy};
 
@@ -38,6 +39,9 @@ pub struct ModelSpec {
     /// The model server its pods run, for reading their load (`engine:` in the file,
     /// `spec.engine` or `flexinfer.ai/engine` on a Model; `auto` = detected).
     pub engine: EngineKind,
+    /// The model's own admission settings (`maxConcurrency`, `queue.*`, `tokensPerMinute`,
+    /// `tokenBurst`; unset = the proxy's).
+    pub admission: ModelAdmission,
 }
 
 impl ModelSpec {
@@ -54,11 +58,14 @@ impl ModelSpec {
             endpoints: Vec::new(),
             hash_balance: BalanceOverride::default(),
             engine: EngineKind::Auto,
+            admission: ModelAdmission::default(),
         }
     }
 }
 
 /// One change from a discovery source.
+// One short-lived value per discovery event; boxing the spec would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Update {
     /// The complete set of models (a first sync or a relist). Marks discovery as synced.

@@ -17,8 +17,8 @@ mod models;
 mod net;
 mod process;
 mod scratch;
-pub mod stream;
 mod skip;
+pub mod stream;
 
 pub use bpffs::{bpffs_root, PinDir};
 pub use cgroup::{cgroup2_root, Cgroup};

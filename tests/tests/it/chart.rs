@@ -331,6 +331,12 @@ fn defaults_reach_their_env_vars() {
         ("FLEXINFER_PROXY_SHUTDOWN_DELAY", "5s"),
         ("FLEXINFER_PROXY_DRAIN_TIMEOUT", "30s"),
         ("FLEXINFER_PROXY_CGROUP_PATH", "/run/flexinfer/cgroup2"),
+        ("FLEXINFER_PROXY_QUEUE_MAX_SIZE", "1000"),
+        ("FLEXINFER_PROXY_QUEUE_TIMEOUT", "30s"),
+        ("FLEXINFER_PROXY_QUEUE_SHEDDABLE_TIMEOUT", "5s"),
+        ("FLEXINFER_PROXY_FULL_WHEN_WAITING_ABOVE", "0"),
+        ("FLEXINFER_PROXY_FULL_WHEN_KV_USAGE_ABOVE", "0.95"),
+        ("FLEXINFER_PROXY_TENANT_METRIC_CAP", "100"),
         ("RUST_LOG", "info"),
     ] {
         assert_eq!(env_var(&docs, name).as_deref(), Some(want), "{name}");
@@ -464,6 +470,36 @@ fn every_knob_changes_its_env_var() {
             json!({"proxy": {"logLevel": "info,flexinfer=debug"}}),
             "RUST_LOG",
             "info,flexinfer=debug",
+        ),
+        (
+            json!({"proxy": {"admission": {"queueMaxSize": 0}}}),
+            "FLEXINFER_PROXY_QUEUE_MAX_SIZE",
+            "0",
+        ),
+        (
+            json!({"proxy": {"admission": {"queueTimeout": "2m"}}}),
+            "FLEXINFER_PROXY_QUEUE_TIMEOUT",
+            "2m",
+        ),
+        (
+            json!({"proxy": {"admission": {"queueSheddableTimeout": "500ms"}}}),
+            "FLEXINFER_PROXY_QUEUE_SHEDDABLE_TIMEOUT",
+            "500ms",
+        ),
+        (
+            json!({"proxy": {"admission": {"fullWhenWaitingAbove": "off"}}}),
+            "FLEXINFER_PROXY_FULL_WHEN_WAITING_ABOVE",
+            "off",
+        ),
+        (
+            json!({"proxy": {"admission": {"fullWhenKvUsageAbove": 0.8}}}),
+            "FLEXINFER_PROXY_FULL_WHEN_KV_USAGE_ABOVE",
+            "0.8",
+        ),
+        (
+            json!({"proxy": {"admission": {"tenantMetricCap": 10}}}),
+            "FLEXINFER_PROXY_TENANT_METRIC_CAP",
+            "10",
         ),
     ] {
         let docs = rendered(overrides.clone());

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use flexinfer_tests::chart::{chart_dir, documents, render};
+use routing_userspace::config::settings::admission_defaults;
 use routing_userspace::config::ServeArgs;
 use serde_json::{json, Value};
 
@@ -118,6 +119,10 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
     assert_eq!(a.drain_timeout.0, Duration::from_secs(30));
     assert!(a.inference_pools);
     assert!(!parse(json!({"proxy": {"inferencePools": false}}), "10.1.2.3").inference_pools);
+    assert_eq!(
+        admission_defaults(&a.admission),
+        routing_userspace::admission::AdmissionDefaults::default()
+    );
 
     // The grace period outlasts the shutdown delay plus the drain, or the kubelet's SIGKILL
     // would cut streams that were still draining.
@@ -146,6 +151,9 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
                            "ejectAfterFailures": 0, "ejectBaseTime": "30s",
                            "maxEjectedShare": 0.25},
             "shutdown": {"delay": "0", "drain": "2m"},
+            "admission": {"queueMaxSize": 0, "queueTimeout": "1m", "queueSheddableTimeout": "2s",
+                          "fullWhenWaitingAbove": "off", "fullWhenKvUsageAbove": 0.9,
+                          "tenantMetricCap": 7},
         }}),
         "10.1.2.3",
     );
@@ -168,6 +176,13 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
     assert_eq!(a.resilience.max_ejected_share, 0.25);
     assert_eq!(a.shutdown_delay.0, Duration::ZERO);
     assert_eq!(a.drain_timeout.0, Duration::from_secs(120));
+    let adm = admission_defaults(&a.admission);
+    assert_eq!(adm.queue_max_size, 0);
+    assert_eq!(adm.queue_timeout, Duration::from_secs(60));
+    assert_eq!(adm.sheddable_timeout, Duration::from_secs(2));
+    assert_eq!(adm.full_when.waiting_above.0, None);
+    assert_eq!(adm.full_when.kv_usage_above.0, Some(0.9));
+    assert_eq!(adm.tenant_label_cap, 7);
 }
 
 #[test]

@@ -346,6 +346,22 @@ fn the_crd_schema_rejects_a_broken_model() {
             "status.conditions[0]: required field \"type\" is missing",
         ),
         (json!({"specs": {}}), "specs: unknown field"),
+        (
+            json!({"spec": {"maxConcurrency": 0}}),
+            "spec.maxConcurrency: 0 is less than the minimum 1",
+        ),
+        (
+            json!({"spec": {"queue": {"timeout": "soon"}}}),
+            "spec.queue.timeout: \"soon\" does not match",
+        ),
+        (
+            json!({"spec": {"queue": {"maxSize": "10"}}}),
+            "spec.queue.maxSize: expected integer, got string",
+        ),
+        (
+            json!({"spec": {"queue": {"maxsize": 10}}}),
+            "spec.queue.maxsize: unknown field",
+        ),
     ] {
         let mut bad = good.clone();
         merge(&mut bad, breakage.clone());
@@ -619,6 +635,22 @@ fn values_schema_rejects_mistyped_values() {
         (
             json!({"proxy": {"inferencePools": "yes"}}),
             "proxy/inferencePools: 'yes' is not of type 'boolean'",
+        ),
+        (
+            json!({"proxy": {"admission": {"queueTimeout": "0s"}}}),
+            "proxy/admission/queueTimeout:",
+        ),
+        (
+            json!({"proxy": {"admission": {"queueMaxSize": -1}}}),
+            "proxy/admission/queueMaxSize: -1 is less than the minimum of 0",
+        ),
+        (
+            json!({"proxy": {"admission": {"fullWhenKvUsageAbove": 1}}}),
+            "proxy/admission/fullWhenKvUsageAbove: 1 is not valid under any of the given schemas",
+        ),
+        (
+            json!({"proxy": {"admission": {"fullWhenWaitingAbove": "never"}}}),
+            "proxy/admission/fullWhenWaitingAbove: 'never' is not valid under any of the given schemas",
         ),
     ];
     let instances: Vec<Value> = cases

@@ -29,6 +29,8 @@ pub enum Group {
     /// The per-request cost of engine signals: load-report header, usage observer per body
     /// frame, the signal store's marks and load read; and a metrics page parse.
     Signals,
+    /// The admission cost when no queue forms: classify, admit and release a permit.
+    Admission,
     /// Proxy overhead on loopback: wrk against fast static upstreams directly and through
     /// nginx, haproxy, smg and flexinfer-proxy (userspace gauge, and default flags as root).
     /// Installs what it needs. Not criterion: see xtask/src/bench/overhead/.
@@ -52,9 +54,10 @@ pub fn run(args: &Bench) -> Result<()> {
         Group::Gauge => ("routing-userspace", "gauge_read"),
         Group::Route => ("routing-userspace", "route"),
         Group::Signals => ("routing-userspace", "signals"),
+        Group::Admission => ("routing-userspace", "admission"),
     };
     // The gauge and route benches read the embedded object, so build it first.
-    if !matches!(args.group, Group::Signals) {
+    if !matches!(args.group, Group::Signals | Group::Admission) {
         crate::ebpf::build()?;
     }
     let status = Command::new("cargo")

@@ -51,6 +51,13 @@ fn no_flags_are_the_defaults_each_setting_declares() {
         s.discovery,
         DiscoverySettings::File { path: None, poll } if poll == crate::discovery::file::DEFAULT_POLL
     ));
+    assert_eq!(s.admission, crate::admission::AdmissionDefaults::default());
+}
+
+#[test]
+fn a_sheddable_request_never_outwaits_the_queue() {
+    let (s, _) = Settings::from_args(&serve_args(&["--queue-sheddable-timeout=60s"]));
+    assert_eq!(s.admission.sheddable_timeout, Duration::from_secs(30));
 }
 
 #[test]

@@ -117,6 +117,50 @@ impl FromScalar for BalanceFloor {
     }
 }
 
+/// A model's `maxConcurrency` (requests in flight per pod).
+pub(super) struct MaxConcurrency;
+
+impl FromScalar for MaxConcurrency {
+    type Out = u32;
+    const EXPECTED: &'static str = "a number of requests";
+    fn from_scalar(s: &str) -> Result<u32, String> {
+        crate::admission::settings::parse_max_concurrency(s)
+    }
+}
+
+/// A model's `queue.maxSize`.
+pub(super) struct QueueMaxSize;
+
+impl FromScalar for QueueMaxSize {
+    type Out = u32;
+    const EXPECTED: &'static str = "a queue size";
+    fn from_scalar(s: &str) -> Result<u32, String> {
+        crate::admission::settings::parse_queue_max_size(s)
+    }
+}
+
+/// A model's `queue.timeout` / `queue.sheddableTimeout`.
+pub(super) struct QueueTimeout;
+
+impl FromScalar for QueueTimeout {
+    type Out = std::time::Duration;
+    const EXPECTED: &'static str = "a duration";
+    fn from_scalar(s: &str) -> Result<std::time::Duration, String> {
+        crate::admission::settings::parse_queue_timeout(s)
+    }
+}
+
+/// A model's `tokensPerMinute` / `tokenBurst`.
+pub(super) struct Tokens;
+
+impl FromScalar for Tokens {
+    type Out = u64;
+    const EXPECTED: &'static str = "a number of tokens";
+    fn from_scalar(s: &str) -> Result<u64, String> {
+        crate::admission::settings::parse_tokens(s)
+    }
+}
+
 impl FromScalar for SocketAddr {
     type Out = SocketAddr;
     const EXPECTED: &'static str = "IP:port";

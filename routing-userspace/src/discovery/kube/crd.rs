@@ -9,6 +9,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::admission::{AdmissionSpec, Lenient, QueueSpec};
+
 /// The part of a Model's `spec` the proxy knows about.
 // Each printcolumn repeats `type_ = ...`; that is the derive's syntax, not a mistake.
 #[allow(clippy::duplicated_attributes)]
@@ -59,6 +61,23 @@ pub struct ModelResourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = ["auto", "vllm", "sglang", "llamacpp", "none"]))]
     pub engine: Option<String>,
+    /// Requests in flight per pod before the pod counts as full and the proxy queues the rest
+    /// (admission); unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::admission::count_schema")]
+    pub max_concurrency: Option<Lenient<u32>>,
+    /// The proxy's admission queue of this model while its pods are full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::admission::queue_schema")]
+    pub queue: Option<Lenient<QueueSpec>>,
+    /// Token budget of each tenant (per proxy): tokens a minute; unset: no budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::admission::count_schema")]
+    pub tokens_per_minute: Option<Lenient<u64>>,
+    /// The most tokens a tenant's budget holds at once; unset: `tokensPerMinute`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::admission::count_schema")]
+    pub token_burst: Option<Lenient<u64>>,
 }
 
 /// A reference to an InferencePool in the Model's namespace.
@@ -87,6 +106,16 @@ impl ModelResourceSpec {
             Some(v) => serde_json::from_value(v.clone())
                 .map(Some)
                 .map_err(|e| format!("inferencePoolRef: {e}")),
+        }
+    }
+
+    /// The admission fields, for [`super::admission::admission_settings`].
+    pub fn admission(&self) -> AdmissionSpec<'_> {
+        AdmissionSpec {
+            max_concurrency: self.max_concurrency.as_ref(),
+            queue: self.queue.as_ref(),
+            tokens_per_minute: self.tokens_per_minute.as_ref(),
+            token_burst: self.token_burst.as_ref(),
         }
     }
 }

@@ -14,6 +14,7 @@
 //!   readiness waits for. Broken watches relist without emptying the table. A cluster without
 //!   the InferencePool CRD has no pools; that does not hold readiness back.
 
+pub mod admission;
 pub mod crd;
 pub mod pods;
 pub mod pool;

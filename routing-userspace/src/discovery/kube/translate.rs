@@ -12,10 +12,11 @@ use k8s_openapi::api::discovery::v1::{EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
+use super::admission::admission_settings;
 use super::crd::{Model, ModelResourceSpec};
 use super::pool::POOL_GROUP;
 use crate::balance::bounded::{parse_factor, parse_floor};
-use crate::discovery::{BalanceOverride, EngineKind, ModelSpec, Strategy};
+use crate::discovery::{BalanceOverride, EngineKind, ModelAdmission, ModelSpec, Strategy};
 
 /// `flexinfer.ai/routing`: session-affinity | prefix | least-loaded | cache-aware; absent = default.
 pub const ROUTING_ANNOTATION: &str = "flexinfer.ai/routing";
@@ -51,6 +52,8 @@ pub struct ModelSettings {
     /// The engine kind: the annotation, else `spec.engine`, else `auto` narrowed by
     /// `spec.backend`.
     pub engine: EngineKind,
+    /// The admission spec fields and annotations (unset or invalid: the proxy's settings).
+    pub admission: ModelAdmission,
 }
 
 /// Where a Model's pods come from.
@@ -95,6 +98,8 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
         &model.spec.backend,
     );
     warnings.extend(w);
+    let (admission, w) = admission_settings(&model.spec.admission(), annotations);
+    warnings.extend(w);
     let service_name =
         non_empty(annotations.get(SERVICE_NAME_ANNOTATION)).unwrap_or_else(|| model.name_any());
     let settings = ModelSettings {
@@ -107,6 +112,7 @@ pub fn model_settings(model: &Model, service_label_key: &str) -> (ModelSettings,
         hash_balance,
         pods,
         engine,
+        admission,
     };
     (settings, warnings)
 }
@@ -340,6 +346,7 @@ pub fn model_spec(
         endpoints,
         hash_balance: settings.hash_balance,
         engine: settings.engine,
+        admission: settings.admission,
     }
 }
 
@@ -446,6 +453,7 @@ mod tests {
                 hash_balance: BalanceOverride::default(),
                 pods: PodSource::Slices,
                 engine: EngineKind::None,
+                admission: ModelAdmission::default(),
             }
         );
         assert_eq!(warnings.len(), 1, "{warnings:?}");

@@ -1,0 +1,225 @@
+use std::collections::{BTreeMap, HashSet};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn label(s: &str) -> impl FnOnce() -> Arc<str> + '_ {
+    move || Arc::from(s)
+}
+
+fn order(q: &mut Queue<&'static str>) -> Vec<&'static str> {
+    q.drain().into_iter().map(|e| e.value).collect()
+}
+
+#[test]
+fn a_high_priority_request_behind_twenty_default_ones_leaves_next() {
+    let now = Instant::now();
+    let mut q = Queue::default();
+    for _ in 0..20 {
+        q.push(0, 1, label("a"), now, "low");
+    }
+    q.push(10, 2, label("b"), now, "high");
+    assert_eq!(q.next_priority(), Some(10));
+    assert_eq!(q.pop().unwrap().value, "high");
+    assert_eq!(q.len(), 20);
+}
+
+#[test]
+fn tenants_take_turns_within_a_band_and_each_is_fcfs() {
+    let now = Instant::now();
+    let mut q = Queue::default();
+    for v in ["a1", "a2", "a3", "a4"] {
+        q.push(0, 1, label("a"), now, v);
+    }
+    for v in ["b1", "b2"] {
+        q.push(0, 2, label("b"), now, v);
+    }
+    q.push(0, 3, label("c"), now, "c1");
+    // A lower band waits for the whole higher one.
+    q.push(-1, 1, label("a"), now, "shed1");
+    q.push(5, 3, label("c"), now, "urgent");
+    assert_eq!(
+        order(&mut q),
+        ["urgent", "a1", "b1", "c1", "a2", "b2", "a3", "a4", "shed1"]
+    );
+    assert!(q.is_empty() && q.bands(10).is_empty());
+}
+
+#[test]
+fn a_tenant_that_comes_back_takes_the_last_turn() {
+    let now = Instant::now();
+    let mut q = Queue::default();
+    q.push(0, 1, label("a"), now, "a1");
+    q.push(0, 2, label("b"), now, "b1");
+    q.push(0, 2, label("b"), now, "b2");
+    assert_eq!(q.pop().unwrap().value, "a1");
+    // a's lane is gone; it queues again behind b's turn.
+    q.push(0, 1, label("a"), now, "a2");
+    assert_eq!(order(&mut q), ["b1", "a2", "b2"]);
+}
+
+#[test]
+fn removal_from_the_middle_keeps_the_order_of_the_rest() {
+    let now = Instant::now();
+    let mut q = Queue::default();
+    let a1 = q.push(0, 1, label("a"), now, "a1");
+    let b1 = q.push(0, 2, label("b"), now, "b1");
+    q.push(0, 1, label("a"), now, "a2");
+    let c1 = q.push(0, 3, label("c"), now, "c1");
+    assert_eq!(q.remove(&b1).unwrap().value, "b1");
+    assert!(q.remove(&b1).is_none(), "gone once");
+    assert_eq!(q.remove(&c1).unwrap().value, "c1");
+    assert_eq!(q.len(), 2);
+    assert_eq!(order(&mut q), ["a1", "a2"]);
+    assert!(q.remove(&a1).is_none());
+}
+
+#[test]
+fn shed_victims_are_the_newest_of_the_biggest_tenant_in_the_lowest_sheddable_band() {
+    let now = Instant::now();
+    let mut q = Queue::default();
+    assert_eq!(q.shed_victim(0), None);
+    q.push(0, 1, label("a"), now, "a");
+    assert_eq!(q.shed_victim(10), None, "priority 0 is never shed");
+    q.push(-1, 2, label("b"), now, "b1");
+    q.push(-1, 2, label("b"), now, "b2");
+    let c1 = q.push(-1, 3, label("c"), now, "c1");
+    assert_eq!(q.shed_victim(-1), None, "only a lower priority makes room");
+    let v = q.shed_victim(0).unwrap();
+    assert_eq!(q.remove(&v).unwrap().value, "b2");
+    // One each: the newest of the tied tenants.
+    let v = q.shed_victim(0).unwrap();
+    assert_eq!(v, c1);
+    // The lowest band goes first.
+    let d = q.push(-5, 4, label("d"), now, "d1");
+    assert_eq!(q.shed_victim(-1), Some(d));
+}
+
+#[test]
+fn the_view_counts_bands_tenants_and_the_oldest() {
+    let t0 = Instant::now();
+    let t1 = t0 + std::time::Duration::from_secs(1);
+    let mut q = Queue::default();
+    q.push(0, 1, label("a"), t1, ());
+    q.push(0, 1, label("a"), t1, ());
+    q.push(0, 2, label("b"), t0, ());
+    q.push(3, 2, label("b"), t1, ());
+    assert_eq!(q.oldest(), Some(t0));
+    let bands = q.bands(1);
+    assert_eq!(bands.len(), 2);
+    assert_eq!(
+        (bands[0].priority, bands[0].depth, bands[0].tenants),
+        (3, 1, 1)
+    );
+    assert_eq!(
+        (bands[1].priority, bands[1].depth, bands[1].tenants),
+        (0, 3, 2)
+    );
+    assert_eq!(bands[1].oldest, Some(t0));
+    assert_eq!(
+        bands[1].top_tenants,
+        [LaneView {
+            tenant: Arc::from("a"),
+            depth: 2
+        }]
+    );
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Push { priority: i32, tenant: u64 },
+    Pop,
+    Remove(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (-2i32..3, 0u64..4).prop_map(|(priority, tenant)| Op::Push { priority, tenant }),
+        2 => Just(Op::Pop),
+        1 => any::<usize>().prop_map(Op::Remove),
+    ]
+}
+
+proptest! {
+    /// Whatever happens: a pop is from the highest band present and the oldest of its tenant,
+    /// every pushed request leaves exactly once, and the count is right.
+    #[test]
+    fn pops_respect_priority_and_fcfs_and_nothing_is_lost(ops in proptest::collection::vec(op(), 1..200)) {
+        let now = Instant::now();
+        let mut q = Queue::default();
+        // Model: live keys by (priority, tenant) -> seqs in order.
+        let mut live: BTreeMap<(i32, u64), Vec<u64>> = BTreeMap::new();
+        let mut keys: Vec<Key> = Vec::new();
+        let mut left: HashSet<u64> = HashSet::new();
+        let mut pushed = 0usize;
+        for op in ops {
+            match op {
+                Op::Push { priority, tenant } => {
+                    let k = q.push(priority, tenant, || Arc::from("t"), now, pushed as u64);
+                    prop_assert_eq!(k.seq, pushed as u64);
+                    live.entry((priority, tenant)).or_default().push(k.seq);
+                    keys.push(k);
+                    pushed += 1;
+                }
+                Op::Pop => {
+                    let Some(e) = q.pop() else {
+                        prop_assert!(live.values().all(Vec::is_empty));
+                        continue;
+                    };
+                    let top = live.iter().filter(|(_, v)| !v.is_empty()).map(|((p, _), _)| *p).max();
+                    prop_assert_eq!(Some(e.key.priority), top);
+                    let lane = live.get_mut(&(e.key.priority, e.key.tenant)).unwrap();
+                    prop_assert_eq!(lane.first().copied(), Some(e.key.seq), "FCFS within a tenant");
+                    lane.remove(0);
+                    prop_assert!(left.insert(e.value), "left twice");
+                }
+                Op::Remove(i) => {
+                    if keys.is_empty() { continue; }
+                    let k = keys[i % keys.len()];
+                    let lane = live.entry((k.priority, k.tenant)).or_default();
+                    let was = lane.iter().position(|s| *s == k.seq);
+                    let got = q.remove(&k);
+                    prop_assert_eq!(got.is_some(), was.is_some());
+                    if let (Some(e), Some(at)) = (got, was) {
+                        lane.remove(at);
+                        prop_assert!(left.insert(e.value), "left twice");
+                    }
+                }
+            }
+            let n: usize = live.values().map(Vec::len).sum();
+            prop_assert_eq!(q.len(), n);
+            prop_assert_eq!(q.bands(usize::MAX).iter().map(|b| b.depth).sum::<usize>(), n);
+        }
+        for e in q.drain() {
+            prop_assert!(left.insert(e.value), "left twice");
+        }
+        prop_assert_eq!(left.len(), pushed, "every request left exactly once");
+    }
+
+    /// With every tenant of a band backlogged, no tenant is served twice before each other
+    /// tenant is served once.
+    #[test]
+    fn backlogged_tenants_alternate(counts in proptest::collection::vec(1usize..6, 1..5)) {
+        let now = Instant::now();
+        let mut q = Queue::default();
+        let max = *counts.iter().max().unwrap();
+        for round in 0..max {
+            for (t, &n) in counts.iter().enumerate() {
+                if round < n {
+                    q.push(0, t as u64, || Arc::from("t"), now, t);
+                }
+            }
+        }
+        let got: Vec<usize> = q.drain().into_iter().map(|e| e.value).collect();
+        let mut want = Vec::new();
+        for round in 0..max {
+            for (t, &n) in counts.iter().enumerate() {
+                if round < n {
+                    want.push(t);
+                }
+            }
+        }
+        prop_assert_eq!(got, want);
+    }
+}
