@@ -39,6 +39,8 @@ pub struct ModelEntry {
     hash_balance_factor: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     hash_balance_floor: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine: Option<String>,
 }
 
 impl ModelsFile {
@@ -86,6 +88,7 @@ impl ModelEntry {
             endpoints: Vec::new(),
             hash_balance_factor: None,
             hash_balance_floor: None,
+            engine: None,
         }
     }
 
@@ -103,6 +106,13 @@ impl ModelEntry {
 
     /// `session-affinity`, `prefix`, `least-loaded`, ... (not checked here: tests also write
     /// invalid files on purpose).
+    /// The engine kind (`auto`, `vllm`, `sglang`, `llamacpp`, `none`): `none` for backends that
+    /// are not model servers, so the proxy never reads a metrics page of theirs.
+    pub fn engine(mut self, kind: &str) -> Self {
+        self.engine = Some(kind.to_string());
+        self
+    }
+
     pub fn routing(mut self, strategy: &str) -> Self {
         self.routing = Some(strategy.to_string());
         self

@@ -50,7 +50,13 @@ async fn a_hanging_pod_gets_504_at_the_first_byte_timeout() {
     let dir = TempDir::new("hang");
     let pod = hanging().await;
     let models =
-        ModelsFile::new().model(ModelEntry::new("hang").routing("prefix").endpoint(pod.addr));
+        // Not a model server: the engine scraper must not add requests to the one counted here.
+        ModelsFile::new().model(
+            ModelEntry::new("hang")
+                .routing("prefix")
+                .engine("none")
+                .endpoint(pod.addr),
+        );
     let proxy = start_proxy(&models, &["--first-byte-timeout", "1s"], &[], dir.path()).await;
     let t0 = Instant::now();
     let r = ask(&proxy, "hang", "k").await;
