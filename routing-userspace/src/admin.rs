@@ -97,12 +97,13 @@ pub fn routing_view(shared: &Shared) -> Value {
         "models": models,
         "label_groups": groups,
         "balance": balance_view(shared),
+        "admission": shared.admission.view(),
     })
 }
 
 /// One model: its settings, its pods and what routing knows of its keys.
 fn model_view(shared: &Shared, m: &ModelRoute, now: Instant) -> Value {
-    let pods: Vec<Value> = m.pods.iter().map(|p| pod_view(shared, p, now)).collect();
+    let pods: Vec<Value> = m.pods.iter().map(|p| pod_view(shared, m, p, now)).collect();
     let cardinality: Vec<Value> = shared
         .metrics
         .keys
@@ -132,8 +133,9 @@ fn model_view(shared: &Shared, m: &ModelRoute, now: Instant) -> Value {
     })
 }
 
-/// One pod: its load as picks read it, this process's share, reservations, health.
-fn pod_view(shared: &Shared, p: &Pod, now: Instant) -> Value {
+/// One pod: its load as picks read it, this process's share, reservations, health, and
+/// whether it is full (admission holds requests while every pod of its model is).
+fn pod_view(shared: &Shared, m: &ModelRoute, p: &Pod, now: Instant) -> Value {
     let ejected = shared.router.health().ejected(p.slot, now).map(|e| {
         json!({
             "for_seconds": e.for_ms as f64 / 1000.0,
@@ -148,6 +150,7 @@ fn pod_view(shared: &Shared, p: &Pod, now: Instant) -> Value {
         "in_flight_here": p.slot.map(|s| shared.inflight.active(s)),
         "reservations": shared.router.pod_reservations(p, now),
         "ejected": ejected,
+        "full": shared.router.is_full(m, p, now),
         "engine": p.slot.and_then(|s| shared.router.signals().snapshot(s, now)),
         "cache_feedback": p.slot.and_then(|s| shared.router.feedback().view(s)),
     })
@@ -184,6 +187,7 @@ fn knobs_view(shared: &Shared) -> Value {
         "least_loaded_reservation_ttl_ms": k.reservation_ttl.as_millis() as u64,
         "label_group_mode": k.label_group_mode.as_str(),
         "max_pod_attempts": k.max_pod_attempts,
+        "retry_on_status": shared.retry_on.to_string(),
     })
 }
 

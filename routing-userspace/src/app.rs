@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
+use crate::admission::Admission;
 use crate::config::settings::{DiscoverySettings, GaugeSettings, Settings};
 use crate::config::{GaugeKind, ServeArgs};
 use crate::discovery::file::LoadError;
@@ -191,6 +192,7 @@ fn shared_state(settings: &Settings) -> Result<Shared, ServeError> {
         reservation_ttl = ?knobs.reservation_ttl,
         label_group_mode = %knobs.label_group_mode,
         max_pod_attempts = knobs.max_pod_attempts,
+        retry_on_status = %settings.retry.on_status,
         "settings"
     );
     let hook = ebpf.map(|g| Arc::new(RegisterWithGauge(g)) as Arc<dyn ConnectionHook>);
@@ -199,8 +201,12 @@ fn shared_state(settings: &Settings) -> Result<Shared, ServeError> {
         .scrape
         .clone()
         .map(|cfg| start_scraper(cfg, &signals, settings.signals.fleet_size, hook.clone()));
+    let mut router = Router::with_signals(gauge, signals, settings.routing, settings.ejection);
+    router.set_full_when(settings.admission.full_when);
+    let admission = Admission::new(settings.admission, metrics.admission.clone());
     let mut shared = Shared::new(
-        Router::with_signals(gauge, signals, settings.routing, settings.ejection),
+        router,
+        admission,
         metrics,
         inflight,
         Upstream::new(settings.upstream, hook),
@@ -208,6 +214,7 @@ fn shared_state(settings: &Settings) -> Result<Shared, ServeError> {
         RetryBudget::new(settings.retry.share, settings.retry.min_per_second),
     );
     shared.engine_load_reports = settings.signals.inband;
+    shared.retry_on = settings.retry.on_status;
     shared.scrape_targets = scrape;
     Ok(shared)
 }
@@ -266,7 +273,12 @@ async fn run_listeners(
     discovery: tokio::task::JoinHandle<Result<(), ServeError>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let stop_rx = stop_after_delay(shared.clone(), settings.shutdown_delay, shutdown);
+    let stop_rx = stop_after_delay(
+        shared.clone(),
+        settings.shutdown_delay,
+        settings.server.drain,
+        shutdown,
+    );
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::watch::channel(false);
     let admin_shared = shared.clone();
     let admin_task = tokio::spawn(proxy::server::serve(
@@ -304,10 +316,13 @@ async fn run_listeners(
 }
 
 /// On `shutdown`: not ready at once, then, after `delay`, the proxy listener stops accepting
-/// (the returned receiver turns true).
+/// (the returned receiver turns true) and the admission queues close: requests waiting in
+/// them are still admitted as room appears for the first half of the drain timeout, then
+/// answered 503 `proxy_shutdown` (the second half lets the last admitted ones finish).
 fn stop_after_delay(
     shared: Arc<Shared>,
     delay: Duration,
+    drain: Duration,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> tokio::sync::watch::Receiver<bool> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -318,6 +333,11 @@ fn stop_after_delay(
         tokio::time::sleep(delay).await;
         tracing::info!("no longer accepting; draining requests in flight");
         let _ = stop_tx.send(true);
+        let deadline = tokio::time::Instant::now() + drain / 2;
+        let answered = shared.admission.close(deadline).await;
+        if answered > 0 {
+            tracing::warn!(answered, "queued requests answered 503 on shutdown");
+        }
     });
     stop_rx
 }

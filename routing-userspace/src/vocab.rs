@@ -248,22 +248,43 @@ impl GroupOutcome {
 pub enum RetryReason {
     /// The connection broke before a response.
     Reset = 0,
-    Status502 = 1,
-    Status503 = 2,
+    Status500 = 1,
+    Status502 = 2,
+    Status503 = 3,
+    Status504 = 4,
+    /// Another status of `--retry-on-status` (429, or a 5xx other than 500 and 502 to 504).
+    StatusOther = 5,
 }
 
 impl RetryReason {
-    pub const ALL: [RetryReason; 3] = [
+    pub const ALL: [RetryReason; 6] = [
         RetryReason::Reset,
+        RetryReason::Status500,
         RetryReason::Status502,
         RetryReason::Status503,
+        RetryReason::Status504,
+        RetryReason::StatusOther,
     ];
+
+    /// The reason of a retry after a pod answered `status`.
+    pub fn of_status(status: u16) -> Self {
+        match status {
+            500 => RetryReason::Status500,
+            502 => RetryReason::Status502,
+            503 => RetryReason::Status503,
+            504 => RetryReason::Status504,
+            _ => RetryReason::StatusOther,
+        }
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
             RetryReason::Reset => "reset",
+            RetryReason::Status500 => "status-500",
             RetryReason::Status502 => "status-502",
             RetryReason::Status503 => "status-503",
+            RetryReason::Status504 => "status-504",
+            RetryReason::StatusOther => "status-other",
         }
     }
 }

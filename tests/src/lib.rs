@@ -37,8 +37,7 @@ pub use flexinfer_test_support::{
 /// The `flexinfer-proxy` binary: `FLEXINFER_PROXY_BIN`, else next to this test's target dir.
 /// `cargo test --workspace` builds it first (routing-userspace has integration tests of its
 /// own, which makes cargo build its binary); `cargo test -p flexinfer-tests` does not, so a
-/// binary older than the routing-userspace library this test was built with is refused
-/// rather than tested.
+/// binary older than a source file of the proxy is refused rather than tested.
 pub fn proxy_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("FLEXINFER_PROXY_BIN") {
         return PathBuf::from(p);
@@ -55,32 +54,39 @@ pub fn proxy_bin() -> PathBuf {
         "{} not found: build it first (cargo build -p routing-userspace) or set FLEXINFER_PROXY_BIN",
         bin.display()
     );
-    if let Some(lib) = newer_library(&bin, &profile_dir.join("deps")) {
+    if let Some(src) = newer_source(&bin) {
         panic!(
             "{} is older than {}: it does not run the code under test; build it first \
              (cargo build -p routing-userspace --bin flexinfer-proxy) or set FLEXINFER_PROXY_BIN",
             bin.display(),
-            lib.display()
+            src.display()
         );
     }
     bin
 }
 
-/// A `librouting_userspace-*.rlib` in `deps` modified after `bin`: cargo builds the binary after
-/// the library it links, so such a library is code the binary was not built from.
-fn newer_library(bin: &Path, deps: &Path) -> Option<PathBuf> {
+/// A source file of the proxy (routing-userspace, routing-common) modified after `bin` was
+/// built: the binary does not run that code. (Not the library's `.rlib`: the tests and the
+/// binary may link differently featured builds of it, one legitimately newer than the other.)
+fn newer_source(bin: &Path) -> Option<PathBuf> {
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let built = modified(bin)?;
-    std::fs::read_dir(deps)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("librouting_userspace-") && n.ends_with(".rlib"))
-        })
-        .find(|p| modified(p).is_some_and(|m| m > built))
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+    let mut dirs: Vec<PathBuf> = ["routing-userspace/src", "routing-common/src"]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if modified(&path).is_some_and(|m| m > built) {
+                return Some(path);
+            }
+        }
+    }
+    None
 }
 
 fn spawn(name: &str, args: &[String], env: &HashMap<String, String>, log: PathBuf) -> Proc {

@@ -15,7 +15,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -113,6 +113,8 @@ pub struct ModelGate {
     permits: AtomicU64,
     /// Mirrors the queue's length, so a permit's drop skips the lock when nobody waits.
     queued: AtomicUsize,
+    /// Whether the model has a token budget (so callers compute an estimate only then).
+    budgeted: AtomicBool,
     metrics: GateMetrics,
     emptied: Notify,
 }
@@ -160,6 +162,7 @@ impl ModelGate {
             max_buckets,
             permits: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
+            budgeted: AtomicBool::new(settings.budget.is_some()),
             emptied: Notify::new(),
         })
     }
@@ -187,6 +190,11 @@ impl ModelGate {
         self.permits.fetch_sub(STARTING, Ordering::SeqCst);
     }
 
+    /// Whether the model has a token budget (requests then carry a token estimate).
+    pub fn has_budget(&self) -> bool {
+        self.budgeted.load(Ordering::Relaxed)
+    }
+
     /// Requests waiting.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::SeqCst)
@@ -203,6 +211,8 @@ impl ModelGate {
             let mut st = self.lock();
             st.settings = settings;
             st.room = room;
+            self.budgeted
+                .store(settings.budget.is_some(), Ordering::Relaxed);
             st.buckets = match (st.buckets.take(), settings.budget) {
                 (Some(mut b), Some(budget)) => {
                     b.set_budget(budget);

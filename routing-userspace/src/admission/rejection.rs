@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 use http_body_util::Full;
 
 use crate::proxy::errors::ApiError;
@@ -149,17 +149,13 @@ impl Rejection {
             },
             code: self.code(),
             message,
+            retry_after: self.retry_after(),
         }
     }
 
     /// The whole answer: the error JSON, with `Retry-After` where it has one.
     pub fn into_response(self, model: &str) -> Response<Full<Bytes>> {
-        let mut r = self.api_error(model).into_response();
-        if let Some(s) = self.retry_after() {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        r
+        self.api_error(model).into_response()
     }
 }
 
@@ -217,7 +213,7 @@ mod tests {
             assert_eq!(resp.status().as_u16(), status, "{r:?}");
             assert_eq!(
                 resp.headers()
-                    .get(header::RETRY_AFTER)
+                    .get(http::header::RETRY_AFTER)
                     .map(|v| v.to_str().unwrap()),
                 retry,
                 "{r:?}"

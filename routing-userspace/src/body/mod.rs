@@ -224,6 +224,32 @@ fn is_role(role: Option<JsonStr<'_>>, names: &[&str]) -> bool {
     role.is_some_and(|r| names.iter().any(|n| r.eq_str(n)))
 }
 
+/// The first of `keys` present at the top level of a JSON object body, as a whole number
+/// (`max_tokens`, `max_completion_tokens`); `None` when absent or not a whole number. A scan of
+/// its own, run only when a token budget needs it.
+pub fn top_level_count(body: &[u8], keys: &[&str]) -> Option<u64> {
+    let mut s = Scanner::new(body, DEFAULT_MAX_DEPTH);
+    if s.open() != Some(true) {
+        return None;
+    }
+    let mut first = true;
+    let mut found: Option<(usize, u64)> = None;
+    while let Ok(Some((key, value))) = s.next_member(first, 1) {
+        first = false;
+        let Some(key) = JsonStr::new(key) else { break };
+        let Some(rank) = keys.iter().position(|k| key.eq_str(k)) else {
+            continue;
+        };
+        let n = std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.trim().parse().ok());
+        if let Some(n) = n.filter(|_| found.is_none_or(|(r, _)| rank < r)) {
+            found = Some((rank, n));
+        }
+    }
+    found.map(|(_, n)| n)
+}
+
 impl<'a> BodyFields<'a> {
     /// `None` when the body is not a JSON object.
     pub fn parse(body: &'a [u8]) -> Option<Self> {

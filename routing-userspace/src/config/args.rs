@@ -20,6 +20,7 @@ use crate::admission::settings::{
 use crate::balance::least_loaded::MAX_RANKED;
 use crate::metrics::KeyTracking;
 use crate::proxy::retry_budget::RetryBudget;
+use crate::proxy::retry_on::RetryOn;
 use crate::proxy::server::ServeOptions;
 use crate::proxy::RequestLimits;
 use crate::router::health::EjectionPolicy;
@@ -241,7 +242,7 @@ pub struct LimitArgs {
 /// Retries and passive outlier ejection.
 #[derive(Debug, Clone, Args)]
 pub struct ResilienceArgs {
-    /// Retries (after a reset or a 502/503 from a pod, before any byte reached the client) may
+    /// Retries (after a reset or a `--retry-on-status` answer, before any byte reached the client) may
     /// add at most this share of requests, over a 10 s window (connect failures, which send
     /// nothing, always move on).
     #[arg(long, env = "FLEXINFER_PROXY_RETRY_BUDGET", default_value_t = RetryBudget::DEFAULT_SHARE, value_parser = parse_share)]
@@ -254,6 +255,15 @@ pub struct ResilienceArgs {
         default_value_t = RetryBudget::DEFAULT_MIN_PER_SECOND
     )]
     pub retry_min_per_second: u32,
+
+    /// Pod answers retried on the next candidate, before any byte reached the client and
+    /// within the retry budget: a comma-separated list of 429 and 5xx statuses, or "none".
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_RETRY_ON_STATUS",
+        default_value_t = RetryOn::DEFAULT
+    )]
+    pub retry_on_status: RetryOn,
 
     /// Consecutive failures (connect errors, 5xx answers) that eject a pod; a connect or
     /// first-byte timeout ejects at once. 0 disables ejection.

@@ -60,6 +60,8 @@ pub struct GaugeSettings {
 pub struct RetrySettings {
     pub share: f64,
     pub min_per_second: u32,
+    /// The pod answers retried.
+    pub on_status: crate::proxy::retry_on::RetryOn,
 }
 
 /// Everything `serve` runs with.
@@ -124,6 +126,7 @@ impl Settings {
             retry: RetrySettings {
                 share: r.retry_budget,
                 min_per_second: r.retry_min_per_second,
+                on_status: r.retry_on_status,
             },
             key_tracking: KeyTracking {
                 cardinality_cap: args.key_cardinality_cap,

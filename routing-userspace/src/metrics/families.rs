@@ -176,7 +176,7 @@ impl RequestFamilies {
             ),
             upstream_retries_total: f.counter(
                 "flexinfer_proxy_upstream_retries_total",
-                "Requests sent on to the next target after a reset or a 502/503, before any byte reached the client (reason: reset, status-502, status-503)",
+                "Requests sent on to the next target after a reset or a retryable answer (--retry-on-status), before any byte reached the client (reason: reset, status-500, status-502, status-503, status-504, status-other)",
                 &["model", "reason"],
             ),
             outlier_ejections_total: f.counter(

@@ -119,7 +119,7 @@ pub struct ModelMetrics {
     pub pod_connect_errors: Vec<IntCounter>,
     pub service_connect_errors: Option<IntCounter>,
     /// `upstream_retries_total` by reason (in `RetryReason::ALL` order).
-    pub retries: [IntCounter; 3],
+    pub retries: [IntCounter; crate::vocab::RetryReason::ALL.len()],
     /// `outlier_ejections_total` per pod.
     pub pod_ejections: Vec<IntCounter>,
     pub reservations: Arc<ReservationCounters>,

@@ -41,6 +41,8 @@ pub struct Metrics {
     pub unknown_model_requests: handles::StatusCounters,
     /// The engine-signal families (`flexinfer_proxy_engine_*`, see [`crate::signals`]).
     pub engine: crate::signals::EngineFamilies,
+    /// The admission families (queue depth and wait, rejections, see [`crate::admission`]).
+    pub admission: crate::admission::AdmissionFamilies,
 }
 
 /// The `model` label of requests for no configured model.
@@ -77,6 +79,8 @@ impl Metrics {
         let balance = BalanceFamilies::register(&mut f);
         let engine = crate::signals::EngineFamilies::new();
         f.add_all(|| engine.collectors());
+        let admission = crate::admission::AdmissionFamilies::new();
+        f.add_all(|| admission.collectors());
         let ebpf_enabled = f.add(
             IntGauge::new(
                 "flexinfer_proxy_ebpf_enabled",
@@ -98,6 +102,7 @@ impl Metrics {
             requests,
             balance,
             engine,
+            admission,
             ebpf_enabled,
             registry: f.registry,
             collectors: f.collectors,
@@ -172,8 +177,10 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 28, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 33, "{text}");
         assert!(text.contains("# TYPE flexinfer_proxy_engine_scrapes_total counter\n"));
+        assert!(text.contains("# TYPE flexinfer_proxy_queue_depth gauge\n"));
+        assert!(text.contains("# TYPE flexinfer_proxy_queue_wait_seconds histogram\n"));
         m.spec.requests_total.with_label_values(&["m", "200"]).inc();
         let text = m.render();
         assert_eq!(

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Shared;
+use crate::admission::AdmissionPermit;
 use crate::load::userspace::InFlight;
 use crate::router::{Attempt, Decision};
 use crate::signals::Usage;
@@ -40,6 +41,10 @@ pub struct RequestCtx {
     pub local: bool,
     /// The token counts the answer reported (`usage`), read as it streamed by.
     pub usage: Option<Usage>,
+    /// The request's admission: its slot in the model's gate until the context ends.
+    pub permit: Option<AdmissionPermit>,
+    /// How long the request waited in its model's queue (zero when it had room at once).
+    pub queue_wait: std::time::Duration,
 }
 
 impl RequestCtx {
@@ -56,6 +61,8 @@ impl RequestCtx {
             active: false,
             local: false,
             usage: None,
+            permit: None,
+            queue_wait: std::time::Duration::ZERO,
         }
     }
 }

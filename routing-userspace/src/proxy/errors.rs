@@ -12,6 +12,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub code: &'static str,
     pub message: String,
+    /// Seconds for a `Retry-After` header (an overloaded proxy or a spent budget says when).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -21,6 +23,7 @@ impl ApiError {
             kind: "invalid_request_error",
             code: "model_not_found",
             message: format!("The model `{name}` does not exist or is not served by this proxy."),
+            retry_after: None,
         }
     }
 
@@ -30,6 +33,7 @@ impl ApiError {
             kind: "invalid_request_error",
             code: "model_required",
             message: "No model given: set the X-Model-ID header, use a /model/<name>/ path prefix, or put \"model\" in the JSON body.".into(),
+            retry_after: None,
         }
     }
 
@@ -40,6 +44,7 @@ impl ApiError {
             kind: "invalid_request_error",
             code: "invalid_body",
             message: "No model given, and the request body is not a JSON object to read \"model\" from: send valid JSON, or set the X-Model-ID header or a /model/<name>/ path prefix.".into(),
+            retry_after: None,
         }
     }
 
@@ -49,6 +54,7 @@ impl ApiError {
             kind: "invalid_request_error",
             code: "request_too_large",
             message: format!("The request body is larger than the proxy's limit of {limit} bytes."),
+            retry_after: None,
         }
     }
 
@@ -58,6 +64,7 @@ impl ApiError {
             kind: "invalid_request_error",
             code: "invalid_body",
             message: format!("The request body could not be read: {detail}"),
+            retry_after: None,
         }
     }
 
@@ -69,6 +76,7 @@ impl ApiError {
             message: format!(
                 "Model `{model}` has no ready endpoints and no Service to fall back to."
             ),
+            retry_after: None,
         }
     }
 
@@ -78,6 +86,7 @@ impl ApiError {
             kind: "upstream_error",
             code: "upstream_unreachable",
             message: format!("No upstream of model `{model}` could be reached: {detail}"),
+            retry_after: None,
         }
     }
 
@@ -87,6 +96,7 @@ impl ApiError {
             kind: "upstream_error",
             code: "upstream_failed",
             message: format!("The upstream of model `{model}` failed: {detail}"),
+            retry_after: None,
         }
     }
 
@@ -98,6 +108,7 @@ impl ApiError {
             message: format!(
                 "The upstream {target} of model `{model}` sent no response within {after:?}."
             ),
+            retry_after: None,
         }
     }
 
@@ -107,6 +118,7 @@ impl ApiError {
             kind: "upstream_error",
             code: "request_timeout",
             message: format!("The request did not complete within {after:?}."),
+            retry_after: None,
         }
     }
 
@@ -116,6 +128,7 @@ impl ApiError {
             kind: "invalid_request_error",
             code: "header_too_large",
             message: format!("The request head is larger than the proxy's limit of {limit} bytes."),
+            retry_after: None,
         }
     }
 
@@ -125,6 +138,7 @@ impl ApiError {
             kind: "invalid_request_error",
             code: "method_not_allowed",
             message: format!("{method} is not served by this proxy (it is not a forward proxy)."),
+            retry_after: None,
         }
     }
 
@@ -134,6 +148,7 @@ impl ApiError {
             kind: "invalid_request_error",
             code: "absolute_form_not_allowed",
             message: "The request target names a host: this proxy is not a forward proxy; send the path only (e.g. POST /v1/chat/completions).".into(),
+            retry_after: None,
         }
     }
 
@@ -145,6 +160,7 @@ impl ApiError {
             message: format!(
                 "The request body nests deeper than the proxy's limit of {limit} levels."
             ),
+            retry_after: None,
         }
     }
 
@@ -154,6 +170,7 @@ impl ApiError {
             kind: "service_unavailable",
             code: "too_many_connections",
             message: "The proxy serves as many client connections as it may; retry shortly.".into(),
+            retry_after: None,
         }
     }
 
@@ -171,6 +188,10 @@ impl ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
         r
     }
 }

@@ -10,8 +10,9 @@
 //! connection is in hand the request starts there ([`Decision::start_on`]). A pooled
 //! connection its server closed just then hands the request back, and it goes out once more on
 //! a fresh connection to the same target. Before any byte reaches the client, a connection that
-//! breaks or a pod that answers 502 or 503 sends the request on to the next candidate, as long
-//! as the body can be sent again and the retry budget has room. A pod that does not answer
+//! breaks or a pod that answers a status of `--retry-on-status` (500, 502, 503, 504) sends the
+//! request on to the next candidate, as long as the body can be sent again and the retry
+//! budget has room. A pod that does not answer
 //! within the first-byte timeout gets a 504 (the request may be running there; it is not sent
 //! twice). Every attempt's outcome feeds passive outlier ejection.
 
@@ -48,7 +49,7 @@ enum Step {
     },
     /// The request reached the target and failed in a way another target may not: it may go
     /// to the next one, within the retry budget. `answer` is what the client gets if it may not
-    /// (a 502/503 the pod sent); without one, the request fails.
+    /// (the retryable answer the pod sent); without one, the request fails.
     Retry {
         reason: RetryReason,
         replay: UpBody,
@@ -174,8 +175,8 @@ async fn attempt(
     }
 }
 
-/// A response head arrived: it is the answer, unless it is a 502/503 that another target may
-/// do better with.
+/// A response head arrived: it is the answer, unless its status is retryable
+/// (`--retry-on-status`) and another target may do better with it.
 fn answered(shared: &Shared, d: &Decision, a: Attempt, sent: Sent) -> Step {
     let Sent { response, replay } = sent;
     if let Attempt::Pod(i) = a {
@@ -187,11 +188,10 @@ fn answered(shared: &Shared, d: &Decision, a: Attempt, sent: Sent) -> Step {
         _ => Ok(()),
     };
     report(shared, d, a, health);
-    let reason = match status {
-        502 => Some(RetryReason::Status502),
-        503 => Some(RetryReason::Status503),
-        _ => None,
-    };
+    let reason = shared
+        .retry_on
+        .contains(status)
+        .then(|| RetryReason::of_status(status));
     let answer = Forwarded { response };
     match (reason, replay) {
         (Some(reason), Some(replay)) => Step::Retry {

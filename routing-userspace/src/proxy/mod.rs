@@ -3,7 +3,8 @@
 //! 1. resolve the model from the head ([`resolve`]): `X-Model-ID`, then `/model/<name>/`;
 //! 2. read the body, only if routing needs it ([`read_body`]); the body's `model` or the only
 //!    model complete phase 1;
-//! 3. decide ([`crate::router`]): key, candidates, reservations;
+//! 3. admit ([`queue`]): wait while the model's pods are all full (priority, tenant turns);
+//!    then decide ([`crate::router`]): key, candidates, reservations;
 //! 4. prepare the upstream request ([`prepare`]): the client's head moved, not copied;
 //! 5. forward ([`forward`]): connect to the candidates in order, send on the first that answers;
 //! 6. stream back ([`stream`]): frames pass through as they arrive;
@@ -20,10 +21,12 @@ pub mod forward;
 pub mod headers;
 pub mod model_list;
 pub mod prepare;
+pub mod queue;
 pub mod read_body;
 pub mod record;
 pub mod resolve;
 pub mod retry_budget;
+pub mod retry_on;
 pub mod server;
 pub mod shared;
 pub mod stream;
@@ -143,6 +146,8 @@ async fn pipeline(
             Resolved::Route(r) => r,
             Resolved::Local(answer) => return Ok(Answer::Local(answer)),
         };
+        let mut permit = queue::admit(shared, &route, &parts.headers, read.as_deref()).await?;
+        ctx.queue_wait = permit.waited();
         let decision = decide(
             shared,
             &route,
@@ -150,6 +155,10 @@ async fn pipeline(
             view.fields.as_ref(),
             ctx.start,
         );
+        // The decision's reservation (or, without one, the request about to be sent) now
+        // counts in the load the room rule reads.
+        permit.started();
+        ctx.permit = Some(permit);
         let served = decision.model().spec.served_model_name.as_deref();
         let up_body = prepare::body(client_body, view.fields.as_ref(), served, limit);
         (decision, up_body)

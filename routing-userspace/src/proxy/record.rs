@@ -69,6 +69,10 @@ pub fn record(ctx: &mut RequestCtx) {
         g.group.metrics.member_hits[g.member].inc();
     }
     record_balance(d);
+    if let (Some(u), Some(permit)) = (&ctx.usage, ctx.permit.as_mut()) {
+        // The tenant's budget pays what the answer used, not the estimate.
+        permit.correct_tokens(u.prompt_tokens + u.completion_tokens);
+    }
     if let (Some(u), Some(Attempt::Pod(i))) = (&ctx.usage, ctx.served) {
         // What the engine reported: prompt tokens by cache hit, and the index's closed loop.
         m.pod_signals[i].record_usage(u);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::retry_budget::RetryBudget;
 use super::server::ServeOptions;
 use super::stream::DrainCut;
+use crate::admission::Admission;
 use crate::discovery::Update;
 use crate::load::userspace::UserspaceGauge;
 use crate::metrics::Metrics;
@@ -54,13 +55,17 @@ impl Default for RequestLimits {
 
 pub struct Shared {
     pub table: Published,
-    pub router: Router,
+    pub router: Arc<Router>,
+    /// Each model's (and label group's) admission gate.
+    pub admission: Admission,
     pub metrics: Arc<Metrics>,
     /// This process's in-flight requests per pod (always kept, whichever gauge picks read).
     pub inflight: Arc<UserspaceGauge>,
     pub upstream: Upstream,
     pub limits: RequestLimits,
     pub retry_budget: RetryBudget,
+    /// The pod answers retried on the next candidate (within the budget).
+    pub retry_on: super::retry_on::RetryOn,
     /// Set when shutdown began: `/readyz` answers 503 from then on.
     draining: AtomicBool,
     /// Triggered when the drain timeout passes: streams still running end with an error event.
@@ -74,6 +79,7 @@ pub struct Shared {
 impl Shared {
     pub fn new(
         router: Router,
+        admission: Admission,
         metrics: Arc<Metrics>,
         inflight: Arc<UserspaceGauge>,
         upstream: Upstream,
@@ -82,12 +88,14 @@ impl Shared {
     ) -> Self {
         Self {
             table: Published::new(Arc::clone(&metrics), router.knobs().label_group_mode),
-            router,
+            router: Arc::new(router),
+            admission,
             metrics,
             inflight,
             upstream,
             limits,
             retry_budget,
+            retry_on: Default::default(),
             draining: AtomicBool::new(false),
             drain_cut: Arc::default(),
             engine_load_reports: false,
@@ -115,6 +123,7 @@ impl Shared {
         self.table.apply(update, |pods, table| {
             self.router.pods_changed(pods);
             self.router.table_rebuilt(table);
+            super::queue::gates_for(self, &self.router, table);
             if let Some(t) = &self.scrape_targets {
                 t.set(scrape::targets_of(table, &self.metrics.engine));
             }

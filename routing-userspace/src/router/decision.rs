@@ -55,20 +55,22 @@ impl Cursor {
     }
 }
 
-/// The cursor's next pod that is not ejected. For the first pick (`or_ejected`), when every
-/// candidate is ejected, the first of them: a pod that may have recovered beats no answer (the
+/// The cursor's next pod that is neither ejected nor full (see `super::room`). For the first
+/// pick (`or_ejected`), when every candidate is passed over, the first of them: a pod that may have recovered beats no answer (the
 /// ejection share keeps this to models whose every pod failed, such as a one-pod model).
 /// Retries never go to an ejected pod.
 fn next_healthy(
     cursor: &mut Cursor,
     model: &ModelRoute,
-    health: &Health,
+    (health, full): (&Health, Option<&[bool]>),
     at: Instant,
     or_ejected: bool,
 ) -> Option<usize> {
     let mut skipped = None;
     while let Some(i) = cursor.next(model) {
-        if !health.is_ejected(model.pods[i].slot, at) {
+        let passed_over = full.is_some_and(|f| f.get(i) == Some(&true))
+            || health.is_ejected(model.pods[i].slot, at);
+        if !passed_over {
             return Some(i);
         }
         if or_ejected {
@@ -183,6 +185,8 @@ pub struct Decision {
     service_left: bool,
     /// Ejected pods are skipped (as of `at`, the decision's time).
     health: Arc<Health>,
+    /// Pods full at the decision's time (`None`: none, or all), passed over like ejected ones.
+    full: Option<Box<[bool]>>,
     at: Instant,
 }
 
@@ -195,10 +199,10 @@ impl Decision {
         ignored: Vec<Ignored>,
         mut cursor: Cursor,
         max_pod_attempts: usize,
-        health: Arc<Health>,
+        (health, full): (Arc<Health>, Option<Box<[bool]>>),
         at: Instant,
     ) -> Self {
-        let first = next_healthy(&mut cursor, &model, &health, at, true);
+        let first = next_healthy(&mut cursor, &model, (&health, full.as_deref()), at, true);
         Self {
             outcome: if first.is_some() {
                 Outcome::Pod
@@ -220,6 +224,7 @@ impl Decision {
             match_depth: None,
             prompt: None,
             health,
+            full,
             at,
         }
     }
@@ -382,7 +387,13 @@ impl Decision {
         if self.pods_left > 0 {
             let next = match self.first.take() {
                 Some(i) => Some(i),
-                None => next_healthy(&mut self.cursor, &self.model, &self.health, self.at, false),
+                None => next_healthy(
+                    &mut self.cursor,
+                    &self.model,
+                    (&self.health, self.full.as_deref()),
+                    self.at,
+                    false,
+                ),
             };
             match next {
                 Some(i) => {

@@ -16,6 +16,7 @@ pub mod knobs;
 pub mod pending;
 pub mod prefix_index;
 pub mod reservation;
+mod room;
 
 #[cfg(test)]
 mod balance_tests;
@@ -27,6 +28,7 @@ mod tests;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::admission::FullWhen;
 use crate::balance::bounded::{spilled_from, BoundedWalk, HashBalance};
 use crate::balance::cache_aware;
 use crate::balance::least_loaded::rank;
@@ -66,6 +68,8 @@ pub struct Router {
     pending: Arc<PendingPicks>,
     /// Predicted against reported cached tokens, per pod.
     feedback: CacheFeedback,
+    /// When an engine report makes a pod full (see [`room`]).
+    full_when: FullWhen,
     knobs: RoutingKnobs,
 }
 
@@ -96,6 +100,7 @@ impl Router {
             index: PrefixIndex::new(knobs.cache_aware_index_budget),
             pending: PendingPicks::new(),
             feedback: CacheFeedback::default(),
+            full_when: FullWhen::default(),
             knobs,
         }
     }
@@ -263,7 +268,7 @@ impl Router {
             extraction.ignored,
             pick.cursor,
             self.knobs.max_pod_attempts,
-            Arc::clone(&self.health),
+            (Arc::clone(&self.health), self.full_pods(m, now)),
             now,
         );
         let picked_slot = d.picked_pod().and_then(|p| p.slot);

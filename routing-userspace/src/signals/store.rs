@@ -240,8 +240,15 @@ impl SignalStore {
     /// A fresh report says the pod queues more than `waiting_limit` requests or uses more than
     /// `kv_limit` of its KV cache (the freshest report carrying each field decides).
     pub fn is_full(&self, slot: Slot, now: Instant, waiting_limit: u64, kv_limit: f64) -> bool {
+        let (waiting, kv) = self.queue_state(slot, now);
+        waiting.is_some_and(|w| w > waiting_limit) || kv.is_some_and(|k| k > kv_limit)
+    }
+
+    /// The pod's waiting requests and KV-cache use, each from the freshest report carrying it
+    /// (`None` where no fresh report does).
+    pub fn queue_state(&self, slot: Slot, now: Instant) -> (Option<u64>, Option<f64>) {
         let Some(fresh) = self.fresh(slot, now) else {
-            return false;
+            return (None, None);
         };
         let newest = |field: fn(&Snap) -> bool| {
             fresh
@@ -251,13 +258,10 @@ impl SignalStore {
                 .max_by_key(|s| s.at_ns)
                 .copied()
         };
-        let queued = newest(|s| s.waiting.is_some())
-            .and_then(|s| s.waiting)
-            .is_some_and(|w| w > waiting_limit);
-        let kv_full = newest(|s| s.kv.is_some())
-            .and_then(|s| s.kv)
-            .is_some_and(|k| k > kv_limit);
-        queued || kv_full
+        (
+            newest(|s| s.waiting.is_some()).and_then(|s| s.waiting),
+            newest(|s| s.kv.is_some()).and_then(|s| s.kv),
+        )
     }
 
     /// Whether the scraper should read the pod's page: no fresh in-band report gives both

@@ -45,6 +45,7 @@ fn no_flags_are_the_defaults_each_setting_declares() {
         RetrySettings {
             share: crate::proxy::retry_budget::RetryBudget::DEFAULT_SHARE,
             min_per_second: crate::proxy::retry_budget::RetryBudget::DEFAULT_MIN_PER_SECOND,
+            on_status: crate::proxy::retry_on::RetryOn::DEFAULT,
         }
     );
     assert!(matches!(

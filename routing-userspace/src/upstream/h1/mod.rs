@@ -88,7 +88,7 @@ pub enum SendError {
 }
 
 /// A response head, and the request body again if it can be sent once more (to retry on
-/// another pod after a 502 or 503).
+/// another pod after a retryable status).
 #[derive(Debug)]
 pub struct Sent {
     pub response: Response<UpstreamBody>,
