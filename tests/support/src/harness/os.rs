@@ -101,8 +101,25 @@ mod tests {
     fn reads_this_process() {
         let me = std::process::id();
         assert!(vm_rss_kib(me).is_some_and(|k| k > 0));
-        assert_eq!(process_tree(me)[0], me);
-        assert!(tree_rss_kib(me) >= vm_rss_kib(me).unwrap());
+        // This process's RSS moves while other tests run, so the sums are checked on a child
+        // that sits still: the tree holds it, and its tree is itself alone.
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let kid = child.id();
+        // Until it has exec'd, the child is a copy of this process; wait for `sleep`.
+        let comm = || std::fs::read_to_string(format!("/proc/{kid}/comm")).unwrap_or_default();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while comm().trim() != "sleep" {
+            assert!(std::time::Instant::now() < deadline, "sleep never started");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let tree = process_tree(me);
+        assert_eq!(tree[0], me);
+        assert!(tree.contains(&kid), "{tree:?} lacks {kid}");
+        let kid_rss = vm_rss_kib(kid).unwrap();
+        assert!(kid_rss > 0);
+        assert_eq!(tree_rss_kib(kid), kid_rss);
+        child.kill().unwrap();
+        child.wait().unwrap();
         assert!(vm_rss_kib(u32::MAX).is_none());
         let limit = raise_nofile_limit().unwrap();
         assert!(limit >= 1024, "{limit}");
