@@ -239,6 +239,7 @@ fn balance_view(shared: &Shared) -> Value {
         "hash_balance_factor": b.factor(),
         "hash_balance_floor": b.floor,
         "cache_aware_balance_factor": f64::from(router.knobs().cache_aware_factor_milli) / 1000.0,
+        "session_balance_factor": f64::from(router.knobs().session_factor_milli) / 1000.0,
         "route_header": router.knobs().route_header,
         "cache_index": {
             "budget_bytes": ix.budget_bytes(),

@@ -9,12 +9,15 @@
 //! its own view of the loads) send a conversation's next turn to the pod its earlier turns went
 //! to, even through a proxy that never saw them: behind a shared system prompt, every proxy
 //! ties at the prompt and walks from the conversation's first own link. New conversations
-//! spread by that hash; the bound moves a pick only when its pod is full. A run most pods already hold counts as held by a
+//! spread by that hash; the bound moves a pick only when its pod is full. The walk never starts
+//! inside the first [`TIE_LINKS`] links: while the best match is that short every pod ties, and
+//! a proxy that holds a short shared prefix must walk from the same link as one that holds
+//! nothing yet. A run most pods already hold counts as held by a
 //! pod that is [`IDLE_GAP`] less busy than every holder (one more copy costs one prefill;
 //! without this, pods that never got a long shared system prompt would never get a new
-//! conversation, while a document most pods hold stays with them when load is even). With no match at all the pick is the bounded ring
-//! pick of the chain's first link, so proxies that share no state still place new prefixes
-//! alike. Alternates continue the same walk.
+//! conversation, while a document most pods hold stays with them when load is even). With no
+//! match at all the pick is the bounded ring pick of that same link, so proxies that share no
+//! state still place new prefixes alike. Alternates continue the same walk.
 //!
 //! Pure: the matched depths come from the index, the loads from the gauge, both read once.
 
@@ -117,15 +120,19 @@ pub fn choose(
             .map(depth)
             .max()
             .unwrap_or(0);
-        let tie_link = chain[(best as usize).min(chain.len().saturating_sub(1))];
+        // Past the match, but never inside the first TIE_LINKS links: while the best match is
+        // that short every pod ties, and a router that holds a short shared prefix and one
+        // that holds nothing yet must walk from the same link.
+        let tie_at = if best <= TIE_LINKS { TIE_LINKS } else { best };
+        let tie_link = chain[(tie_at as usize).min(chain.len().saturating_sub(1))];
         let walk = BoundedWalk::new(ring, tie_link, loads, limit);
         let tied = walk
             .clone()
             .iter(ring)
             .filter(|&i| eligible(i) && depth(i) + TIE_LINKS >= best);
-        // The first tied pod in the walk of the link past the match: a function of the
-        // request alone, so proxies that share nothing pick alike (with no match at all, the
-        // bounded ring pick of the first link).
+        // The first tied pod in the walk of that link: a function of the request alone, so
+        // proxies that share nothing pick alike (with no match at all, the bounded ring pick
+        // of that link).
         let pick = tied.take(1).next();
         (pick, best, walk)
     };
@@ -186,14 +193,17 @@ mod tests {
     }
 
     #[test]
-    fn no_match_is_the_bounded_ring_pick_of_the_first_link() {
+    fn no_match_is_the_bounded_ring_pick_of_the_link_past_the_tie_margin() {
         let r = ring(5);
-        let chain = [11, 22, 33];
+        let chain = [11, 22, 33, 44];
         let c = choose(&r, &chain, &[0; 5], &[0; 5], Some(2));
-        assert_eq!(c.pick, r.pick(11));
+        assert_eq!(c.pick, r.pick(33));
         assert_eq!(c.depth, 0);
         assert_eq!(c.spilled_from, None);
-        assert_eq!(all(&r, c), r.walk(11).collect::<Vec<_>>());
+        assert_eq!(all(&r, c), r.walk(33).collect::<Vec<_>>());
+        // A chain that short: its last link.
+        let c = choose(&r, &[11, 22], &[0; 5], &[0; 5], Some(2));
+        assert_eq!(c.pick, r.pick(22));
     }
 
     #[test]
@@ -217,19 +227,24 @@ mod tests {
     #[test]
     fn ties_break_by_the_walk_of_the_first_unmatched_link() {
         let r = ring(6);
-        // Every pod holds the shared first link; the second decides.
-        let chain = [7, 0xfeed_beef, 9];
-        let c = choose(&r, &chain, &[1; 6], &[0; 6], None);
+        // Every pod holds the shared first two links; the third decides.
+        let chain = [7, 8, 0xfeed_beef, 9];
+        let c = choose(&r, &chain, &[2; 6], &[0; 6], None);
         assert_eq!(c.pick, r.pick(0xfeed_beef));
-        assert_eq!(c.depth, 1);
+        assert_eq!(c.depth, 2);
         // Loads under the bound change nothing: tied holders go by the walk, and with no match
-        // the ring decides, whatever the loads (proxies with different views pick alike).
+        // the ring walks from the same link, whatever the loads (proxies with different views,
+        // and a proxy that has seen the shared prefix and one that has not, pick alike).
         for loads in [[3, 1, 2, 3, 3, 3], [0, 9, 0, 2, 7, 1], [5; 6]] {
-            let c = choose(&r, &chain, &[1; 6], &loads, Some(10));
-            assert_eq!(c.pick, r.pick(0xfeed_beef), "{loads:?}");
-            let c = choose(&r, &chain, &[0; 6], &loads, Some(10));
-            assert_eq!(c.pick, r.pick(7), "{loads:?}");
+            for shared in [0, 1, 2] {
+                let c = choose(&r, &chain, &[shared; 6], &loads, Some(10));
+                assert_eq!(c.pick, r.pick(0xfeed_beef), "{loads:?} {shared}");
+            }
         }
+        // Past the margin the walk starts past the match.
+        let long = [7, 8, 9, 10, 0xabc, 11];
+        let c = choose(&r, &long, &[4; 6], &[0; 6], None);
+        assert_eq!(c.pick, r.pick(0xabc));
         // A pod lacking only a short shared prefix ties with those that hold it, so it is not
         // starved of new conversations: the walk decides.
         for hash in [0xfeed_beef_u64, 0x1234, 0xdead, 0xabcdef] {

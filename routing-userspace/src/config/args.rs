@@ -339,8 +339,8 @@ pub struct RoutingArgs {
 /// The hash-balance bound, as raw text.
 #[derive(Debug, Clone, Args)]
 pub struct HashBalanceArgs {
-    /// Bounded-load factor c for session-affinity, prefix, cache-aware and the prefix/session
-    /// label-group modes: a pod takes a new request only while its load is under
+    /// Bounded-load factor c for prefix and the prefix/session label-group modes
+    /// (session-affinity and cache-aware models have their own factors): a pod takes a new request only while its load is under
     /// max(ceil(c x mean load), floor), where mean load = (requests in flight + reservations
     /// over the candidate pods + 1) / pods; else the next pod on the ring under the bound takes
     /// it. 0 turns the bound off (the spec's plain ring).
@@ -365,16 +365,27 @@ pub struct BalanceArgs {
     pub hash: HashBalanceArgs,
 
     /// The bounded-load factor of cache-aware models (its floor is --hash-balance-floor).
-    /// Looser than the rings' because cache-aware ties already go to the least-loaded pod and
-    /// a prefix most pods hold also counts for a pod much less busy than its holders, so load
-    /// spreads without a tight bound;
-    /// see docs/routing-quality.md. 0 turns the bound off for them.
+    /// Looser than the rings' because a prefix most pods hold also counts for a pod much less
+    /// busy than its holders, so load spreads without a tight bound, and every spill costs the
+    /// cache hits of a whole conversation; see docs/routing-quality.md. 0 turns the bound off
+    /// for them.
     #[arg(
         long,
         env = "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
         default_value_t = (f64::from(RoutingKnobs::DEFAULT.cache_aware_factor_milli) / 1000.0).to_string()
     )]
     pub cache_aware_balance_factor: String,
+
+    /// The bounded-load factor of session-affinity models (its floor is --hash-balance-floor).
+    /// Looser than the prefix rings': a session moved by a momentary burst loses its whole
+    /// KV-cache, and bursts of in-flight counts are short; see docs/routing-quality.md. 0
+    /// turns the bound off for them.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_SESSION_BALANCE_FACTOR",
+        default_value_t = (f64::from(RoutingKnobs::DEFAULT.session_factor_milli) / 1000.0).to_string()
+    )]
+    pub session_balance_factor: String,
 
     /// Memory the cache-aware prefix index may use (all models and pods of this proxy): bytes,
     /// or with a unit (KiB, MiB, GiB, KB, MB, GB); about 40 bytes per (prefix link, pod).

@@ -267,7 +267,7 @@ pub fn routing_knobs(raw: &RoutingArgs) -> (RoutingKnobs, Vec<KnobWarning>) {
         d.label_group_mode,
         d.label_group_mode.to_string(),
     );
-    let (hash_balance, cache_aware_factor_milli, cache_aware_index_budget) =
+    let (hash_balance, [cache_aware_factor_milli, session_factor_milli], cache_aware_index_budget) =
         balance(&raw.balance, &mut w);
     let knobs = RoutingKnobs {
         limits,
@@ -276,6 +276,7 @@ pub fn routing_knobs(raw: &RoutingArgs) -> (RoutingKnobs, Vec<KnobWarning>) {
         max_pod_attempts: usize::from(raw.max_pod_attempts),
         hash_balance,
         cache_aware_factor_milli,
+        session_factor_milli,
         cache_aware_index_budget,
         route_header: raw.balance.route_header,
     };
@@ -313,18 +314,31 @@ fn hash_balance_with(raw: &HashBalanceArgs, w: &mut Fallbacks) -> HashBalance {
     }
 }
 
-/// The hash balance, the cache-aware factor and the index budget.
-fn balance(raw: &BalanceArgs, w: &mut Fallbacks) -> (HashBalance, u32, usize) {
+/// The hash balance, the cache-aware and session factors, and the index budget.
+fn balance(raw: &BalanceArgs, w: &mut Fallbacks) -> (HashBalance, [u32; 2], usize) {
     let d = RoutingKnobs::DEFAULT;
     let hash = hash_balance_with(&raw.hash, w);
-    let factor = &raw.cache_aware_balance_factor;
-    let cache_aware = w.or(
-        "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
-        factor,
-        parse_factor(factor).ok(),
-        d.cache_aware_factor_milli,
-        (f64::from(d.cache_aware_factor_milli) / 1000.0).to_string(),
-    );
+    let mut own_factor = |env, raw: &String, default: u32| {
+        w.or(
+            env,
+            raw,
+            parse_factor(raw).ok(),
+            default,
+            (f64::from(default) / 1000.0).to_string(),
+        )
+    };
+    let factors = [
+        own_factor(
+            "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
+            &raw.cache_aware_balance_factor,
+            d.cache_aware_factor_milli,
+        ),
+        own_factor(
+            "FLEXINFER_PROXY_SESSION_BALANCE_FACTOR",
+            &raw.session_balance_factor,
+            d.session_factor_milli,
+        ),
+    ];
     let budget = &raw.cache_aware_index_budget;
     let budget = w.or(
         "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET",
@@ -333,7 +347,7 @@ fn balance(raw: &BalanceArgs, w: &mut Fallbacks) -> (HashBalance, u32, usize) {
         d.cache_aware_index_budget,
         format_bytes(d.cache_aware_index_budget),
     );
-    (hash, cache_aware, budget)
+    (hash, factors, budget)
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@
 //!
 //! Texts are normalized as the other keys normalize them (white-space runs collapse to one
 //! space, ends trimmed); cuts count normalized characters. The first link is the request's
-//! routing key (`prompt-chain`): with no match in the index, it is the ring pick.
+//! routing key (`prompt-chain`); with no match in the index, the ring pick is of the link past
+//! the tie margin (see `crate::balance::cache_aware`).
 
 #[cfg(test)]
 use super::canonical::normalize_chars;

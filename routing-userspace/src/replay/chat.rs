@@ -19,6 +19,7 @@ const WORDS: [&str; 32] = [
 pub struct ChatRenderer {
     /// Characters of one block's text.
     block_chars: usize,
+    block_tokens: usize,
     model: String,
 }
 
@@ -26,8 +27,14 @@ impl ChatRenderer {
     pub fn new(model: &str, block_tokens: usize, chars_per_token: usize) -> Self {
         Self {
             block_chars: (block_tokens * chars_per_token).max(8),
+            block_tokens,
             model: model.to_owned(),
         }
+    }
+
+    /// Tokens of one block (what an engine would count for its text).
+    pub fn block_tokens(&self) -> usize {
+        self.block_tokens
     }
 
     /// Append block `id`'s text: `block_chars` characters, starting with the id itself so no

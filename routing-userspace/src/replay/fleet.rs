@@ -4,8 +4,11 @@
 //! decode time proportional to the output. Time is simulated (microseconds from the start of
 //! the trace); nothing sleeps.
 //!
-//! A [`Placement`] picks the pod of each arriving request. The fleet keeps the count the router
-//! reads as its gauge: requests routed to a pod and not finished (running plus queued).
+//! A [`Placement`] picks the pod of each arriving request, and hears when each one starts
+//! running and finishes (what a router learns from the engine's answers). Requests arrive at
+//! the trace's timestamps, or, closed loop, as many at once as a client keeps in flight.
+//! The fleet keeps the count a router reads as its gauge: requests routed to a pod and not
+//! finished (running plus queued).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -23,15 +26,24 @@ pub struct PodTiming {
     pub max_running: usize,
 }
 
-/// The simulated fleet: how many pods, how big their caches, how fast, how fast time runs.
+/// When requests arrive.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrivals {
+    /// At the trace's timestamps, this many times faster.
+    Trace { speedup: f64 },
+    /// Closed loop: this many requests in flight, the next sent as one finishes (the trace's
+    /// order, not its timestamps).
+    Closed { in_flight: usize },
+}
+
+/// The simulated fleet: how many pods, how big their caches, how fast, when requests come.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FleetSpec {
     pub pods: usize,
     /// Prefix-cache capacity of each pod, in blocks.
     pub cache_blocks: usize,
     pub timing: PodTiming,
-    /// Arrivals this many times faster than the trace's timestamps.
-    pub speedup: f64,
+    pub arrivals: Arrivals,
 }
 
 /// What happened to one request.
@@ -58,33 +70,40 @@ impl Pod {
     pub fn in_flight(&self) -> usize {
         self.running + self.queue.len()
     }
+
+    /// Requests the pod runs now (what an engine reports as running).
+    pub fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Requests queued on the pod for a running slot (what an engine reports as waiting).
+    pub fn waiting(&self) -> usize {
+        self.queue.len()
+    }
 }
 
-/// Picks a pod for each arriving request.
+/// Picks a pod for each arriving request. Calls come in simulated-time order.
 pub trait Placement {
     /// The pod request `index` (arriving at `now_us`) goes to.
     fn place(&mut self, index: usize, r: &TraceRequest, now_us: u64, pods: &[Pod]) -> usize;
-    /// Request `index` finished on `pod` (the gauge goes down).
-    fn finished(&mut self, index: usize, pod: usize);
+    /// The pod took request `index` at `now_us` (to run or to queue): a streaming engine
+    /// sends the response head, with its load report, then.
+    fn accepted(&mut self, _index: usize, _now_us: u64, _pods: &[Pod]) {}
+    /// Request `index` finished at `now_us` (the gauge goes down): `served` is what its
+    /// answer reports.
+    fn finished(&mut self, index: usize, served: &Served, now_us: u64, pods: &[Pod]);
 }
 
-/// Run `requests` through the fleet, each placed by `placement`. Arrival times are the trace's
-/// timestamps divided by the speedup.
+/// Run `requests` through the fleet, each placed by `placement`, arriving as `spec` says.
 pub fn run(
     requests: &[TraceRequest],
     spec: &FleetSpec,
     placement: &mut dyn Placement,
 ) -> Vec<Served> {
-    let FleetSpec {
-        pods,
-        cache_blocks,
-        timing,
-        speedup,
-    } = *spec;
     let mut fleet = Fleet {
-        pods: (0..pods)
+        pods: (0..spec.pods)
             .map(|_| Pod {
-                cache: PrefixCache::new(cache_blocks),
+                cache: PrefixCache::new(spec.cache_blocks),
                 running: 0,
                 queue: VecDeque::new(),
             })
@@ -92,21 +111,23 @@ pub fn run(
         done: BinaryHeap::new(),
         arrival: Vec::with_capacity(requests.len()),
         served: vec![None; requests.len()],
-        timing,
+        completions: Vec::new(),
+        timing: spec.timing,
     };
     for (i, r) in requests.iter().enumerate() {
-        let now = (r.timestamp as f64 * 1000.0 / speedup.max(1e-9)).round() as u64;
+        let now = fleet.arrival_of(i, r, spec.arrivals, requests, placement);
         fleet.finish_until(now, requests, placement);
         fleet.arrival.push(now);
         let pod = placement
             .place(i, r, now, &fleet.pods)
-            .min(pods.saturating_sub(1));
+            .min(spec.pods.saturating_sub(1));
         let p = &mut fleet.pods[pod];
-        if p.running < timing.max_running.max(1) {
+        if p.running < spec.timing.max_running.max(1) {
             fleet.start(i, pod, now, requests);
         } else {
             p.queue.push_back(i);
         }
+        placement.accepted(i, now, &fleet.pods);
     }
     fleet.finish_until(u64::MAX, requests, placement);
     fleet
@@ -122,10 +143,40 @@ struct Fleet {
     done: BinaryHeap<Reverse<(u64, usize, usize)>>,
     arrival: Vec<u64>,
     served: Vec<Option<Served>>,
+    /// Completion times, in order (a closed loop sends its next request at each).
+    completions: Vec<u64>,
     timing: PodTiming,
 }
 
 impl Fleet {
+    /// When request `i` arrives: its timestamp, or, closed loop, when the request `in_flight`
+    /// before it finished (the first `in_flight` at once).
+    fn arrival_of(
+        &mut self,
+        i: usize,
+        r: &TraceRequest,
+        arrivals: Arrivals,
+        requests: &[TraceRequest],
+        placement: &mut dyn Placement,
+    ) -> u64 {
+        match arrivals {
+            Arrivals::Trace { speedup } => {
+                (r.timestamp as f64 * 1000.0 / speedup.max(1e-9)).round() as u64
+            }
+            Arrivals::Closed { in_flight } if i < in_flight.max(1) => 0,
+            Arrivals::Closed { in_flight } => {
+                let freed = i - in_flight.max(1);
+                while self.completions.len() <= freed {
+                    let Some(&Reverse((at, ..))) = self.done.peek() else {
+                        break;
+                    };
+                    self.finish_until(at, requests, placement);
+                }
+                self.completions.get(freed).copied().unwrap_or(0)
+            }
+        }
+    }
+
     fn start(&mut self, i: usize, pod: usize, now: u64, requests: &[TraceRequest]) {
         let r = &requests[i];
         let t = self.timing;
@@ -160,7 +211,9 @@ impl Fleet {
             }
             self.done.pop();
             self.pods[pod].running -= 1;
-            placement.finished(i, pod);
+            self.completions.push(at);
+            let served = self.served[i].expect("a finished request started");
+            placement.finished(i, &served, at, &self.pods);
             if let Some(next) = self.pods[pod].queue.pop_front() {
                 self.start(next, pod, at, requests);
             }

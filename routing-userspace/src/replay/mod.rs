@@ -17,6 +17,8 @@ pub mod fleet;
 pub mod generate;
 pub mod placement;
 pub mod report;
+pub mod reports;
+pub mod routers;
 pub mod trace;
 
 #[cfg(test)]
@@ -32,9 +34,11 @@ use crate::config::RoutingArgs;
 use crate::router::RoutingKnobs;
 use crate::vocab::Strategy;
 use chat::ChatRenderer;
-use fleet::{FleetSpec, PodTiming};
-use placement::{Greedy, RouterPlacement, MODEL};
+use fleet::{Arrivals, FleetSpec, PodTiming};
+use placement::{Greedy, MODEL};
 use report::Report;
+use reports::ReportKinds;
+use routers::{ReportSettings, Routers};
 use trace::TraceRequest;
 
 /// A row of the replay table.
@@ -128,8 +132,37 @@ pub struct ReplayArgs {
     pub cache_blocks: usize,
 
     /// Arrivals this many times faster than the trace's timestamps.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, conflicts_with = "in_flight")]
     pub speedup: f64,
+
+    /// Closed loop: keep this many requests in flight (the next sent as one finishes),
+    /// ignoring the trace's timestamps.
+    #[arg(long)]
+    pub in_flight: Option<usize>,
+
+    /// Proxies in front of the pods, each with its own router, index, gauge and view of the
+    /// engines' reports (a DaemonSet on this many nodes); request i goes through router
+    /// i mod N. A list (`1,4,8`) replays each fleet size in turn and ends with a table of
+    /// the router rows side by side.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub routers: Vec<usize>,
+
+    /// Which engine load reports the routers get.
+    #[arg(long, value_enum, default_value_t = ReportKinds::Both)]
+    pub engine_reports: ReportKinds,
+
+    /// From a pod's state to the router that reads it, milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pub report_delay_ms: u64,
+
+    /// Scrapes per pod per second for the whole fleet of routers (serve's
+    /// --engine-scrape-budget).
+    #[arg(long, default_value_t = crate::signals::ScrapeConfig::default().budget)]
+    pub engine_scrape_budget: f64,
+
+    /// How long an in-band report counts, milliseconds (serve's --engine-report-staleness).
+    #[arg(long, default_value_t = crate::signals::store::DEFAULT_STALENESS.as_millis() as u64)]
+    pub engine_report_staleness_ms: u64,
 
     /// Only the first N requests of the trace.
     #[arg(long)]
@@ -186,16 +219,50 @@ impl ReplayArgs {
                 decode_us_per_token: self.decode_us_per_token,
                 max_running: self.max_running,
             },
-            speedup: self.speedup,
+            arrivals: match self.in_flight {
+                Some(in_flight) => Arrivals::Closed { in_flight },
+                None => Arrivals::Trace {
+                    speedup: self.speedup,
+                },
+            },
+        }
+    }
+
+    fn front(&self, routers: usize) -> Front {
+        Front {
+            routers,
+            reports: ReportSettings {
+                kinds: self.engine_reports,
+                delay: std::time::Duration::from_millis(self.report_delay_ms),
+                scrape_budget: self.engine_scrape_budget,
+                staleness: std::time::Duration::from_millis(self.engine_report_staleness_ms),
+            },
         }
     }
 }
 
-/// Replay `requests` through one row.
+/// What stands in front of the pods: how many routers, and what they hear of the engines.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Front {
+    pub routers: usize,
+    pub reports: ReportSettings,
+}
+
+impl Default for Front {
+    fn default() -> Self {
+        Self {
+            routers: 1,
+            reports: ReportSettings::default(),
+        }
+    }
+}
+
+/// Replay `requests` through one row: router rows through `front`'s routers, the references
+/// (greedy, limit) as they are.
 pub fn replay_row(
     row: Row,
     requests: &[TraceRequest],
-    fleet: &FleetSpec,
+    (fleet, front): (&FleetSpec, &Front),
     knobs: RoutingKnobs,
     chat: &ChatRenderer,
 ) -> Report {
@@ -207,12 +274,25 @@ pub fn replay_row(
                 false => RoutingKnobs {
                     hash_balance: HashBalance::OFF,
                     cache_aware_factor_milli: 0,
+                    session_factor_milli: 0,
                     ..knobs
                 },
             };
-            let mut p = RouterPlacement::new(strategy, pods, knobs, chat.clone(), requests.len());
+            let bound = knobs.balance_for(&Routers::model_spec(strategy, pods));
+            let mut p = Routers::new(
+                (strategy, knobs),
+                (front.routers, pods),
+                front.reports,
+                chat.clone(),
+                requests.len(),
+            );
             let served = fleet::run(requests, fleet, &mut p);
-            Report::new(row.name(), &served, pods, Some(p.spills))
+            let mut report = Report::new(row.name(), &served, pods, Some(p.spills));
+            if bound.is_on() {
+                let oracle = fleet::run(requests, fleet, &mut Greedy { balance: bound });
+                report.oracle_hit_ratio = Some(Report::new("", &oracle, pods, None).hit_ratio);
+            }
+            report
         }
         None if row == Row::Greedy => {
             let mut greedy = Greedy {
@@ -230,7 +310,7 @@ pub fn replay_row(
                     max_running: fleet.timing.max_running * pods,
                     ..fleet.timing
                 },
-                speedup: fleet.speedup,
+                arrivals: fleet.arrivals,
             };
             let mut one_pod = Greedy {
                 balance: HashBalance::OFF,
@@ -239,6 +319,53 @@ pub fn replay_row(
             Report::new(row.name(), &served, 1, None)
         }
     }
+}
+
+/// The line above the table: the trace, the fleet, the arrivals, the routers and the knobs.
+fn header(
+    args: &ReplayArgs,
+    path: &std::path::Path,
+    requests: &[TraceRequest],
+    knobs: &RoutingKnobs,
+) -> String {
+    let span_s = requests.last().map_or(0, |r| r.timestamp) as f64 / 1000.0;
+    let arrivals = match args.in_flight {
+        Some(n) => format!("closed loop, {n} in flight"),
+        None => format!(
+            "at the trace's times over {:.0} s (speedup {})",
+            span_s / args.speedup,
+            args.speedup
+        ),
+    };
+    let reports = match args.engine_reports {
+        ReportKinds::None => "no engine reports".to_owned(),
+        kinds => format!(
+            "engine reports {} {} ms late, scrape budget {}/pod/s",
+            kinds
+                .to_possible_value()
+                .map(|v| v.get_name().to_owned())
+                .unwrap_or_default(),
+            args.report_delay_ms,
+            args.engine_scrape_budget
+        ),
+    };
+    format!(
+        "replay: {} ({} requests, {arrivals}), {} pods x {} blocks of {} tokens, at most {} running per pod, prefill {} us/token, decode {} us/token; {} router(s), request i through router i mod {}, {reports}; hash balance factor {} floor {}, cache-aware factor {}, session factor {}",
+        path.display(),
+        requests.len(),
+        args.pods,
+        args.cache_blocks,
+        args.block_tokens,
+        args.max_running,
+        args.prefill_us_per_token,
+        args.decode_us_per_token,
+        routers_text(&args.routers),
+        "N",
+        knobs.hash_balance.factor(),
+        knobs.hash_balance.floor,
+        f64::from(knobs.cache_aware_factor_milli) / 1000.0,
+        f64::from(knobs.session_factor_milli) / 1000.0,
+    )
 }
 
 pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
@@ -259,6 +386,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if args.pods == 0 || args.max_running == 0 || args.speedup <= 0.0 {
         bail!("--pods, --max-running and --speedup must be positive");
     }
+    if args.routers.contains(&0) || args.in_flight == Some(0) {
+        bail!("--routers and --in-flight must be positive");
+    }
     let path = args.trace.as_ref().context("--trace is required")?;
     let requests = trace::load(path, args.requests)?;
     if requests.is_empty() {
@@ -277,28 +407,36 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         args.strategies.clone()
     };
     let chat = ChatRenderer::new(MODEL, args.block_tokens as usize, args.chars_per_token);
-    let span_s = requests.last().map_or(0, |r| r.timestamp) as f64 / 1000.0 / args.speedup;
-    println!(
-        "replay: {} ({} requests over {:.0} s), {} pods x {} blocks of {} tokens, at most {} running per pod, prefill {} us/token, decode {} us/token, speedup {}, hash balance factor {} floor {}, cache-aware factor {}\n",
-        path.display(),
-        requests.len(),
-        span_s,
-        args.pods,
-        args.cache_blocks,
-        args.block_tokens,
-        args.max_running,
-        args.prefill_us_per_token,
-        args.decode_us_per_token,
-        args.speedup,
-        knobs.hash_balance.factor(),
-        knobs.hash_balance.floor,
-        f64::from(knobs.cache_aware_factor_milli) / 1000.0,
-    );
+    println!("{}\n", header(args, path, &requests, &knobs));
     let fleet = args.fleet();
-    let reports: Vec<Report> = rows
-        .iter()
-        .map(|&row| replay_row(row, &requests, &fleet, knobs, &chat))
-        .collect();
-    print!("{}", report::table(&reports));
+    let mut fleets = Vec::new();
+    for &n in &args.routers {
+        let front = args.front(n);
+        let reports: Vec<Report> = rows
+            .iter()
+            .map(|&row| replay_row(row, &requests, (&fleet, &front), knobs, &chat))
+            .collect();
+        if args.routers.len() > 1 {
+            println!("### {n} router(s)\n");
+        }
+        println!("{}", report::table(&reports));
+        fleets.push((n, reports));
+    }
+    if args.routers.len() > 1 {
+        let limit = replay_row(
+            Row::Limit,
+            &requests,
+            (&fleet, &args.front(1)),
+            knobs,
+            &chat,
+        );
+        println!("### Side by side\n");
+        print!("{}", report::fleets(limit.hit_ratio, &fleets));
+    }
     Ok(())
+}
+
+fn routers_text(routers: &[usize]) -> String {
+    let list: Vec<String> = routers.iter().map(usize::to_string).collect();
+    list.join(", ")
 }

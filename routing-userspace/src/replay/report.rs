@@ -19,6 +19,9 @@ pub struct Report {
     pub spills: Option<u64>,
     /// Requests per pod.
     pub per_pod: Vec<u64>,
+    /// For a bounded router row: the greedy oracle's hit ratio under the same bound (it reads
+    /// every pod's cache), what the row's hits are measured against.
+    pub oracle_hit_ratio: Option<f64>,
 }
 
 /// Nearest-rank quantile of sorted values.
@@ -57,22 +60,70 @@ impl Report {
             queued: served.iter().filter(|s| s.queued).count(),
             spills,
             per_pod,
+            oracle_hit_ratio: None,
         }
     }
+}
+
+/// The router rows of several fleet sizes side by side: for each N, the hit ratio as a share
+/// of `limit` (one cache with the whole fleet's capacity), against the oracle under the same
+/// bound where there is one, and the max/mean load.
+pub fn fleets(limit: f64, fleets: &[(usize, Vec<Report>)]) -> String {
+    let mut out = String::from("| strategy |");
+    let mut rule = String::from("|---|");
+    for (n, _) in fleets {
+        out.push_str(&format!(" N={n}: hit (x limit, x oracle) | max/mean |"));
+        rule.push_str("---:|---:|");
+    }
+    out.push('\n');
+    out.push_str(&rule);
+    out.push('\n');
+    let Some((_, first)) = fleets.first() else {
+        return out;
+    };
+    for (row, r0) in first.iter().enumerate() {
+        if r0.spills.is_none() {
+            continue; // greedy and limit do not depend on the routers
+        }
+        out.push_str(&format!("| {} |", r0.name));
+        for (_, reports) in fleets {
+            let r = &reports[row];
+            let x_limit = if limit > 0.0 {
+                r.hit_ratio / limit
+            } else {
+                0.0
+            };
+            let x_oracle = r
+                .oracle_hit_ratio
+                .filter(|&o| o > 0.0)
+                .map_or(String::new(), |o| format!(", {:.2}x", r.hit_ratio / o));
+            let mm = r.max_over_mean.map_or("-".into(), |v| format!("{v:.2}"));
+            out.push_str(&format!(
+                " {:.3} ({x_limit:.2}x{x_oracle}) | {mm} |",
+                r.hit_ratio
+            ));
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// The markdown table of several reports.
 pub fn table(reports: &[Report]) -> String {
     let mut out = String::from(
-        "| strategy | block hit ratio | max/mean load | TTFT p50 (s) | TTFT p95 (s) | TTFT p99 (s) | queued | spills | requests per pod |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| strategy | block hit ratio | x oracle, same bound | max/mean load | TTFT p50 (s) | TTFT p95 (s) | TTFT p99 (s) | queued | spills | requests per pod |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in reports {
         let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
         out.push_str(&format!(
-            "| {} | {:.3} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} |\n",
+            "| {} | {:.3} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} |\n",
             r.name,
             r.hit_ratio,
+            opt(r.oracle_hit_ratio.map(|o| match o > 0.0 {
+                true => format!("{:.2}x (of {o:.3})", r.hit_ratio / o),
+                false => "-".into(),
+            })),
             opt(r.max_over_mean.map(|v| format!("{v:.2}"))),
             r.ttft_p50_s,
             r.ttft_p95_s,

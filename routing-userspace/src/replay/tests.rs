@@ -23,7 +23,18 @@ fn fleet(pods: usize, cache_blocks: usize, max_running: usize) -> FleetSpec {
             decode_us_per_token: 1000,
             max_running,
         },
-        speedup: 1.0,
+        arrivals: Arrivals::Trace { speedup: 1.0 },
+    }
+}
+
+/// One router that hears no engine report: what the hand-worked answers assume.
+fn one_router() -> Front {
+    Front {
+        routers: 1,
+        reports: ReportSettings {
+            kinds: ReportKinds::None,
+            ..ReportSettings::default()
+        },
     }
 }
 
@@ -33,7 +44,7 @@ fn run(row: Row, trace: &[TraceRequest], f: &FleetSpec) -> Report {
 
 fn run_with(row: Row, trace: &[TraceRequest], f: &FleetSpec, knobs: RoutingKnobs) -> Report {
     let chat = ChatRenderer::new(MODEL, 512, 4);
-    replay_row(row, trace, f, knobs, &chat)
+    replay_row(row, trace, (f, &one_router()), knobs, &chat)
 }
 
 fn sorted(mut v: Vec<u64>) -> Vec<u64> {
@@ -174,4 +185,72 @@ fn row_names_are_the_flag_values() {
     for row in Row::ALL {
         assert_eq!(row.name(), row.clap_name());
     }
+}
+
+#[test]
+fn a_closed_loop_keeps_its_count_in_flight() {
+    // One pod that runs one request at a time. At the trace's times both first turns arrive
+    // at t = 0 and one waits; a closed loop of one starts each request when the last one ends,
+    // so none waits, and a loop of two starts two at once again.
+    let mut f = fleet(1, 100, 1);
+    assert!(run(Row::RoundRobin, &two_conversations(), &f).queued >= 1);
+    f.arrivals = Arrivals::Closed { in_flight: 1 };
+    assert_eq!(run(Row::RoundRobin, &two_conversations(), &f).queued, 0);
+    f.arrivals = Arrivals::Closed { in_flight: 2 };
+    assert!(run(Row::RoundRobin, &two_conversations(), &f).queued >= 1);
+}
+
+#[test]
+fn a_second_turn_through_a_router_that_never_saw_the_first_lands_where_it_did() {
+    // Request i goes through router i mod 2: A's first turn through router 0 and its second
+    // through router 1, B's the other way round. Neither router saw the other's turns, yet
+    // each second turn goes where its first turn went (the tie walk starts at the same link
+    // on both), so two routers place the trace exactly as one does: 3 blocks cached per
+    // second turn.
+    let t = two_conversations();
+    let crossed = vec![t[0].clone(), t[1].clone(), t[3].clone(), t[2].clone()];
+    let f = fleet(2, 100, 4);
+    let chat = ChatRenderer::new(MODEL, 512, 4);
+    let two = Front {
+        routers: 2,
+        ..one_router()
+    };
+    let one = replay_row(
+        Row::CacheAware,
+        &crossed,
+        (&f, &one_router()),
+        RoutingKnobs::default(),
+        &chat,
+    );
+    let both = replay_row(
+        Row::CacheAware,
+        &crossed,
+        (&f, &two),
+        RoutingKnobs::default(),
+        &chat,
+    );
+    assert_eq!(both.per_pod, one.per_pod);
+    assert!(
+        (both.hit_ratio - one.hit_ratio).abs() < 1e-9,
+        "{both:?} {one:?}"
+    );
+    assert!(both.hit_ratio >= 6.0 / 14.0 - 1e-9, "{both:?}");
+}
+
+#[test]
+fn bounded_rows_are_measured_against_the_oracle_under_their_bound() {
+    let f = fleet(2, 100, 4);
+    let r = run(Row::CacheAware, &two_conversations(), &f);
+    let oracle = r.oracle_hit_ratio.expect("cache-aware is bounded");
+    assert!(
+        (oracle - 0.5).abs() < 1e-9,
+        "greedy keeps all four on one pod: {r:?}"
+    );
+    assert_eq!(
+        run(Row::SessionAffinity, &two_conversations(), &f).oracle_hit_ratio,
+        None
+    );
+    assert!(run(Row::SessionAffinityBounded, &two_conversations(), &f)
+        .oracle_hit_ratio
+        .is_some());
 }

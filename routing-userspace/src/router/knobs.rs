@@ -18,11 +18,15 @@ pub struct RoutingKnobs {
     pub label_group_mode: LabelGroupMode,
     /// Pods a request tries before the Service (the pick and its alternates).
     pub max_pod_attempts: usize,
-    /// Bounded-load hashing of every ring (models may override it).
+    /// Bounded-load hashing of the prefix and label-group rings, and the floor of all (models
+    /// may override it).
     pub hash_balance: HashBalance,
     /// The bounded-load factor of cache-aware models, thousandths (0 = off); the floor is
     /// `hash_balance.floor`.
     pub cache_aware_factor_milli: u32,
+    /// The bounded-load factor of session-affinity models, thousandths (0 = off); the floor
+    /// is `hash_balance.floor`.
+    pub session_factor_milli: u32,
     /// Memory budget of the cache-aware prefix index, in bytes.
     pub cache_aware_index_budget: usize,
     /// Whether routed responses carry `x-flexinfer-route`.
@@ -41,7 +45,8 @@ impl RoutingKnobs {
             factor_milli: 1200,
             floor: 4,
         },
-        cache_aware_factor_milli: 1500,
+        cache_aware_factor_milli: 1600,
+        session_factor_milli: 1500,
         cache_aware_index_budget: 16 << 20,
         route_header: false,
     };
@@ -49,13 +54,16 @@ impl RoutingKnobs {
 
 impl RoutingKnobs {
     /// The hash-balance settings of a model: the proxy's, with the model's own overrides.
-    /// Cache-aware models start from their own factor (`--cache-aware-balance-factor`).
+    /// Cache-aware and session-affinity models start from their own factors
+    /// (`--cache-aware-balance-factor`, `--session-balance-factor`).
     pub fn balance_for(&self, spec: &ModelSpec) -> HashBalance {
+        let own = |factor_milli| HashBalance {
+            factor_milli,
+            ..self.hash_balance
+        };
         let base = match spec.routing {
-            Strategy::CacheAware => HashBalance {
-                factor_milli: self.cache_aware_factor_milli,
-                ..self.hash_balance
-            },
+            Strategy::CacheAware => own(self.cache_aware_factor_milli),
+            Strategy::SessionAffinity => own(self.session_factor_milli),
             _ => self.hash_balance,
         };
         base.overridden(&spec.hash_balance)

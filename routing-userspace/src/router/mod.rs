@@ -19,6 +19,8 @@ pub mod reservation;
 mod room;
 
 #[cfg(test)]
+mod agreement_tests;
+#[cfg(test)]
 mod balance_tests;
 #[cfg(test)]
 mod test_world;

@@ -65,7 +65,7 @@ impl Default for ScrapeConfig {
             path: http::uri::PathAndQuery::from_static("/metrics"),
             budget: 1.0,
             min_interval: Duration::from_millis(250),
-            max_report_age: Duration::from_secs(5),
+            max_report_age: Duration::from_secs(60),
             connect_timeout: Duration::from_millis(500),
             timeout: Duration::from_secs(2),
             max_page: MAX_PAGE_BYTES,
@@ -360,7 +360,7 @@ impl Scraper {
                 continue;
             }
             st.next_due = next_due(now, every, st.failures, rand::random::<f64>());
-            if !self.store.wants_scrape(t.slot, now) {
+            if !self.store.wants_scrape(t.slot, now, every) {
                 continue;
             }
             st.busy = true;

@@ -120,6 +120,7 @@ fn hash_balance_and_index_knobs_validate_like_the_others() {
         "--hash-balance-factor=1.5",
         "--hash-balance-floor=0",
         "--cache-aware-balance-factor=2",
+        "--session-balance-factor=1.1",
         "--cache-aware-index-budget=512KiB",
         "--route-header",
     ]);
@@ -129,6 +130,7 @@ fn hash_balance_and_index_knobs_validate_like_the_others() {
         (1500, 0)
     );
     assert_eq!(k.cache_aware_factor_milli, 2000);
+    assert_eq!(k.session_factor_milli, 1100);
     assert_eq!(k.cache_aware_index_budget, 512 << 10);
     assert!(k.route_header);
     assert!(
@@ -139,6 +141,7 @@ fn hash_balance_and_index_knobs_validate_like_the_others() {
         "--hash-balance-factor=0.5",
         "--hash-balance-floor=-1",
         "--cache-aware-balance-factor=0.9",
+        "--session-balance-factor=x",
         "--cache-aware-index-budget=lots",
     ]);
     assert_eq!(k, RoutingKnobs::DEFAULT);
@@ -148,6 +151,7 @@ fn hash_balance_and_index_knobs_validate_like_the_others() {
             "FLEXINFER_PROXY_HASH_BALANCE_FACTOR",
             "FLEXINFER_PROXY_HASH_BALANCE_FLOOR",
             "FLEXINFER_PROXY_CACHE_AWARE_BALANCE_FACTOR",
+            "FLEXINFER_PROXY_SESSION_BALANCE_FACTOR",
             "FLEXINFER_PROXY_CACHE_AWARE_INDEX_BUDGET"
         ]
     );
@@ -199,11 +203,11 @@ fn signals(flags: &[&str], env: &[(&str, &str)]) -> Result<SignalSettings, clap:
 fn engine_signals_default_to_in_band_reports_and_a_scrape_budget_of_one() {
     let s = signals(&[], &[]).unwrap();
     assert!(s.inband);
-    assert_eq!(s.staleness, Duration::from_secs(2));
+    assert_eq!(s.staleness, Duration::from_secs(30));
     let scrape = s.scrape.unwrap();
     assert_eq!(scrape.budget, 1.0);
     assert_eq!(scrape.path, "/metrics");
-    assert_eq!(scrape.max_report_age, Duration::from_secs(5));
+    assert_eq!(scrape.max_report_age, Duration::from_secs(60));
     assert_eq!(s.fleet_size, 0);
 }
 

@@ -239,22 +239,27 @@ fn target(slot: Slot, addr: SocketAddr, families: &EngineFamilies) -> ScrapeTarg
 }
 
 #[tokio::test]
-async fn the_task_reports_pods_and_skips_those_with_complete_in_band_reports() {
+async fn the_task_reports_pods_and_skips_those_with_recent_complete_in_band_reports() {
     let (scraped, scraped_hits) = server(Answer::Page(VLLM_PAGE)).await;
     let (inband, inband_hits) = server(Answer::Page(VLLM_PAGE)).await;
     let (down, _) = server(Answer::Status(503)).await;
     let local = Arc::new(crate::load::userspace::UserspaceGauge::default());
     let store = Arc::new(SignalStore::new(Duration::from_secs(60), local));
     let families = EngineFamilies::new();
-    // Pod 2 answered in-band with both counts: it needs no scrape while that is fresh.
+    // Pod 2 answers in-band with both counts, more often than the interval (50 ms): it needs
+    // no scrape.
     let complete = EngineReport {
         running: Some(1),
         waiting: Some(0),
         kv_usage: None,
     };
     store.report(2, &complete, Source::InBand, Instant::now());
+    let every_50ms = ScrapeConfig {
+        budget: 20.0,
+        ..fast()
+    };
     let scraper = Scraper::new(
-        fast(),
+        every_50ms,
         Arc::clone(&store),
         Arc::new(AtomicUsize::new(1)),
         None,
@@ -272,6 +277,7 @@ async fn the_task_reports_pods_and_skips_those_with_complete_in_band_reports() {
             .get()
     };
     let read = wait_for(Duration::from_secs(10), || {
+        store.report(2, &complete, Source::InBand, Instant::now());
         ok() >= 3
             && families
                 .scrapes_total

@@ -92,7 +92,7 @@ fn a_stamp_taken_before_asking_counts_starts_during_the_scrape() {
 
 #[test]
 fn sources_keep_their_own_report() {
-    let (store, local) = store_with(DEFAULT_STALENESS);
+    let (store, local) = store_with(secs(2.0));
     let t0 = Instant::now();
     store.record(
         S,
@@ -149,32 +149,75 @@ fn full_pods() {
 
 #[test]
 fn the_freshest_report_of_a_field_decides_fullness() {
-    let (store, _local) = store_with(DEFAULT_STALENESS);
+    let (store, _local) = store_with(secs(1.0));
     let t0 = Instant::now();
     let stamp = store.stamp(S, Source::Scrape, t0);
     store.record(S, &counts(Some(8), Some(20)), stamp, secs(10.0));
-    assert!(store.is_full(S, t0 + secs(1.0), 5, 1.0));
+    assert!(store.is_full(S, t0 + secs(0.5), 5, 1.0));
     // A newer in-band report says the queue drained.
-    store.report(S, &counts(None, Some(0)), Source::InBand, t0 + secs(1.0));
-    assert!(!store.is_full(S, t0 + secs(1.5), 5, 1.0));
+    store.report(S, &counts(None, Some(0)), Source::InBand, t0 + secs(0.5));
+    assert!(!store.is_full(S, t0 + secs(1.0), 5, 1.0));
     // Once it is stale, the older scraped one is the freshest again.
-    assert!(store.is_full(S, t0 + secs(3.5), 5, 1.0));
+    assert!(store.is_full(S, t0 + secs(1.6), 5, 1.0));
 }
 
 #[test]
-fn scrapes_are_wanted_unless_a_fresh_in_band_report_is_complete() {
+fn a_reported_queue_makes_its_pod_full_for_a_short_while_only() {
     let (store, _local) = store_with(DEFAULT_STALENESS);
     let t0 = Instant::now();
-    assert!(store.wants_scrape(S, t0));
+    store.report(S, &counts(Some(8), Some(20)), Source::InBand, t0);
+    assert!(store.is_full(S, t0 + secs(1.9), 5, 1.0));
+    // The report still gives the pod's load, but no longer keeps requests off it: a full pod
+    // gets none from this node, so none of its answers could refresh the report.
+    let later = t0 + QUEUE_STATE_FRESHNESS;
+    assert!(!store.is_full(S, later, 5, 1.0));
+    assert_eq!(store.queue_state(S, later), (None, None));
+    assert_eq!(store.load(S, 0, later), 28);
+}
+
+#[test]
+fn scrapes_are_wanted_unless_a_complete_in_band_report_came_within_the_interval() {
+    let (store, _local) = store_with(DEFAULT_STALENESS);
+    let t0 = Instant::now();
+    let every = secs(4.0);
+    assert!(store.wants_scrape(S, t0, every));
     store.report(S, &counts(None, Some(1)), Source::InBand, t0);
     assert!(
-        store.wants_scrape(S, t0),
+        store.wants_scrape(S, t0, every),
         "vLLM's report has no running count"
     );
     store.report(S, &counts(Some(2), Some(1)), Source::InBand, t0);
-    assert!(!store.wants_scrape(S, t0));
-    assert!(store.wants_scrape(S, t0 + secs(2.0)), "stale");
-    assert!(!store.wants_scrape(MAX_SLOTS as Slot, t0), "no such slot");
+    assert!(!store.wants_scrape(S, t0, every));
+    assert!(!store.wants_scrape(S, t0 + secs(3.9), every));
+    assert!(
+        store.wants_scrape(S, t0 + secs(4.0), every),
+        "one interval old: read the page"
+    );
+    assert!(
+        !store.wants_scrape(MAX_SLOTS as Slot, t0, every),
+        "no such slot"
+    );
+}
+
+#[test]
+fn the_newest_report_with_a_running_count_is_the_load() {
+    let (store, _local) = store_with(secs(30.0));
+    let t0 = Instant::now();
+    let stamp = store.stamp(S, Source::Scrape, t0);
+    store.record(S, &counts(Some(9), Some(3)), stamp, secs(30.0));
+    assert_eq!(store.load(S, 1, t0 + secs(1.0)), 12);
+    // A newer in-band report says the pod drained: it replaces the higher, older one.
+    store.report(S, &counts(Some(2), Some(0)), Source::InBand, t0 + secs(1.0));
+    assert_eq!(store.load(S, 1, t0 + secs(2.0)), 2);
+    // A report with no running count (vLLM's in-band) says nothing of the load.
+    store.report(S, &counts(None, Some(0)), Source::InBand, t0 + secs(3.0));
+    assert_eq!(
+        store.load(S, 1, t0 + secs(4.0)),
+        12,
+        "the scraped one stands"
+    );
+    // Never below this node's own count.
+    assert_eq!(store.load(S, 20, t0 + secs(4.0)), 20);
 }
 
 #[test]
