@@ -78,7 +78,7 @@ impl Harness {
             namespace: namespace.map(str::to_owned),
             ..KubeOptions::default()
         };
-        let task = tokio::spawn(run_with_client(server.client(), opts, tx));
+        let task = tokio::spawn(run_with_client(server.client(), opts, tx, None));
         Self {
             server,
             rx,
@@ -368,7 +368,7 @@ async fn run_reads_a_kubeconfig_and_namespace_option() {
         kubeconfig: Some(path.clone()),
         ..KubeOptions::default()
     };
-    let task = tokio::spawn(run(opts, tx));
+    let task = tokio::spawn(run(opts, tx, None));
     let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
         .expect("a Reset")
