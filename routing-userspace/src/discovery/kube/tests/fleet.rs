@@ -1,7 +1,7 @@
 //! The fleet count end to end: kube-rs against the in-process API server, the proxy's own pods
 //! counted into the shared fleet size the scraper reads.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use super::*;
