@@ -187,3 +187,89 @@ async fn fleet_server_with_proxies() -> TestApiServer {
     }
     server
 }
+
+/// `GET path` on `addr`; the body of a 200 answer.
+async fn admin_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+/// Waits until `/debug/routing` on `admin` shows `want` as its `fleet`.
+async fn until_fleet<T>(admin: SocketAddr, serving: &tokio::task::JoinHandle<T>, want: Value) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let body = admin_get(admin, "/debug/routing").await;
+        let seen = body.and_then(|b| serde_json::from_str::<Value>(&b).ok());
+        let fleet = seen.as_ref().map(|v| &v["fleet"]);
+        if fleet == Some(&want) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline && !serving.is_finished(),
+            "fleet {fleet:?}, want {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `serve` in Kubernetes mode, through its own flags: the fleet it counts reaches the scraper's
+/// count and the admin views (the wiring from `app`, not only discovery's part).
+#[tokio::test]
+async fn serve_counts_the_fleet_it_shows_and_scrapes_by() {
+    use clap::{Args, FromArgMatches};
+    let server = fleet_server_with_proxies().await;
+    let kubeconfig = std::env::temp_dir().join(format!(
+        "flexinfer-fleet-kubeconfig-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    let kc = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": server.url()}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        "users": [{"name": "test", "user": {}}]
+    });
+    std::fs::write(&kubeconfig, serde_yaml_ng::to_string(&kc).unwrap()).unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let argv = [
+        "serve",
+        "--discovery=kubernetes",
+        "--namespace=ns",
+        "--gauge=userspace",
+        &format!("--kubeconfig={}", kubeconfig.display()),
+        &format!("--listen={listen}"),
+        &format!("--admin-listen={admin}"),
+        &format!("--fleet-namespace={NS}"),
+    ];
+    let cmd = crate::config::ServeArgs::augment_args(clap::Command::new("serve"))
+        .mut_args(|a| a.env(None));
+    let matches = cmd.try_get_matches_from(argv).unwrap();
+    let args = crate::config::ServeArgs::from_arg_matches(&matches).unwrap();
+    let serving = tokio::spawn(crate::app::serve(args, std::future::pending()));
+
+    let want = |n: usize| json!({"proxies": n, "source": "discovery", "engine_scrape_interval_seconds": n as f64});
+    until_fleet(admin, &serving, want(3)).await;
+    server.apply(proxy_pod("p4", NS, true));
+    until_fleet(admin, &serving, want(4)).await;
+    let metrics = admin_get(admin, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("\nflexinfer_proxy_fleet_proxies 4\n"),
+        "{metrics}"
+    );
+    serving.abort();
+    std::fs::remove_file(&kubeconfig).ok();
+}
