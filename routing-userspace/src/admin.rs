@@ -22,6 +22,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Ful
     match req.uri().path() {
         "/metrics" => {
             refresh_engine_gauges(&shared);
+            refresh_fleet_gauges(&shared);
             let mut r = text(StatusCode::OK, &shared.metrics.render());
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -79,6 +80,26 @@ fn refresh_engine_gauges(shared: &Shared) {
         .refresh(shared.router.signals(), pods, Instant::now());
 }
 
+/// The fleet size and the scrape interval it yields, as the scraper reads them now.
+fn refresh_fleet_gauges(shared: &Shared) {
+    let m = &shared.metrics;
+    m.fleet_proxies.set(shared.fleet.proxies() as i64);
+    let every = shared.fleet.scrape_interval();
+    m.engine_scrape_interval
+        .set(every.map_or(0.0, |d| d.as_secs_f64()));
+}
+
+/// The fleet size, where it comes from, and the scrape interval it yields (`null`: no
+/// scraping).
+fn fleet_view(shared: &Shared) -> Value {
+    let f = &shared.fleet;
+    json!({
+        "proxies": f.proxies(),
+        "source": f.source().as_str(),
+        "engine_scrape_interval_seconds": f.scrape_interval().map(|d| d.as_secs_f64()),
+    })
+}
+
 /// The live routing table, gauges and reservations.
 pub fn routing_view(shared: &Shared) -> Value {
     let table = shared.table.load();
@@ -93,6 +114,7 @@ pub fn routing_view(shared: &Shared) -> Value {
         "upstream_idle_connections": shared.upstream.idle_connections(),
         "reservations_pending": shared.router.pending_reservations(),
         "knobs": knobs_view(shared),
+        "fleet": fleet_view(shared),
         "key_tracking": key_tracking_view(shared),
         "models": models,
         "label_groups": groups,

@@ -7,6 +7,7 @@
 //! fails for good ends `serve` with its error, so the binary exits non-zero.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,7 +28,7 @@ use crate::proxy::retry_budget::RetryBudget;
 use crate::proxy::server::{Drained, ServeOptions};
 use crate::proxy::Shared;
 use crate::router::Router;
-use crate::signals::{ScrapeConfig, ScrapeTargets, Scraper, SignalStore};
+use crate::signals::{Fleet, ScrapeConfig, ScrapeTargets, Scraper, SignalStore};
 use crate::upstream::{ConnTrack, ConnectionHook, Upstream};
 use crate::{admin, proxy};
 
@@ -109,10 +110,12 @@ pub fn open_gauge(
 }
 
 /// Start the discovery source. The file is read once here (a broken file is fatal at start);
-/// the returned task ends only if the source fails for good.
+/// the returned task ends only if the source fails for good. Kubernetes discovery also counts
+/// the fleet's proxies into `fleet` when given one.
 fn start_discovery(
     settings: &DiscoverySettings,
     tx: mpsc::UnboundedSender<Update>,
+    fleet: Option<Arc<AtomicUsize>>,
 ) -> Result<tokio::task::JoinHandle<Result<(), ServeError>>, ServeError> {
     match settings {
         DiscoverySettings::File { path, poll } => {
@@ -123,7 +126,7 @@ fn start_discovery(
         DiscoverySettings::Kubernetes(opts) => {
             let opts = opts.clone();
             Ok(tokio::spawn(async move {
-                crate::discovery::kube::run(opts, tx)
+                crate::discovery::kube::run(opts, tx, fleet)
                     .await
                     .map_err(ServeError::Kubernetes)
             }))
@@ -149,14 +152,22 @@ pub async fn serve(
     // missing or invalid models file fails here, as loading it is discovery's first step.
     // Updates wait in the channel until the table exists.
     let (tx, rx) = mpsc::unbounded_channel();
-    let discovery = start_discovery(&settings.discovery, tx)?;
+    // One fleet size: discovery counts into it (unless --fleet-size fixes it), the scraper and
+    // the admin views read it.
+    let counted = matches!(settings.discovery, DiscoverySettings::Kubernetes(_));
+    let fleet = Fleet::new(
+        settings.signals.fleet_size,
+        counted,
+        settings.signals.scrape.as_ref(),
+    );
+    let discovery = start_discovery(&settings.discovery, tx, fleet.counter())?;
     // Clients that connect before the table is ready wait in the listen backlog.
     let listener = bind(settings.listen, "proxy").await?;
     let admin_listener = bind(settings.admin_listen, "admin").await?;
     for w in &warnings {
         tracing::warn!(knob = w.knob, value = %w.value, using = %w.used, "invalid routing knob; using the default");
     }
-    let shared = Arc::new(shared_state(&settings)?);
+    let shared = Arc::new(shared_state(&settings, fleet)?);
     start_background(&shared, rx);
     let local = |l: &TcpListener| l.local_addr().map_err(ServeError::Serve);
     tracing::info!(listen = %local(&listener)?, admin = %local(&admin_listener)?, "flexinfer-proxy serving");
@@ -172,8 +183,8 @@ pub async fn serve(
 }
 
 /// What every request shares, with the gauge opened (the one step that touches the node) and
-/// the engine scraper started (when its budget is not 0).
-fn shared_state(settings: &Settings) -> Result<Shared, ServeError> {
+/// the engine scraper started (when its budget is not 0), its reads spread over `fleet`.
+fn shared_state(settings: &Settings, fleet: Fleet) -> Result<Shared, ServeError> {
     let metrics = Arc::new(Metrics::with_key_tracking(settings.key_tracking));
     let inflight = Arc::new(UserspaceGauge::default());
     let GaugeChoice { gauge, ebpf } = open_gauge(&settings.gauge, &inflight)?;
@@ -200,7 +211,7 @@ fn shared_state(settings: &Settings) -> Result<Shared, ServeError> {
         .signals
         .scrape
         .clone()
-        .map(|cfg| start_scraper(cfg, &signals, settings.signals.fleet_size, hook.clone()));
+        .map(|cfg| start_scraper(cfg, &signals, fleet.shared(), hook.clone()));
     let mut router = Router::with_signals(gauge, signals, settings.routing, settings.ejection);
     router.set_full_when(settings.admission.full_when);
     let admission = Admission::new(settings.admission, metrics.admission.clone());
@@ -216,19 +227,19 @@ fn shared_state(settings: &Settings) -> Result<Shared, ServeError> {
     shared.engine_load_reports = settings.signals.inband;
     shared.retry_on = settings.retry.on_status;
     shared.scrape_targets = scrape;
+    shared.fleet = fleet;
     Ok(shared)
 }
 
 /// The engine scraper, as a background task: each pod's metrics page at most `budget` times a
-/// second for the whole fleet (a fleet of `fleet_size` proxies; 0: discovery counts them,
-/// one until it does). Returns the handle new tables give it their pods through.
+/// second for the whole fleet (of `fleet` proxies, as `--fleet-size` or discovery says).
+/// Returns the handle new tables give it their pods through.
 fn start_scraper(
     cfg: ScrapeConfig,
     store: &Arc<SignalStore>,
-    fleet_size: usize,
+    fleet: Arc<AtomicUsize>,
     hook: Option<Arc<dyn ConnectionHook>>,
 ) -> ScrapeTargets {
-    let fleet = Arc::new(std::sync::atomic::AtomicUsize::new(fleet_size.max(1)));
     let scraper = Scraper::new(cfg, Arc::clone(store), fleet, hook);
     let targets = scraper.targets();
     tokio::spawn(scraper.run());

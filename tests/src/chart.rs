@@ -275,6 +275,7 @@ pub fn variants() -> Vec<Value> {
         json!({"proxy": {"discovery": "file"}}),
         json!({"proxy": {"watchNamespace": "models"}}),
         json!({"proxy": {"inferencePools": false}}),
+        json!({"proxy": {"fleetSize": 10}}),
         json!({"proxy": {"ports": {"http": 18080}}}),
         json!({"proxy": {"bindAddress": "[::]"}}),
         json!({"proxy": {"ports": {"admin": 19090}}}),

@@ -306,12 +306,14 @@ impl PodTemplate {
                 .collect()
         };
         // As the kubelet does: the downward API's pod IP (the node's address on hostNetwork,
-        // loopback here) and `$(NAME)` references to earlier variables.
+        // loopback here) and namespace, and `$(NAME)` references to earlier variables.
         let mut env: Vec<(String, String)> = Vec::new();
         for e in c["env"].as_array().into_iter().flatten() {
             let name = e["name"].as_str().expect("env name").to_owned();
             let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some("status.podIP") => POD_IP.to_owned(),
+                // The release namespace the container tests render with.
+                Some("metadata.namespace") => "flexinfer-system".to_owned(),
                 Some(other) => panic!("no stand-in for the downward API field {other}"),
                 None => {
                     let mut v = e["value"]

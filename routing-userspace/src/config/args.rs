@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 
 use super::parse::{
-    format_bytes, format_duration, parse_budget, parse_header_limit, parse_listen,
-    parse_metrics_path, parse_positive_duration, parse_share, Dur,
+    format_bytes, format_duration, parse_budget, parse_header_limit, parse_label_selector,
+    parse_listen, parse_metrics_path, parse_positive_duration, parse_share, Dur,
 };
 use crate::admission::capacity::{Above, DEFAULT_FULL_WHEN};
 use crate::admission::metrics::DEFAULT_TENANT_LABEL_CAP;
@@ -504,10 +504,26 @@ pub struct SignalArgs {
     )]
     pub engine_metrics_path: http::uri::PathAndQuery,
 
-    /// Proxies in the fleet, when discovery cannot count them (0 = as discovery counts, at
-    /// least 1). Scrapes per proxy are spread by it.
+    /// Proxies in the fleet (> 0 wins over counting them). 0: with --discovery kubernetes,
+    /// the Running and Ready pods of --fleet-selector in --fleet-namespace; else 1. Scrapes
+    /// per proxy are spread by it.
     #[arg(long, env = "FLEXINFER_PROXY_FLEET_SIZE", default_value_t = 0)]
     pub fleet_size: usize,
+
+    /// Label selector of the proxy's own pods, counted as the fleet (with --discovery
+    /// kubernetes and no --fleet-size).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_FLEET_SELECTOR",
+        default_value = crate::discovery::kube::DEFAULT_FLEET_SELECTOR,
+        value_parser = parse_label_selector
+    )]
+    pub fleet_selector: String,
+
+    /// Namespace of the proxy's own pods (the chart sets the pod's namespace); empty: the
+    /// service account's namespace in a cluster, else the kubeconfig context's.
+    #[arg(long, env = "FLEXINFER_PROXY_FLEET_NAMESPACE", default_value = "")]
+    pub fleet_namespace: String,
 }
 
 /// Admission (see `crate::admission`): the proxy-wide defaults of every model's queue, and

@@ -101,6 +101,39 @@ pub fn parse_metrics_path(s: &str) -> Result<http::uri::PathAndQuery, String> {
         .map_err(|e: http::uri::InvalidUri| format!("{s:?}: {e}"))
 }
 
+/// A Kubernetes label selector: not empty, no empty requirement (`a=b,,c`), parentheses of
+/// set-based requirements (`tier in (a,b)`) closed. The API server checks the rest.
+pub fn parse_label_selector(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("an empty selector would count every pod of the namespace".into());
+    }
+    let mut depth = 0i32;
+    let mut term = String::new();
+    for c in s.chars().chain([',']) {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            _ => {}
+        }
+        if depth < 0 {
+            return Err(format!("{s:?}: unbalanced parentheses"));
+        }
+        if c == ',' && depth == 0 {
+            if term.trim().is_empty() {
+                return Err(format!("{s:?} has an empty requirement"));
+            }
+            term.clear();
+        } else {
+            term.push(c);
+        }
+    }
+    if depth != 0 {
+        return Err(format!("{s:?}: unbalanced parentheses"));
+    }
+    Ok(s.to_owned())
+}
+
 /// A byte size that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid size {0:?} (use e.g. 16MiB, 512KiB, 1GB, or bytes)")]
@@ -179,6 +212,28 @@ pub fn parse_share(s: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_selectors_refuse_empty_requirements_and_open_parentheses() {
+        for ok in [
+            "app.kubernetes.io/name=flexinfer-proxy",
+            " app=a,release==r,tier!=x ",
+            "env in (a,b),!legacy,tier",
+        ] {
+            assert_eq!(parse_label_selector(ok), Ok(ok.trim().to_owned()));
+        }
+        for bad in [
+            "",
+            "  ",
+            "a=b,,c",
+            "a=b,",
+            ",a",
+            "env in (a,b",
+            "env in a,b)",
+        ] {
+            assert!(parse_label_selector(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn listen_addresses_take_bare_ipv6_before_the_port() {

@@ -14,7 +14,7 @@ use super::args::{
 use super::parse::{format_bytes, format_duration, parse_bytes, parse_duration};
 use crate::admission::{AdmissionDefaults, FullWhen};
 use crate::balance::bounded::{parse_factor, parse_floor, HashBalance};
-use crate::discovery::kube::KubeOptions;
+use crate::discovery::kube::{FleetOptions, KubeOptions};
 use crate::ebpf::EbpfOptions;
 use crate::keys::KeyLimits;
 use crate::metrics::KeyTracking;
@@ -189,6 +189,10 @@ fn discovery(args: &ServeArgs) -> DiscoverySettings {
             kubeconfig: args.kubeconfig.clone(),
             service_label_key: args.service_label_key.clone(),
             inference_pools: args.inference_pools,
+            fleet: FleetOptions {
+                selector: args.signals.fleet_selector.clone(),
+                namespace: Some(args.signals.fleet_namespace.clone()).filter(|n| !n.is_empty()),
+            },
         }),
     }
 }

@@ -17,7 +17,7 @@ pub mod keys;
 
 use prometheus::core::Collector;
 use prometheus::proto::MetricType;
-use prometheus::{Encoder, IntGauge, Registry, TextEncoder};
+use prometheus::{Encoder, Gauge, IntGauge, Registry, TextEncoder};
 
 use families::Families;
 pub use families::{BalanceFamilies, RequestFamilies, SpecFamilies};
@@ -34,6 +34,11 @@ pub struct Metrics {
     /// Bounded load and cache-aware routing.
     pub balance: BalanceFamilies,
     pub ebpf_enabled: IntGauge,
+    /// The proxies the fleet size says stand in front of the same pods (set when rendered).
+    pub fleet_proxies: IntGauge,
+    /// This proxy's interval between two reads of one pod's metrics page at that fleet size
+    /// (0: no scraping; set when rendered).
+    pub engine_scrape_interval: Gauge,
     /// Cardinality trackers and hot keys per model.
     pub keys: KeyStats,
     /// `requests_total` of requests that never resolved to a configured model (client-chosen
@@ -88,7 +93,23 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let fleet_proxies = f.add(
+            IntGauge::new(
+                "flexinfer_proxy_fleet_proxies",
+                "Proxies in the fleet, from --fleet-size or the proxy pods Kubernetes discovery counts (1 when nothing counts); engine scrapes are spread over them",
+            )
+            .expect("valid metric"),
+        );
+        let engine_scrape_interval = f.add(
+            Gauge::new(
+                "flexinfer_proxy_engine_scrape_interval_seconds",
+                "This proxy's interval between two reads of one pod's engine metrics page (fleet proxies / scrape budget, at least 250 ms; 0 when scraping is off)",
+            )
+            .expect("valid metric"),
+        );
         Self {
+            fleet_proxies,
+            engine_scrape_interval,
             unknown_model_requests: handles::StatusCounters::lazy(
                 &spec.requests_total,
                 UNKNOWN_MODEL,
@@ -171,13 +192,15 @@ mod tests {
             "flexinfer_proxy_routing_key_cardinality gauge",
             "flexinfer_proxy_request_duration_seconds histogram",
             "flexinfer_proxy_ebpf_enabled gauge",
+            "flexinfer_proxy_fleet_proxies gauge",
+            "flexinfer_proxy_engine_scrape_interval_seconds gauge",
         ] {
             assert!(
                 text.contains(&format!("# TYPE {name}\n")),
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 33, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 35, "{text}");
         assert!(text.contains("# TYPE flexinfer_proxy_engine_scrapes_total counter\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_depth gauge\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_wait_seconds histogram\n"));

@@ -14,7 +14,7 @@ use crate::discovery::Update;
 use crate::load::userspace::UserspaceGauge;
 use crate::metrics::Metrics;
 use crate::router::Router;
-use crate::signals::{scrape, ScrapeTargets};
+use crate::signals::{scrape, Fleet, ScrapeTargets};
 use crate::table::publish::Published;
 use crate::upstream::Upstream;
 
@@ -74,6 +74,8 @@ pub struct Shared {
     pub engine_load_reports: bool,
     /// The engine scraper's pods (`None`: no scraper).
     pub scrape_targets: Option<ScrapeTargets>,
+    /// The fleet size the scraper spreads its reads by (one proxy until `app` sets it).
+    pub fleet: Fleet,
 }
 
 impl Shared {
@@ -100,6 +102,7 @@ impl Shared {
             drain_cut: Arc::default(),
             engine_load_reports: false,
             scrape_targets: None,
+            fleet: Fleet::new(0, false, None),
         }
     }
 

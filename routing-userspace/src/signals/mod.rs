@@ -15,6 +15,7 @@
 //! memchr-class scan, and the store's few atomic loads and adds.
 
 pub mod engine_metrics;
+pub mod fleet;
 pub mod metrics;
 pub mod orca;
 pub mod report;
@@ -23,6 +24,7 @@ pub mod settings;
 pub mod store;
 pub mod usage;
 
+pub use fleet::{Fleet, FleetSource};
 pub use metrics::{EngineFamilies, PodSignalMetrics};
 pub use report::{EngineReport, Source};
 pub use scrape::{ScrapeConfig, ScrapeTarget, ScrapeTargets, Scraper};

@@ -1,7 +1,8 @@
 //! The Helm chart, rendered with its default values and with each knob changed: it lints, it is
 //! privileged with a Bidirectional bpffs mount, its RBAC is read-only on exactly the resources
-//! discovery watches (three, plus InferencePools and Pods with `proxy.inferencePools`), and
-//! every knob reaches its environment variable.
+//! discovery watches (three, plus InferencePools and Pods with `proxy.inferencePools`; the
+//! fleet's own Pods in the release namespace only, through a Role, unless `proxy.fleetSize`
+//! fixes the fleet), and every knob reaches its environment variable.
 
 use flexinfer_tests::chart::{assert_listed, chart_dir, documents, render, yamllint};
 use serde_json::{json, Value};
@@ -102,6 +103,8 @@ fn renders_the_expected_objects() {
             "ClusterRole",
             "ClusterRoleBinding",
             "DaemonSet",
+            "Role",
+            "RoleBinding",
             "Service",
             "ServiceAccount"
         ]
@@ -211,7 +214,11 @@ fn ebpf_off_means_userspace_gauge_and_no_privilege() {
 
 /// Every `(group, resource, verb)` the ClusterRole grants, sorted.
 fn grants(docs: &[Value]) -> Vec<(String, String, String)> {
-    let role = find(docs, "ClusterRole");
+    rules_of(find(docs, "ClusterRole"))
+}
+
+/// Every `(group, resource, verb)` of a role's rules, sorted.
+fn rules_of(role: &Value) -> Vec<(String, String, String)> {
     let mut grants: Vec<(String, String, String)> = Vec::new();
     for rule in role["rules"].as_array().unwrap() {
         for g in rule["apiGroups"].as_array().unwrap() {
@@ -280,6 +287,50 @@ fn rbac_is_get_list_watch_on_exactly_what_discovery_watches() {
 }
 
 #[test]
+fn the_fleet_role_lists_and_watches_pods_in_the_release_namespace_only() {
+    let docs = rendered(json!({}));
+    let role = find(&docs, "Role");
+    assert_eq!(role["metadata"]["namespace"], "flexinfer-system");
+    let mut want = vec![
+        ("".to_owned(), "pods".to_owned(), "list".to_owned()),
+        ("".to_owned(), "pods".to_owned(), "watch".to_owned()),
+    ];
+    want.sort();
+    assert_eq!(rules_of(role), want);
+    let binding = find(&docs, "RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], "flexinfer-system");
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]})
+    );
+    let sa = find(&docs, "ServiceAccount");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "flexinfer-system"}])
+    );
+    // The proxy counts exactly the DaemonSet's pods, in the namespace the Role covers.
+    let selector: Vec<String> = find(&docs, "DaemonSet")["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+        .collect();
+    let fleet = env_var(&docs, "FLEXINFER_PROXY_FLEET_SELECTOR").unwrap();
+    let mut terms: Vec<&str> = fleet.split(',').collect();
+    terms.sort();
+    assert_eq!(terms, selector);
+    assert_eq!(
+        env_var(&docs, "FLEXINFER_PROXY_FLEET_NAMESPACE").as_deref(),
+        Some("<metadata.namespace>")
+    );
+    // A fixed fleet size needs no pod access.
+    let fixed = rendered(json!({"proxy": {"fleetSize": 10}}));
+    assert!(!fixed
+        .iter()
+        .any(|d| d["kind"] == "Role" || d["kind"] == "RoleBinding"));
+}
+
+#[test]
 fn service_keeps_traffic_on_the_node() {
     let docs = rendered(json!({}));
     let svc = find(&docs, "Service");
@@ -317,6 +368,12 @@ fn defaults_reach_their_env_vars() {
         ("FLEXINFER_PROXY_NAMESPACE", ""),
         ("FLEXINFER_PROXY_SERVICE_LABEL_KEY", "flexinfer.ai/service"),
         ("FLEXINFER_PROXY_INFERENCE_POOLS", "true"),
+        ("FLEXINFER_PROXY_FLEET_SIZE", "0"),
+        (
+            "FLEXINFER_PROXY_FLEET_SELECTOR",
+            "app.kubernetes.io/name=flexinfer-proxy,app.kubernetes.io/instance=flexinfer-proxy",
+        ),
+        ("FLEXINFER_PROXY_FLEET_NAMESPACE", "<metadata.namespace>"),
         ("FLEXINFER_PROXY_LISTEN", "0.0.0.0:8080"),
         ("POD_IP", "<status.podIP>"),
         ("FLEXINFER_PROXY_ADMIN_LISTEN", "$(POD_IP):9090"),
@@ -446,6 +503,11 @@ fn every_knob_changes_its_env_var() {
             json!({"proxy": {"inferencePools": false}}),
             "FLEXINFER_PROXY_INFERENCE_POOLS",
             "false",
+        ),
+        (
+            json!({"proxy": {"fleetSize": 10}}),
+            "FLEXINFER_PROXY_FLEET_SIZE",
+            "10",
         ),
         (
             json!({"proxy": {"ports": {"http": 18080}}}),

@@ -1,5 +1,5 @@
-//! The chart's environment, expanded the way the kubelet does (`fieldRef: status.podIP`,
-//! `$(VAR)` references) and parsed by the proxy's own `serve` argument parser: every value the
+//! The chart's environment, expanded the way the kubelet does (`fieldRef: status.podIP` and
+//! `metadata.namespace`, `$(VAR)` references) and parsed by the proxy's own `serve` argument parser: every value the
 //! chart can render is one the proxy accepts and means what the values file says.
 //!
 //! The environment goes to the parser as a map, not through the process environment (which the
@@ -13,6 +13,9 @@ use flexinfer_tests::chart::{chart_dir, documents, render};
 use routing_userspace::config::settings::admission_defaults;
 use routing_userspace::config::ServeArgs;
 use serde_json::{json, Value};
+
+/// The release namespace the chart is rendered in (and the pods' `metadata.namespace`).
+const NAMESPACE: &str = "flexinfer-system";
 
 #[derive(Parser)]
 struct Serve {
@@ -58,11 +61,11 @@ fn kubelet_env(docs: &[Value], pod_ip: &str) -> Vec<(String, String)> {
         let value = if let Some(v) = e["value"].as_str() {
             expand(v, &seen)
         } else {
-            assert_eq!(
-                e["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP",
-                "only the pod IP comes from the downward API: {e}"
-            );
-            pod_ip.to_owned()
+            match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("status.podIP") => pod_ip.to_owned(),
+                Some("metadata.namespace") => NAMESPACE.to_owned(),
+                _ => panic!("only the pod IP and namespace come from the downward API: {e}"),
+            }
         };
         seen.insert(name.clone(), value.clone());
         out.push((name, value));
@@ -81,13 +84,7 @@ fn expand(v: &str, seen: &HashMap<String, String>) -> String {
 }
 
 fn parse(overrides: Value, pod_ip: &str) -> ServeArgs {
-    let text = render(
-        &chart_dir(),
-        "flexinfer-proxy",
-        "flexinfer-system",
-        overrides,
-    )
-    .unwrap();
+    let text = render(&chart_dir(), "flexinfer-proxy", NAMESPACE, overrides).unwrap();
     let env = kubelet_env(&documents(&text).unwrap(), pod_ip);
     let map: HashMap<String, String> = env.iter().cloned().collect();
     parse_serve_env(&map).unwrap_or_else(|e| panic!("{env:#?}\n{e}"))
@@ -118,6 +115,15 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
     assert_eq!(a.shutdown_delay.0, Duration::from_secs(5));
     assert_eq!(a.drain_timeout.0, Duration::from_secs(30));
     assert!(a.inference_pools);
+    // The fleet: this release's DaemonSet pods in the pod's namespace, counted (no fixed size).
+    assert_eq!(a.signals.fleet_size, 0);
+    assert_eq!(
+        a.signals.fleet_selector,
+        "app.kubernetes.io/name=flexinfer-proxy,app.kubernetes.io/instance=flexinfer-proxy"
+    );
+    assert_eq!(a.signals.fleet_namespace, NAMESPACE);
+    let fixed = parse(json!({"proxy": {"fleetSize": 10}}), "10.1.2.3");
+    assert_eq!(fixed.signals.fleet_size, 10);
     assert!(!parse(json!({"proxy": {"inferencePools": false}}), "10.1.2.3").inference_pools);
     assert_eq!(
         admission_defaults(&a.admission),

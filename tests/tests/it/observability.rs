@@ -1,6 +1,7 @@
 //! Observability over real sockets: the spec's metric families in `/metrics` (names, types and
 //! labels, before and after traffic), the key-cardinality tracker past its cap, the hot keys of
-//! `/debug/routing`, and the Grafana dashboard against the spec's PromQL.
+//! `/debug/routing`, the fleet size and scrape interval, and the Grafana dashboard against the
+//! spec's PromQL.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -8,11 +9,13 @@ use flexinfer_tests::prom::*;
 use flexinfer_tests::*;
 
 /// Families beyond the spec's table that the proxy promises.
-const EXTRA_FAMILIES: [(&str, &str); 4] = [
+const EXTRA_FAMILIES: [(&str, &str); 6] = [
     ("flexinfer_proxy_request_duration_seconds", "histogram"),
     ("flexinfer_proxy_time_to_first_byte_seconds", "histogram"),
     ("flexinfer_proxy_ebpf_enabled", "gauge"),
     ("flexinfer_proxy_ready_endpoints", "gauge"),
+    ("flexinfer_proxy_fleet_proxies", "gauge"),
+    ("flexinfer_proxy_engine_scrape_interval_seconds", "gauge"),
 ];
 
 fn key_hash_hex(key: &str) -> String {
@@ -552,4 +555,51 @@ fn the_grafana_dashboard_charts_every_spec_query_with_a_model_variable() {
         }
     }
     collect_ids(&dash["panels"], &mut ids);
+}
+
+/// The fleet size the scraper spreads its reads by, and the interval it yields, as `/metrics`
+/// and `/debug/routing` show them: fixed by `--fleet-size`, else one proxy with file discovery.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fleet_size_and_its_scrape_interval_are_shown() {
+    let dir = TempDir::new("fleet");
+    let a = start_sim("pod-a", &[], dir.path()).await;
+    let yaml = ModelsFile::new().model(ModelEntry::new("chat").endpoint(a.addr));
+    for (extra, proxies, source, every) in [
+        (&["--fleet-size", "10"][..], 10, "flag", Some(10.0)),
+        (&[][..], 1, "single", Some(1.0)),
+        (
+            &["--fleet-size", "100", "--engine-scrape-budget", "0.5"][..],
+            100,
+            "flag",
+            Some(200.0),
+        ),
+        (&["--engine-scrape-budget", "0"][..], 1, "single", None),
+    ] {
+        let proxy = start_proxy(&yaml, extra, &[], dir.path()).await;
+        let (view, _) = debug_routing(&proxy).await;
+        assert_eq!(
+            view["fleet"],
+            serde_json::json!({"proxies": proxies, "source": source,
+                               "engine_scrape_interval_seconds": every}),
+            "{extra:?}"
+        );
+        let text = proxy.metrics().await;
+        let line = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("{name} in:\n{text}"))
+                .parse::<f64>()
+                .unwrap()
+        };
+        assert_eq!(
+            line("flexinfer_proxy_fleet_proxies"),
+            proxies as f64,
+            "{extra:?}"
+        );
+        assert_eq!(
+            line("flexinfer_proxy_engine_scrape_interval_seconds"),
+            every.unwrap_or(0.0),
+            "{extra:?}"
+        );
+    }
 }

@@ -253,3 +253,33 @@ fn bad_engine_signal_values_are_refused_with_the_reason() {
         assert!(e.contains(why), "{args:?}: {e}");
     }
 }
+
+fn kube_options(flags: &[&str], env: &[(&str, &str)]) -> Result<KubeOptions, clap::Error> {
+    let mut argv = vec!["--discovery", "kubernetes"];
+    argv.extend_from_slice(flags);
+    serve_args_with_env(&argv, env).map(|a| match Settings::from_args(&a).0.discovery {
+        DiscoverySettings::Kubernetes(o) => o,
+        other => panic!("{other:?}"),
+    })
+}
+
+#[test]
+fn the_fleet_is_the_charts_proxy_pods_in_the_service_accounts_namespace_by_default() {
+    let d = kube_options(&[], &[]).unwrap();
+    assert_eq!(
+        d.fleet,
+        FleetOptions {
+            selector: "app.kubernetes.io/name=flexinfer-proxy".into(),
+            namespace: None,
+        }
+    );
+    let set = kube_options(
+        &["--fleet-selector", "app=proxy,release=r"],
+        &[("FLEXINFER_PROXY_FLEET_NAMESPACE", "flexinfer-system")],
+    )
+    .unwrap();
+    assert_eq!(set.fleet.selector, "app=proxy,release=r");
+    assert_eq!(set.fleet.namespace.as_deref(), Some("flexinfer-system"));
+    let e = kube_options(&["--fleet-selector", ""], &[]).unwrap_err();
+    assert!(e.to_string().contains("every pod"), "{e}");
+}

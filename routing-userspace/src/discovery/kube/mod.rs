@@ -12,10 +12,13 @@
 //! - the first [`Update::Reset`] goes out once Models, Services, EndpointSlices and
 //!   InferencePools (and Pods, when a Model names a pool) have all been listed; that is what
 //!   readiness waits for. Broken watches relist without emptying the table. A cluster without
-//!   the InferencePool CRD has no pools; that does not hold readiness back.
+//!   the InferencePool CRD has no pools; that does not hold readiness back;
+//! - the proxy DaemonSet's own Pods are counted ([`fleet`]), when the caller asks, so the engine
+//!   scraper spreads its reads over the fleet; that watch never holds readiness back either.
 
 pub mod admission;
 pub mod crd;
+pub mod fleet;
 pub mod pods;
 pub mod pool;
 pub mod translate;
@@ -28,10 +31,12 @@ mod testserver;
 
 use std::fmt::Debug;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use futures::stream::{AbortHandle, BoxStream};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::NamespaceResourceScope;
@@ -43,6 +48,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, warn};
 
 pub use crd::Model;
+pub use fleet::{FleetOptions, DEFAULT_FLEET_SELECTOR};
 pub use pool::InferencePool;
 pub use translate::DEFAULT_SERVICE_LABEL_KEY;
 use watch::{slim, Discovery, Ev};
@@ -60,6 +66,8 @@ pub struct KubeOptions {
     pub service_label_key: String,
     /// Watch InferencePools, and the Pods of the pools Models name (default on).
     pub inference_pools: bool,
+    /// The proxy's own pods, counted when [`run`] is given a fleet count to store into.
+    pub fleet: FleetOptions,
 }
 
 impl Default for KubeOptions {
@@ -69,12 +77,18 @@ impl Default for KubeOptions {
             kubeconfig: None,
             service_label_key: DEFAULT_SERVICE_LABEL_KEY.to_owned(),
             inference_pools: true,
+            fleet: FleetOptions::default(),
         }
     }
 }
 
-/// Connects (kubeconfig, else in-cluster, else the default kubeconfig) and runs discovery forever.
-pub async fn run(opts: KubeOptions, updates: UnboundedSender<Update>) -> anyhow::Result<()> {
+/// Connects (kubeconfig, else in-cluster, else the default kubeconfig) and runs discovery forever;
+/// with `fleet`, it also counts the proxies of the fleet into it (see [`run_with_client`]).
+pub async fn run(
+    opts: KubeOptions,
+    updates: UnboundedSender<Update>,
+    fleet: Option<Arc<AtomicUsize>>,
+) -> anyhow::Result<()> {
     let config = match &opts.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -92,7 +106,7 @@ pub async fn run(opts: KubeOptions, updates: UnboundedSender<Update>) -> anyhow:
                 })?,
         },
     };
-    run_with_client(client(config)?, opts, updates).await
+    run_with_client(client(config)?, opts, updates, fleet).await
 }
 
 /// Builds a client. kube's TLS takes rustls' process-wide crypto provider, and rustls panics when
@@ -200,11 +214,32 @@ fn pod_watch(client: &Client, opts: &KubeOptions) -> BoxStream<'static, Item> {
     })
 }
 
-/// Runs discovery with a given client until the receiver of `updates` goes away.
+/// Runs discovery with a given client until the receiver of `updates` goes away, and, with
+/// `fleet`, counts the proxies of `opts.fleet` into it meanwhile (`None`: `--fleet-size` or
+/// nothing decides the fleet size, and the proxy's own pods are not watched).
+pub async fn run_with_client(
+    client: Client,
+    opts: KubeOptions,
+    updates: UnboundedSender<Update>,
+    fleet: Option<Arc<AtomicUsize>>,
+) -> anyhow::Result<()> {
+    let counting = match fleet {
+        Some(n) => fleet::count(client.clone(), opts.fleet.clone(), n).boxed(),
+        None => futures::future::pending().boxed(),
+    };
+    // The fleet watch retries for ever; should it end, discovery goes on alone.
+    let counting = counting.then(|()| futures::future::pending::<()>());
+    tokio::select! {
+        r = discover(client, opts, updates) => r,
+        () = counting => unreachable!("pending never resolves"),
+    }
+}
+
+/// Model discovery proper.
 ///
 /// Watch failures are retried with backoff (kube relists after 410 Gone); the last emitted table
 /// stays in force meanwhile. The Pod watch runs only while [`Discovery::wants_pods`].
-pub async fn run_with_client(
+async fn discover(
     client: Client,
     opts: KubeOptions,
     updates: UnboundedSender<Update>,

@@ -8,6 +8,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::testserver::{Kind, TestApiServer};
 
+mod fleet;
 mod pools;
 use super::{client, run, run_with_client, KubeOptions};
 use crate::discovery::{ModelSet, ModelSpec, Strategy, Update};
@@ -73,12 +74,21 @@ impl Drop for Harness {
 
 impl Harness {
     async fn start(server: TestApiServer, namespace: Option<&str>) -> Self {
-        let (tx, rx) = unbounded_channel();
         let opts = KubeOptions {
             namespace: namespace.map(str::to_owned),
             ..KubeOptions::default()
         };
-        let task = tokio::spawn(run_with_client(server.client(), opts, tx));
+        Self::start_with(server, opts, None)
+    }
+
+    /// Discovery with `opts`, counting the fleet into `fleet` when given.
+    fn start_with(
+        server: TestApiServer,
+        opts: KubeOptions,
+        fleet: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
+    ) -> Self {
+        let (tx, rx) = unbounded_channel();
+        let task = tokio::spawn(run_with_client(server.client(), opts, tx, fleet));
         Self {
             server,
             rx,
@@ -368,7 +378,7 @@ async fn run_reads_a_kubeconfig_and_namespace_option() {
         kubeconfig: Some(path.clone()),
         ..KubeOptions::default()
     };
-    let task = tokio::spawn(run(opts, tx));
+    let task = tokio::spawn(run(opts, tx, None));
     let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
         .expect("a Reset")

@@ -133,6 +133,32 @@ fn interval_grows_with_the_fleet() {
     }
 }
 
+/// docs/engine-signals.md's table: whatever the fleet, it reads a pod between 1/1.2 and 1
+/// times a second at the default budget (0.91 at the mean stretch).
+#[test]
+fn the_whole_fleet_reads_a_pod_within_the_budget_at_any_size() {
+    let cfg = ScrapeConfig::default();
+    let now = Instant::now();
+    for fleet in [1usize, 10, 100, 1000] {
+        let every = interval(fleet, cfg.budget, cfg.min_interval).unwrap();
+        let rate = |jitter: f64| {
+            let gap = next_due(now, every, 0, jitter) - now;
+            fleet as f64 / gap.as_secs_f64()
+        };
+        assert!((rate(0.0) - 1.0).abs() < 1e-9, "{fleet}: {}", rate(0.0));
+        assert!(
+            (rate(1.0) - 1.0 / 1.2).abs() < 1e-9,
+            "{fleet}: {}",
+            rate(1.0)
+        );
+        assert!(
+            (rate(0.5) - 1.0 / 1.1).abs() < 1e-9,
+            "{fleet}: {}",
+            rate(0.5)
+        );
+    }
+}
+
 #[test]
 fn reads_are_spread_backed_off_and_reports_last_until_the_next() {
     let now = Instant::now();

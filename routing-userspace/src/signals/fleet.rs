@@ -1,0 +1,116 @@
+//! The fleet size: how many proxies stand in front of the same pods, so the scraper can
+//! spread its page reads over them (each proxy reads a pod once per `fleet / budget` seconds)
+//! and the whole fleet stays within the budget.
+//!
+//! One count, shared: Kubernetes discovery stores the proxies it sees into it, the scraper
+//! reads it on every tick, `/metrics` and `/debug/routing` show it. `--fleet-size` fixes it
+//! instead; without either (file discovery) it is 1.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::scrape::{interval, ScrapeConfig};
+
+/// Where the fleet size comes from (the `source` of `/debug/routing`'s `fleet`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FleetSource {
+    /// `--fleet-size` (> 0).
+    Flag,
+    /// Kubernetes discovery counts the proxy DaemonSet's Running and Ready pods.
+    Discovery,
+    /// Nothing counts (file discovery): one proxy.
+    Single,
+}
+
+impl FleetSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FleetSource::Flag => "flag",
+            FleetSource::Discovery => "discovery",
+            FleetSource::Single => "single",
+        }
+    }
+}
+
+/// The shared fleet size and what it yields for the scraper.
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    size: Arc<AtomicUsize>,
+    source: FleetSource,
+    /// `(budget, shortest interval)` of the scraper; `None`: no scraper.
+    scrape: Option<(f64, Duration)>,
+}
+
+impl Fleet {
+    /// `flag` is `--fleet-size` (0: not set); `counted` says whether discovery counts the
+    /// proxies (Kubernetes) when the flag is not set.
+    pub fn new(flag: usize, counted: bool, scrape: Option<&ScrapeConfig>) -> Self {
+        let source = match (flag, counted) {
+            (1.., _) => FleetSource::Flag,
+            (0, true) => FleetSource::Discovery,
+            (0, false) => FleetSource::Single,
+        };
+        Self {
+            size: Arc::new(AtomicUsize::new(flag.max(1))),
+            source,
+            scrape: scrape.map(|c| (c.budget, c.min_interval)),
+        }
+    }
+
+    /// The count discovery stores into, when it is the source (else `None`: nothing may move it).
+    pub fn counter(&self) -> Option<Arc<AtomicUsize>> {
+        (self.source == FleetSource::Discovery).then(|| Arc::clone(&self.size))
+    }
+
+    /// The count the scraper reads.
+    pub fn shared(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.size)
+    }
+
+    pub fn source(&self) -> FleetSource {
+        self.source
+    }
+
+    /// The proxies of the fleet (at least 1).
+    pub fn proxies(&self) -> usize {
+        self.size.load(Ordering::Relaxed).max(1)
+    }
+
+    /// How often this proxy reads each pod's page at this fleet size (`None`: no scraping).
+    pub fn scrape_interval(&self) -> Option<Duration> {
+        let (budget, min) = self.scrape?;
+        interval(self.proxies(), budget, min)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_wins_and_only_discovery_may_move_the_count() {
+        let cfg = ScrapeConfig::default();
+        let flag = Fleet::new(10, true, Some(&cfg));
+        assert_eq!((flag.source(), flag.proxies()), (FleetSource::Flag, 10));
+        assert!(flag.counter().is_none());
+        assert_eq!(flag.scrape_interval(), Some(Duration::from_secs(10)));
+
+        let counted = Fleet::new(0, true, Some(&cfg));
+        assert_eq!(counted.proxies(), 1);
+        counted.counter().unwrap().store(100, Ordering::Relaxed);
+        assert_eq!(counted.proxies(), 100);
+        assert_eq!(counted.scrape_interval(), Some(Duration::from_secs(100)));
+        assert_eq!(counted.shared().load(Ordering::Relaxed), 100);
+
+        let single = Fleet::new(0, false, None);
+        assert_eq!(
+            (single.source(), single.proxies()),
+            (FleetSource::Single, 1)
+        );
+        assert!(single.counter().is_none() && single.scrape_interval().is_none());
+        // A count of 0 (never stored as such, but read defensively) is one proxy.
+        single.shared().store(0, Ordering::Relaxed);
+        assert_eq!(single.proxies(), 1);
+    }
+}
