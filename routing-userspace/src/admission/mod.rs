@@ -2,7 +2,7 @@
 //! holds requests while the model's pods are full, and lets them go in (priority, tenant turn,
 //! arrival) order as room appears.
 //!
-//! - [`classify`]: a request's priority (`x-flexinfer-priority`) and tenant
+//! - [`classify`](mod@classify): a request's priority (`x-flexinfer-priority`) and tenant
 //!   (`x-flexinfer-tenant`, else a hash of the bearer token, else one shared tenant);
 //! - [`queue`]: priority bands, round-robin between tenants within a band, FCFS per tenant;
 //! - [`gate`]: the async admission itself, timeouts, shedding, client disconnects and drain;

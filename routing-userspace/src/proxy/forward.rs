@@ -1,6 +1,6 @@
 //! Phase 5, forward: try the decision's targets in order until one answers.
 //!
-//! One function makes one attempt ([`attempt`]) and says what happened: answered, moved on
+//! One function makes one attempt (`attempt`) and says what happened: answered, moved on
 //! (nothing reached the target), retry (something did, and it is worth sending elsewhere), or
 //! fail. A short driver ([`forward`]) asks the decision for the next target and the retry
 //! budget whether a retry may go, in the shape of tower's `retry::Policy`.

@@ -50,7 +50,8 @@ pub struct SimArgs {
     /// Address to listen on (HTTP/1.1 and h2c).
     #[arg(long, env = "FLEXINFER_SIM_LISTEN", default_value_t = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
-    /// Replica identity for `x-sim-pod` and `system_fingerprint` [default: sim-<listen addr>].
+    /// Replica identity for `x-sim-pod` and `system_fingerprint`; by default "sim-" and the
+    /// listen address.
     #[arg(long, env = "FLEXINFER_SIM_NAME")]
     pub name: Option<String>,
     /// Prefix cache capacity in blocks (LRU; 0 disables caching).

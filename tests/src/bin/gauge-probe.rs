@@ -3,7 +3,7 @@
 //! line on stdin (so several probes can be started together), then prints
 //! `created=<bool>` and `active=<n>,<n>,...` and exits.
 //!
-//! usage: gauge-probe <pin-dir> <cgroup> [--wait] POD...
+//! usage: `gauge-probe <pin-dir> <cgroup> [--wait] POD...`
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
