@@ -126,29 +126,41 @@ fn rejections(m: &str, model: &str, reason: &str) -> f64 {
     )
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn max_concurrency_holds_on_every_pod_under_a_burst() {
+/// 20 requests at once on two pods of `maxConcurrency: 2` routed by `routing` (`None`: the
+/// default), the proxy started with `flags`: no pod ever holds more than 2, both fill, and
+/// every request is answered once room appears.
+async fn burst_holds_max_concurrency(routing: Option<&str>, flags: &[&str]) {
     let dir = TempDir::new("adm-burst");
     let pods = held(2);
-    let models = ModelsFile::new().model(model("chat", &pods, 2).routing("prefix"));
-    let proxy = start_proxy(&models, &[], &[], dir.path()).await;
+    let mut entry = model("chat", &pods, 2);
+    if let Some(r) = routing {
+        entry = entry.routing(r);
+    }
+    let proxy = start_proxy(&ModelsFile::new().model(entry), flags, &[], dir.path()).await;
     // One cache key for all: the ring prefers one pod, so the other fills only because the
     // decision passes over a full pod.
     let key = [("x-flexinfer-cache-key", "one-key")];
     let tasks: Vec<_> = (0..20)
         .map(|i| ask(&proxy, "chat", &format!("r{i}"), &key))
         .collect();
-    until("both pods full, 16 queued", || async {
-        pods.iter().all(|p| p.in_flight() == 2) && queued(&proxy, "chat").await == 16
+    until("every request held or queued", || async {
+        let held: usize = pods.iter().map(|p| p.in_flight()).sum();
+        held as u64 + queued(&proxy, "chat").await == 20
     })
     .await;
+    let holding: Vec<usize> = pods.iter().map(|p| p.in_flight()).collect();
+    assert_eq!(
+        holding,
+        [2, 2],
+        "each pod holds its maxConcurrency, no more"
+    );
     // Nothing held from now on: each answer frees its slot at once, the fastest turnover.
     pods.iter().for_each(HoldingUpstream::release_all);
     for t in tasks {
         assert_eq!(answered(t).await.status, 200);
     }
     for p in &pods {
-        assert_eq!(p.max_in_flight(), 2, "at most (and up to) maxConcurrency");
+        assert_eq!(p.max_in_flight(), 2, "at most maxConcurrency, ever");
     }
     assert_eq!(pods.iter().map(|p| p.requests()).sum::<u64>(), 20);
     let m = proxy.metrics().await;
@@ -161,6 +173,19 @@ async fn max_concurrency_holds_on_every_pod_under_a_burst() {
         20.0,
         "every admitted request has its wait observed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_concurrency_holds_on_every_pod_under_a_burst() {
+    burst_holds_max_concurrency(Some("prefix"), &[]).await;
+}
+
+/// The default routing makes no bounded pick, and one worker thread takes the whole burst in
+/// one go: only what the room rule counts between admission and the upstream request keeps
+/// the pods at their limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn max_concurrency_holds_under_a_burst_with_the_default_routing_on_one_thread() {
+    burst_holds_max_concurrency(None, &["--worker-threads", "1"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
