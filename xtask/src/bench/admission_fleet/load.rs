@@ -48,6 +48,8 @@ pub struct Clients {
     /// The tenant header of each tenant (`None`: no header, the shared tenant).
     pub tenant_a: Option<&'static str>,
     pub tenant_b: Option<&'static str>,
+    /// B's `x-flexinfer-priority`, if it sends one.
+    pub priority_b: Option<&'static str>,
     pub records: Arc<Mutex<Vec<Record>>>,
     pub stop: Arc<AtomicBool>,
 }
@@ -75,6 +77,9 @@ impl Clients {
         let mut req = Request::post("/v1/chat/completions", BODY);
         if let Some(id) = self.tenant_header(tenant) {
             req = req.header("x-flexinfer-tenant", id);
+        }
+        if let (Tenant::B, Some(p)) = (tenant, self.priority_b) {
+            req = req.header("x-flexinfer-priority", p);
         }
         let timeouts = Timeouts {
             read: READ_TIMEOUT,

@@ -5,9 +5,11 @@
 //! (`flexinfer_test_support::holding`) that takes the service time (0.5 s) per request and
 //! counts the most requests it ever held. Tenant A keeps 40 requests in flight (ten times the
 //! four slots, so the model's queue never empties); tenant B sends one request every 200 ms for
-//! 30 s. Two scenarios: `tenants` (each sends its own `x-flexinfer-tenant`, so they take turns)
-//! and `shared` (neither does: one tenant, arrival order), the second showing what B would
-//! wait without fairness. Reported: B's wait (latency minus service time) p50 / p95 against
+//! 30 s. Three scenarios: `tenants` (each sends its own `x-flexinfer-tenant`, so they take
+//! turns), `shared` (neither does: one tenant, arrival order: what B would wait without
+//! fairness) and `priority` (own tenants, and B sends `x-flexinfer-priority: 1`). Equal turns
+//! give B at most half the slots; whether that covers its rate decides its wait: with the
+//! defaults B offers 5 of the 8 requests a second the pods serve, more than its half. Reported: B's wait (latency minus service time) p50 / p95 against
 //! the service time, both tenants' answers by status, the most any pod held, the slowest
 //! 429, the proxy's rejections by reason. Raw records:
 //! `<target>/bench-admission-fleet/<unix time>/`.
@@ -46,7 +48,7 @@ pub struct AdmissionFleetBench {
     /// Milliseconds between two of tenant B's requests.
     #[arg(long, default_value_t = 200)]
     pub b_every_ms: u64,
-    /// Scenarios, comma-separated: tenants, shared. Default: both.
+    /// Scenarios, comma-separated: tenants, shared, priority. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Skip building (use the release binary already in the target directory).
@@ -68,23 +70,30 @@ enum Scenario {
     Tenants,
     /// Neither sends one: one shared tenant, first come first served.
     Shared,
+    /// Their own tenant ids, and B sends `x-flexinfer-priority: 1`: B's band is served first.
+    Priority,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 2] = [Scenario::Tenants, Scenario::Shared];
+    const ALL: [Scenario; 3] = [Scenario::Tenants, Scenario::Shared, Scenario::Priority];
 
     fn name(self) -> &'static str {
         match self {
             Scenario::Tenants => "tenants",
             Scenario::Shared => "shared",
+            Scenario::Priority => "priority",
         }
     }
 
     fn headers(self) -> (Option<&'static str>, Option<&'static str>) {
         match self {
-            Scenario::Tenants => (Some("tenant-a"), Some("tenant-b")),
+            Scenario::Tenants | Scenario::Priority => (Some("tenant-a"), Some("tenant-b")),
             Scenario::Shared => (None, None),
         }
+    }
+
+    fn b_priority(self) -> Option<&'static str> {
+        (self == Scenario::Priority).then_some("1")
     }
 }
 
@@ -98,7 +107,7 @@ fn select(names: &[String]) -> Result<Vec<Scenario>> {
             Scenario::ALL
                 .into_iter()
                 .find(|s| s.name() == n)
-                .with_context(|| format!("unknown scenario {n:?} (tenants, shared)"))
+                .with_context(|| format!("unknown scenario {n:?} (tenants, shared, priority)"))
         })
         .collect()
 }
@@ -182,6 +191,7 @@ fn run_scenario(
         start: Instant::now(),
         tenant_a,
         tenant_b,
+        priority_b: s.b_priority(),
         records: Arc::new(Mutex::new(Vec::new())),
         stop: Arc::new(AtomicBool::new(false)),
     };
