@@ -91,6 +91,8 @@ async fn one_pod_of_two_answering_503_is_retried_then_ejected() {
     let models = ModelsFile::new().model(
         ModelEntry::new("chat")
             .routing("prefix")
+            // The bad pod counts every request it reads: no engine scrapes among them.
+            .engine("none")
             .endpoint(bad.addr)
             .endpoint(good.addr),
     );
