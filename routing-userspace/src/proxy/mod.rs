@@ -155,8 +155,9 @@ async fn pipeline(
             view.fields.as_ref(),
             ctx.start,
         );
-        // The decision's reservation (or, without one, the request about to be sent) now
-        // counts in the load the room rule reads.
+        // The decision's reservation or pending pick (a model with a maxConcurrency always
+        // holds one until its request starts upstream) now counts in the load the room rule
+        // reads.
         permit.started();
         ctx.permit = Some(permit);
         let served = decision.model().spec.served_model_name.as_deref();

@@ -282,11 +282,14 @@ impl Router {
             }
             d.set_match(d.picked_index().map_or(0, |i| depths[i]), chain);
         }
+        // A model with a maxConcurrency reads every pick's pending count too: its room rule
+        // must see the request from the moment admission lets it go (see `room`).
+        let counts_pending = pick.reads_bound || m.spec.admission.max_concurrency.is_some();
         d.hold(Holds {
             pod: pick.reservation,
             member: None,
             pending: picked_slot
-                .filter(|_| pick.reads_bound)
+                .filter(|_| counts_pending)
                 .map(|s| self.pending.hold(s)),
         });
         if let Some(s) = pick.spill {

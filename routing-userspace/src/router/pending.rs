@@ -1,7 +1,8 @@
-//! Picks the gauge cannot see yet. A bounded ring or cache-aware pick counts on its pod from
-//! the decision until the request starts upstream (from then on the gauge counts it), so a
-//! burst of picks for one hot key sees itself instead of stampeding the pod the gauge still
-//! shows idle. Unlike least-loaded reservations this needs no TTL and is not a spec metric:
+//! Picks the gauge cannot see yet. A bounded ring or cache-aware pick, and every pick of a
+//! model with a `maxConcurrency`, counts on its pod from the decision until the request starts
+//! upstream (from then on the gauge counts it), so a burst of picks for one hot key sees itself
+//! instead of stampeding the pod the gauge still shows idle, and admission's room rule counts
+//! a request it let in while its upstream connection is still being made. Unlike least-loaded reservations this needs no TTL and is not a spec metric:
 //! the count is held by a token the decision carries and ends exactly once, when the token
 //! drops (the request started, went elsewhere, or ended).
 

@@ -407,6 +407,40 @@ fn strategies_that_do_not_read_load_reserve_nothing() {
     }
 }
 
+/// Admission lets a request go once the room rule counts it: for a model with a
+/// `maxConcurrency`, a pick that reads no bound still counts on its pod (pending) from the
+/// decision until the request starts, then the gauge counts it.
+#[test]
+fn a_pick_of_a_model_with_max_concurrency_counts_until_its_request_starts() {
+    let mut limited = model("l", Strategy::Default, [1]);
+    limited.service = None;
+    limited.admission.max_concurrency = Some(1);
+    let mut open = model("o", Strategy::Default, [2]);
+    open.service = None;
+    let w = world(vec![limited, open], Duration::from_secs(10));
+    let Some(Route::Model(m)) = w.table.lookup("l") else {
+        panic!("model l")
+    };
+    let now = Instant::now;
+    assert!(w.router.has_room(&m, 0, now()));
+    let mut d = w.simple("l", "{}");
+    assert!(d.held().pending_pick, "counted from the decision on");
+    assert!(!w.router.has_room(&m, 0, now()), "its one slot is taken");
+    let a = d.next_attempt().expect("the pod");
+    let in_flight = d.start_on(a, &w.gauge);
+    assert!(!d.held().pending_pick, "the gauge counts it now, once");
+    assert!(!w.router.has_room(&m, 0, now()));
+    drop(in_flight);
+    assert!(w.router.has_room(&m, 0, now()));
+    // Dropped before it started (the client left): the slot is free again.
+    let d = w.simple("l", "{}");
+    assert!(!w.router.has_room(&m, 0, now()));
+    drop(d);
+    assert!(w.router.has_room(&m, 0, now()));
+    // Without a limit nothing reads the count, and nothing is held.
+    assert!(!w.simple("o", "{}").held().pending_pick);
+}
+
 #[test]
 fn the_rules_cover_every_decision_a_model_makes() {
     // Every (key source, outcome) a decision reports has a pre-resolved counter.

@@ -1,8 +1,9 @@
 //! What the integration tests (`tests/`) and `cargo xtask bench` both need to run real
 //! processes on loopback and clean up after them: child process guards, scratch directories,
 //! free ports and readiness waits, child cgroups, bpffs pin directories, models files, the
-//! skip markers a test leaves when it cannot run here (read back by `cargo xtask test`), and
-//! the measuring [`harness`] (statistics, reports, an HTTP/1.1 client with an SSE reader).
+//! skip markers a test leaves when it cannot run here (read back by `cargo xtask test`), the
+//! measuring [`harness`] (statistics, reports, an HTTP/1.1 client with an SSE reader), and an
+//! upstream that holds requests and counts them ([`holding`]).
 //!
 //! One copy, so a fix (a process that outlives its test, a pin left on bpffs) lands in every
 //! user at once. Deliberately synchronous std code with no dependency on `routing-userspace`:
@@ -13,6 +14,7 @@ mod bpffs;
 mod cgroup;
 mod cpu;
 pub mod harness;
+pub mod holding;
 mod models;
 mod net;
 mod process;
@@ -24,7 +26,7 @@ pub use bpffs::{bpffs_root, PinDir};
 pub use cgroup::{cgroup2_root, Cgroup};
 pub use cpu::pin_to_cpu;
 pub use harness::http::parse_response;
-pub use models::{ModelEntry, ModelsFile};
+pub use models::{ModelEntry, ModelsFile, QueueEntry};
 pub use net::{
     free_port, http_request, loopback, raw_exchange, wait_http_ok, wait_port, HttpReply,
 };

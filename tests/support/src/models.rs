@@ -41,6 +41,27 @@ pub struct ModelEntry {
     hash_balance_floor: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     engine: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_concurrency: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<QueueEntry>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens_per_minute: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_burst: Option<u64>,
+}
+
+/// A model's `queue:` block; unset fields take the proxy's values.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueEntry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<u32>,
+    /// A duration such as `2s` or `500ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sheddable_timeout: Option<String>,
 }
 
 impl ModelsFile {
@@ -89,7 +110,30 @@ impl ModelEntry {
             hash_balance_factor: None,
             hash_balance_floor: None,
             engine: None,
+            max_concurrency: None,
+            queue: None,
+            tokens_per_minute: None,
+            token_burst: None,
         }
+    }
+
+    /// Requests in flight per pod before the pod is full (`maxConcurrency`).
+    pub fn max_concurrency(mut self, n: u32) -> Self {
+        self.max_concurrency = Some(n);
+        self
+    }
+
+    /// The model's `queue:` block.
+    pub fn queue(mut self, q: QueueEntry) -> Self {
+        self.queue = Some(q);
+        self
+    }
+
+    /// A token budget per tenant (`tokensPerMinute`, `tokenBurst`).
+    pub fn token_budget(mut self, per_minute: u64, burst: Option<u64>) -> Self {
+        self.tokens_per_minute = Some(per_minute);
+        self.token_burst = burst;
+        self
     }
 
     /// This model's bounded-load factor (`hashBalanceFactor`; 0 = the plain ring).
@@ -189,7 +233,14 @@ mod tests {
                 .endpoint("127.0.0.1:9001")
                 .endpoints(["[::1]:9002"])
                 .hash_balance_factor(1.5)
-                .hash_balance_floor(3),
+                .hash_balance_floor(3)
+                .max_concurrency(2)
+                .queue(QueueEntry {
+                    max_size: Some(5),
+                    timeout: Some("2s".into()),
+                    sheddable_timeout: Some("500ms".into()),
+                })
+                .token_budget(60, Some(100)),
         );
         let want: Value = serde_yaml_ng::from_str(
             r#"
@@ -204,6 +255,10 @@ models:
     endpoints: [127.0.0.1:9001, "[::1]:9002"]
     hashBalanceFactor: 1.5
     hashBalanceFloor: 3
+    maxConcurrency: 2
+    queue: {maxSize: 5, timeout: 2s, sheddableTimeout: 500ms}
+    tokensPerMinute: 60
+    tokenBurst: 100
 "#,
         )
         .unwrap();

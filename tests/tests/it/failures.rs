@@ -88,11 +88,10 @@ async fn one_pod_of_two_answering_503_is_retried_then_ejected() {
     let dir = TempDir::new("503");
     let bad = fixed_status(503).await;
     let good = start_sim("good", &[], dir.path()).await;
-    // engine: none, since the bad pod counts every request it gets, and a scrape of its
-    // metrics page would count as one.
     let models = ModelsFile::new().model(
         ModelEntry::new("chat")
             .routing("prefix")
+            // The bad pod counts every request it reads: no engine scrapes among them.
             .engine("none")
             .endpoint(bad.addr)
             .endpoint(good.addr),

@@ -8,6 +8,7 @@
 //! for all. Tests that cannot run here (no BPF, no podman, no Prometheus) say so through
 //! `flexinfer_tests::skip`, which `cargo xtask test` counts apart from passes.
 
+mod admission;
 mod bad_input;
 mod bpffs_mount;
 mod chart;

@@ -1,9 +1,11 @@
 //! `cargo xtask bench <group>`: named criterion runs with the exact flags docs/benchmarks.md uses,
 //! and the benches that run whole processes: the proxy's per-request cost against peer proxies
 //! on loopback (`bench overhead`, in `overhead/`), what relaying SSE streams costs against the
-//! same peers (`bench stream`, in `stream/`), and routing quality on real model servers
-//! (`bench real-llm`, in `real_llm/`). How the peer proxies start is shared, in `peers`.
+//! same peers (`bench stream`, in `stream/`), routing quality on real model servers
+//! (`bench real-llm`, in `real_llm/`), and tenant fairness when the fleet is full
+//! (`bench admission-fleet`, in `admission_fleet/`). How the peer proxies start is shared, in `peers`.
 
+pub mod admission_fleet;
 pub mod overhead;
 pub mod peers;
 pub mod real_llm;
@@ -31,6 +33,11 @@ pub enum Group {
     Signals,
     /// The admission cost when no queue forms: classify, admit and release a permit.
     Admission,
+    /// Tenant fairness when the fleet is full: two pods with maxConcurrency 2 and a 0.5 s
+    /// backend, tenant A keeping 40 requests in flight, tenant B one every 200 ms; B's wait
+    /// against the service time, answers by status, the most any pod held.
+    /// See xtask/src/bench/admission_fleet/.
+    AdmissionFleet(admission_fleet::AdmissionFleetBench),
     /// Proxy overhead on loopback: wrk against fast static upstreams directly and through
     /// nginx, haproxy, smg and flexinfer-proxy (userspace gauge, and default flags as root).
     /// Installs what it needs. Not criterion: see xtask/src/bench/overhead/.
@@ -51,6 +58,7 @@ pub fn run(args: &Bench) -> Result<()> {
         Group::Overhead(o) => return overhead::run(o),
         Group::RealLlm(r) => return real_llm::run(r),
         Group::Stream(s) => return stream::run(s),
+        Group::AdmissionFleet(a) => return admission_fleet::run(a),
         Group::Gauge => ("routing-userspace", "gauge_read"),
         Group::Route => ("routing-userspace", "route"),
         Group::Signals => ("routing-userspace", "signals"),
