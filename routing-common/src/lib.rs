@@ -183,6 +183,7 @@ const _: () = {
 };
 
 #[cfg(feature = "user")]
+#[allow(unsafe_code)]
 mod user {
     // SAFETY: the types are `#[repr(C)]`, `Copy`, made only of integers, and their sizes are
     // asserted above to equal the sum of their fields (no padding bytes to leak or compare).

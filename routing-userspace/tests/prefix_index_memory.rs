@@ -1,6 +1,7 @@
 //! The cache-aware index's memory budget, measured by the allocator rather than by the index's
 //! own arithmetic: a counting global allocator tracks every byte the index holds while a
 //! million distinct prompt prefixes (two links each, over 16 pods) go through it.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};

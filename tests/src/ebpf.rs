@@ -16,6 +16,7 @@ pub use flexinfer_test_support::{Cgroup, PinDir};
 use routing_userspace::ebpf::EbpfOptions;
 
 /// Why BPF cannot be used here, or `None` if it can.
+#[allow(unsafe_code)]
 pub fn bpf_missing() -> Option<String> {
     if !flexinfer_test_support::is_root() {
         return Some("not running as root".into());

@@ -1,8 +1,8 @@
 //! `cargo xtask test`: the README's test command, and what CI runs.
 //!
 //! On a fresh machine it installs what the tests need (rust-src, bpf-linker, cargo-fuzz,
-//! Debian packages), builds the eBPF object the proxy embeds, then checks formatting, clippy
-//! and every test of the workspace, and builds every fuzz target and replays its seeds and
+//! Debian packages), builds the eBPF object the proxy embeds, then checks formatting, clippy,
+//! the API docs (`cargo doc`, warnings denied) and every test of the workspace, and builds every fuzz target and replays its seeds and
 //! regressions. Each step prints how long it took.
 //!
 //! The closing line, `tests: N passed, M failed, K skipped`, counts real results: a test that
@@ -48,7 +48,7 @@ pub struct Test {
     /// Skip installing tools and packages (they are already there).
     #[arg(long)]
     pub no_setup: bool,
-    /// Skip `cargo fmt --check` and clippy.
+    /// Skip `cargo fmt --check`, clippy and `cargo doc`.
     #[arg(long)]
     pub no_lint: bool,
     /// Skip building the fuzz targets and replaying their seeds and regressions.
@@ -182,6 +182,19 @@ pub fn run(args: &Test) -> Result<()> {
                 "-D",
                 "warnings",
             ])
+        })?;
+        step("doc", || {
+            let status = Command::new("cargo")
+                .current_dir(ebpf::workspace_root())
+                .args(["doc", "--no-deps", "--workspace"])
+                // Broken intra-doc links and every other rustdoc warning fail the step.
+                .env("RUSTDOCFLAGS", "-D warnings")
+                .status()
+                .context("running cargo doc")?;
+            if !status.success() {
+                bail!("cargo doc failed ({status})");
+            }
+            Ok(())
         })?;
     }
     let skip_dir = fresh_skip_dir()?;

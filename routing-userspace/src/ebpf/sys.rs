@@ -1,6 +1,7 @@
 //! The few raw Linux calls aya does not wrap: statfs (is this bpffs?), mount, flock, mmap of
 //! a BPF array, a socket's cookie and BPF_PROG_QUERY. All unsafe code of the loader lives
 //! here.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::ffi::CString;
 use std::fs::File;

@@ -3,6 +3,7 @@
 //! A sock_ops program on the cgroup2 root would see every TCP connection on the machine, so
 //! tests and benches attach to a fresh child cgroup instead and move only their own processes
 //! into it (cgroup v2 membership is per process). The cgroup is removed on drop.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::ffi::CString;
 use std::io;

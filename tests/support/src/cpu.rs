@@ -1,5 +1,6 @@
 //! CPU placement for benchmark processes: the load generator and the process under test each
 //! get their own core, so one does not steal the other's time.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::io;
 use std::os::unix::process::CommandExt;

@@ -37,6 +37,7 @@ pub use skip::{read_markers, running_test, skip, write_marker, Skipped, SKIP_DIR
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Whether this process runs as root (BPF, cgroups and pin dirs need it).
+#[allow(unsafe_code)]
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no side effects and cannot fail.
     unsafe { libc::geteuid() == 0 }

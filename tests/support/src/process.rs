@@ -1,5 +1,6 @@
 //! A child process that cannot outlive its owner: killed (or terminated with a grace period)
 //! when the guard drops, its output kept in a log file for the failure message.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -3,6 +3,7 @@
 //! more than `maxConcurrency`", "this request started next" and "that one never reached a
 //! pod" are read from the pods themselves. Every wait is a poll on a condition (the pods'
 //! counts, the queue in `/debug/routing`, a metric); no assertion is on speed.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::future::Future;
 use std::io::Write;

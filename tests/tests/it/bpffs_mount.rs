@@ -6,6 +6,7 @@
 //! flock is per open file, so they contend exactly as processes do), race to mount bpffs on a
 //! fresh directory; exactly one may mount and the directory must carry exactly one bpf mount.
 //! Root only; fails instead of skipping under FLEXINFER_REQUIRE_EBPF.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::path::Path;
 use std::sync::{Arc, Barrier};

@@ -1,5 +1,6 @@
 //! Failing pods over real sockets: a pod that never answers, one that answers 503 to
 //! everything, one that drops SYNs, one killed mid-stream, and the proxy's own SIGTERM.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -5,6 +5,7 @@
 //! CLOCK_MONOTONIC is one clock for every process on the machine, so an upstream can stamp an
 //! event with its send time and a load generator in another process can subtract it from the
 //! receive time: on loopback that is the event's whole delay, with no clock skew to correct.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::io;
 use std::time::Duration;

@@ -3,6 +3,7 @@
 //! std has nonblocking sockets but no readiness API; these three syscalls are all that is
 //! missing, so they are wrapped here rather than pulling in an event-loop crate. Level-triggered
 //! throughout: a socket that still has data is reported again, so a handler may stop early.
+#![allow(unsafe_code)] // see the SAFETY lines
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
