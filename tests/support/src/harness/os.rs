@@ -103,7 +103,10 @@ mod tests {
         assert!(vm_rss_kib(me).is_some_and(|k| k > 0));
         // This process's RSS moves while other tests run, so the sums are checked on a child
         // that sits still: the tree holds it, and its tree is itself alone.
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let kid = child.id();
         // Until it has exec'd, the child is a copy of this process; wait for `sleep`.
         let comm = || std::fs::read_to_string(format!("/proc/{kid}/comm")).unwrap_or_default();
