@@ -43,6 +43,8 @@ pub struct Metrics {
     pub engine: crate::signals::EngineFamilies,
     /// The admission families (queue depth and wait, rejections, see [`crate::admission`]).
     pub admission: crate::admission::AdmissionFamilies,
+    /// What trace export did with the spans (see [`crate::telemetry`]).
+    pub trace: crate::telemetry::TraceFamilies,
 }
 
 /// The `model` label of requests for no configured model.
@@ -81,6 +83,8 @@ impl Metrics {
         f.add_all(|| engine.collectors());
         let admission = crate::admission::AdmissionFamilies::new();
         f.add_all(|| admission.collectors());
+        let trace = crate::telemetry::TraceFamilies::new();
+        f.add_all(|| trace.collectors());
         let ebpf_enabled = f.add(
             IntGauge::new(
                 "flexinfer_proxy_ebpf_enabled",
@@ -103,6 +107,7 @@ impl Metrics {
             balance,
             engine,
             admission,
+            trace,
             ebpf_enabled,
             registry: f.registry,
             collectors: f.collectors,

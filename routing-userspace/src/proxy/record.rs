@@ -9,6 +9,7 @@ use super::context::{RequestCtx, CLIENT_CLOSED};
 use crate::router::Attempt;
 
 pub fn record(ctx: &mut RequestCtx) {
+    super::request_span::end_request(ctx);
     if ctx.local {
         return;
     }

@@ -74,6 +74,8 @@ pub struct Shared {
     pub engine_load_reports: bool,
     /// The engine scraper's pods (`None`: no scraper).
     pub scrape_targets: Option<ScrapeTargets>,
+    /// Starts request traces (`None`: tracing off).
+    pub tracer: Option<Arc<crate::telemetry::Tracer>>,
 }
 
 impl Shared {
@@ -100,6 +102,7 @@ impl Shared {
             drain_cut: Arc::default(),
             engine_load_reports: false,
             scrape_targets: None,
+            tracer: None,
         }
     }
 

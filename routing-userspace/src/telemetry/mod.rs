@@ -67,7 +67,7 @@ pub fn start(
 
 /// The endpoint must be a plain `http://host[:port]/path` URL: the exporter speaks HTTP/1.1
 /// without TLS (a collector beside the proxy, or a node-local agent).
-fn check_endpoint(endpoint: &str) -> Result<(), TraceError> {
+pub fn check_endpoint(endpoint: &str) -> Result<(), TraceError> {
     let bad = |why: &str| TraceError::Endpoint {
         endpoint: endpoint.to_owned(),
         why: why.to_owned(),
