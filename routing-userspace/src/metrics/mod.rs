@@ -182,10 +182,17 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 33, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 35, "{text}");
         assert!(text.contains("# TYPE flexinfer_proxy_engine_scrapes_total counter\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_depth gauge\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_wait_seconds histogram\n"));
+        // The trace export counters, both drop reasons at zero from the start.
+        assert!(
+            text.contains("flexinfer_proxy_trace_spans_dropped_total{reason=\"queue_full\"} 0\n")
+        );
+        assert!(text
+            .contains("flexinfer_proxy_trace_spans_dropped_total{reason=\"export_failed\"} 0\n"));
+        assert!(text.contains("# TYPE flexinfer_proxy_trace_spans_exported_total counter\n"));
         m.spec.requests_total.with_label_values(&["m", "200"]).inc();
         let text = m.render();
         assert_eq!(
