@@ -23,6 +23,15 @@ pub struct SpanSink {
 }
 
 impl SpanSink {
+    /// A sink in front of a queue of `size` spans, and the queue's reading end.
+    pub(crate) fn bounded(
+        size: usize,
+        queue_full: prometheus::IntCounter,
+    ) -> (Self, mpsc::Receiver<SpanData>) {
+        let (tx, rx) = mpsc::channel(size.max(1));
+        (Self { tx, queue_full }, rx)
+    }
+
     /// Queue a span, or drop (and count) it when the queue is full or export stopped.
     pub fn send(&self, span: SpanData) {
         if self.tx.try_send(span).is_err() {
@@ -69,7 +78,7 @@ pub fn start<E>(
 where
     E: SpanExporter + 'static,
 {
-    let (tx, rx) = mpsc::channel(settings.queue_size.max(1));
+    let (sink, rx) = SpanSink::bounded(settings.queue_size, metrics.queue_full.clone());
     let (stop_tx, stop_rx) = oneshot::channel();
     let batching = Batching {
         batch_size: settings.batch_size.max(1),
@@ -77,10 +86,6 @@ where
         timeout: settings.export_timeout,
     };
     let task = tokio::spawn(run(exporter, rx, stop_rx, batching, metrics.clone()));
-    let sink = SpanSink {
-        tx,
-        queue_full: metrics.queue_full.clone(),
-    };
     let handle = ExportHandle {
         stop: stop_tx,
         task,

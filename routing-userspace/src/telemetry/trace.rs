@@ -322,3 +322,6 @@ fn new_trace_id() -> TraceId {
 fn new_span_id() -> SpanId {
     SpanId::from(rand::random::<u64>().max(1))
 }
+
+#[cfg(test)]
+mod tests;

@@ -261,6 +261,16 @@ mod tests {
     }
 
     #[test]
+    fn only_the_tracing_rows_export_and_each_with_its_ratio() {
+        assert!(super::sample::trace_flags(Target::FxUserspace, Some(9)).is_empty());
+        let f = super::sample::trace_flags(Target::FxTrace1, Some(9));
+        assert_eq!(f[1], "http://127.0.0.1:9");
+        assert_eq!(f.last().map(String::as_str), Some("1.0"));
+        let f = super::sample::trace_flags(Target::FxTrace0, Some(9));
+        assert_eq!(f.last().map(String::as_str), Some("0"));
+    }
+
+    #[test]
     fn the_header_proxies_hash_the_session_header_consistently() {
         let ups = [loopback(1), loopback(2), loopback(3)];
         let n = nginx_proxy_conf(Path::new("/t"), 9, &ups, Case::Session);

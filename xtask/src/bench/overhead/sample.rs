@@ -160,16 +160,8 @@ fn start(target: Target, case: Case, tag: &str, dir: &Path, env: &Env) -> Result
                 (Some(cgroup), Some(pins)) => FxGauge::Default { cgroup, pins },
                 _ => FxGauge::Userspace,
             };
-            let endpoint = collector.map(|p| format!("http://{}", loopback(p)));
-            let mut extra: Vec<&str> = Vec::new();
-            if let (Some(e), Some(ratio)) = (&endpoint, target.trace_ratio()) {
-                extra.extend(["--otlp-endpoint", e, "--otel-traces-sampler"]);
-                extra.extend([
-                    "parentbased_traceidratio",
-                    "--otel-traces-sampler-arg",
-                    ratio,
-                ]);
-            }
+            let extra = trace_flags(target, collector);
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
             let fx = FxRun {
                 dir,
                 case,
@@ -195,6 +187,22 @@ fn start(target: Target, case: Case, tag: &str, dir: &Path, env: &Env) -> Result
         stats,
         url_addr,
     })
+}
+
+/// The tracing rows' exporter and sampler flags (none for the other rows).
+pub(super) fn trace_flags(target: Target, collector: Option<u16>) -> Vec<String> {
+    let (Some(port), Some(ratio)) = (collector, target.trace_ratio()) else {
+        return Vec::new();
+    };
+    [
+        "--otlp-endpoint".to_string(),
+        format!("http://{}", loopback(port)),
+        "--otel-traces-sampler".into(),
+        "parentbased_traceidratio".into(),
+        "--otel-traces-sampler-arg".into(),
+        ratio.into(),
+    ]
+    .into()
 }
 
 /// What one flexinfer row runs with.
