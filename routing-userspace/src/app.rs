@@ -51,6 +51,8 @@ pub enum ServeError {
         what: &'static str,
         source: std::io::Error,
     },
+    #[error("tracing: {0}")]
+    Tracing(#[from] crate::telemetry::TraceError),
     #[error("serving failed: {0}")]
     Serve(std::io::Error),
 }
@@ -161,17 +163,22 @@ pub async fn serve(
         settings.signals.scrape.as_ref(),
     );
     let discovery = start_discovery(&settings.discovery, tx, fleet.counter())?;
+    if let Some(endpoint) = &settings.trace.endpoint {
+        crate::telemetry::check_endpoint(endpoint)?;
+    }
     // Clients that connect before the table is ready wait in the listen backlog.
     let listener = bind(settings.listen, "proxy").await?;
     let admin_listener = bind(settings.admin_listen, "admin").await?;
     for w in &warnings {
         tracing::warn!(knob = w.knob, value = %w.value, using = %w.used, "invalid routing knob; using the default");
     }
-    let shared = Arc::new(shared_state(&settings, fleet)?);
+    let mut shared = shared_state(&settings, fleet)?;
+    let export = start_tracing(&settings, &mut shared)?;
+    let shared = Arc::new(shared);
     start_background(&shared, rx);
     let local = |l: &TcpListener| l.local_addr().map_err(ServeError::Serve);
     tracing::info!(listen = %local(&listener)?, admin = %local(&admin_listener)?, "flexinfer-proxy serving");
-    run_listeners(
+    let served = run_listeners(
         &shared,
         &settings,
         listener,
@@ -179,7 +186,29 @@ pub async fn serve(
         discovery,
         shutdown,
     )
-    .await
+    .await;
+    if let Some(export) = export {
+        export.shutdown(TRACE_EXPORT_SHUTDOWN).await;
+    }
+    served
+}
+
+/// On exit, how long the spans still queued have to reach the collector.
+const TRACE_EXPORT_SHUTDOWN: Duration = Duration::from_secs(2);
+
+/// The tracer and its export task, when an OTLP endpoint is set.
+fn start_tracing(
+    settings: &Settings,
+    shared: &mut Shared,
+) -> Result<Option<crate::telemetry::ExportHandle>, ServeError> {
+    let Some((tracer, export)) = crate::telemetry::start(&settings.trace, &shared.metrics.trace)?
+    else {
+        return Ok(None);
+    };
+    let t = &settings.trace;
+    tracing::info!(endpoint = t.endpoint.as_deref().unwrap_or(""), sampler = %t.sampler, service = %t.service_name, "exporting OpenTelemetry traces");
+    shared.tracer = Some(tracer);
+    Ok(Some(export))
 }
 
 /// What every request shares, with the gauge opened (the one step that touches the node) and

@@ -29,5 +29,6 @@ pub mod rules;
 pub mod signals;
 pub mod sim;
 pub mod table;
+pub mod telemetry;
 pub mod upstream;
 pub mod vocab;

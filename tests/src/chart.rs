@@ -290,6 +290,12 @@ pub fn variants() -> Vec<Value> {
         json!({"proxy": {"admission": {"fullWhenWaitingAbove": "off"}}}),
         json!({"proxy": {"admission": {"fullWhenKvUsageAbove": 0.8}}}),
         json!({"proxy": {"admission": {"tenantMetricCap": 10}}}),
+        json!({"proxy": {"tracing": {"endpoint": "http://otel-collector:4318"}}}),
+        json!({"proxy": {"tracing": {"tracesEndpoint": "http://c:4318/v1/traces"}}}),
+        json!({"proxy": {"tracing": {"serviceName": "edge-proxy"}}}),
+        json!({"proxy": {"tracing": {"sampler": "parentbased_traceidratio"}}}),
+        json!({"proxy": {"tracing": {"samplerArg": "0.05"}}}),
+        json!({"proxy": {"tracing": {"queueSize": 8192}}}),
         json!({"proxy": {
             "adminBindAddress": "0.0.0.0",
             "timeouts": {"connect": "500ms", "firstByte": "2m", "streamIdle": "15s",

@@ -12,6 +12,10 @@ pub mod chart;
 pub mod container;
 /// eBPF test harness: child cgroups, pin dirs, connection-holding helper processes.
 pub mod ebpf;
+/// A pod that records the trace headers it gets (the tracing tests).
+pub mod header_pod;
+/// A local OTLP/HTTP traces receiver (the tracing tests).
+pub mod otlp;
 pub mod prom;
 /// Waiting until a proxy routes by the models file a test rewrote.
 pub mod reload;

@@ -26,6 +26,8 @@ use crate::proxy::RequestLimits;
 use crate::router::health::EjectionPolicy;
 use crate::router::RoutingKnobs;
 use crate::signals::{store::DEFAULT_STALENESS, ScrapeConfig};
+use crate::telemetry::settings::DEFAULT_SERVICE_NAME;
+use crate::telemetry::TraceSettings;
 use crate::upstream::UpstreamOptions;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -172,6 +174,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub admission: AdmissionArgs,
+
+    #[command(flatten)]
+    pub trace: TraceArgs,
 
     /// Cap on distinct keys tracked exactly per (model, strategy, key_source) series.
     #[arg(
@@ -570,4 +575,63 @@ pub struct AdmissionArgs {
     /// model; later ones count as "other".
     #[arg(long, env = "FLEXINFER_PROXY_TENANT_METRIC_CAP", default_value_t = DEFAULT_TENANT_LABEL_CAP)]
     pub tenant_metric_cap: usize,
+}
+
+/// OpenTelemetry traces, by the standard OTEL variables. Off without an endpoint.
+#[derive(Debug, Clone, Args)]
+pub struct TraceArgs {
+    /// OTLP/HTTP base URL of the collector (`/v1/traces` is appended), e.g.
+    /// http://127.0.0.1:4318. Empty: no traces.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// OTLP/HTTP traces URL, used as it is (wins over --otlp-endpoint).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")]
+    pub otlp_traces_endpoint: Option<String>,
+
+    /// `service.name` of the spans.
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = DEFAULT_SERVICE_NAME)]
+    pub otel_service_name: String,
+
+    /// Which requests are traced: always_on, always_off, traceidratio, parentbased_always_on,
+    /// parentbased_always_off, parentbased_traceidratio.
+    #[arg(
+        long,
+        env = "OTEL_TRACES_SAMPLER",
+        default_value = "parentbased_always_on"
+    )]
+    pub otel_traces_sampler: String,
+
+    /// The ratio (0 to 1) of the traceidratio samplers.
+    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG")]
+    pub otel_traces_sampler_arg: Option<String>,
+
+    /// Ended spans waiting for export; past it they are dropped and counted.
+    #[arg(long, env = "OTEL_BSP_MAX_QUEUE_SIZE", default_value_t = TraceSettings::DEFAULT.queue_size)]
+    pub trace_queue_size: usize,
+
+    /// Spans per export request.
+    #[arg(long, env = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", default_value_t = TraceSettings::DEFAULT.batch_size)]
+    pub trace_batch_size: usize,
+
+    /// Longest a span waits for its batch (milliseconds, or a duration such as 500ms).
+    #[arg(long, env = "OTEL_BSP_SCHEDULE_DELAY", default_value_t = Dur(TraceSettings::DEFAULT.batch_delay),
+          value_parser = parse_millis)]
+    pub trace_batch_delay: Dur,
+
+    /// One export request's time cap; past it the batch is dropped and counted
+    /// (milliseconds, or a duration).
+    #[arg(long, env = "OTEL_BSP_EXPORT_TIMEOUT", default_value_t = Dur(TraceSettings::DEFAULT.export_timeout),
+          value_parser = parse_millis)]
+    pub trace_export_timeout: Dur,
+}
+
+/// The OTEL variables' milliseconds (a bare number), or one of our durations.
+fn parse_millis(s: &str) -> Result<Dur, String> {
+    match s.trim().parse::<u64>() {
+        Ok(ms) => Ok(Dur(std::time::Duration::from_millis(ms))),
+        Err(_) => super::parse::parse_duration(s)
+            .map(Dur)
+            .map_err(|e| e.to_string()),
+    }
 }

@@ -12,7 +12,7 @@ pub mod settings;
 
 pub use args::{
     AdmissionArgs, BalanceArgs, DiscoveryKind, EbpfArgs, GaugeKind, HashBalanceArgs, KeepAlive,
-    LimitArgs, ResilienceArgs, RoutingArgs, ServeArgs, SignalArgs, TimeoutArgs,
+    LimitArgs, ResilienceArgs, RoutingArgs, ServeArgs, SignalArgs, TimeoutArgs, TraceArgs,
 };
 pub use parse::{parse_bytes, parse_duration, parse_listen, Dur, DurationError, SizeError};
 pub use settings::{routing_knobs, KnobWarning, Settings};

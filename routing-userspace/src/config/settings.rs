@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::args::{
     AdmissionArgs, BalanceArgs, DiscoveryKind, GaugeKind, HashBalanceArgs, KeepAlive, RoutingArgs,
-    ServeArgs, SignalArgs,
+    ServeArgs, SignalArgs, TraceArgs,
 };
 use super::parse::{format_bytes, format_duration, parse_bytes, parse_duration};
 use crate::admission::{AdmissionDefaults, FullWhen};
@@ -23,6 +23,8 @@ use crate::proxy::RequestLimits;
 use crate::router::health::EjectionPolicy;
 use crate::router::RoutingKnobs;
 use crate::signals::{ScrapeConfig, SignalSettings};
+use crate::telemetry::settings::traces_endpoint;
+use crate::telemetry::{Sampler, TraceSettings};
 use crate::upstream::UpstreamOptions;
 
 /// After SIGTERM, how long `/readyz` answers 503 while the proxy still serves.
@@ -82,12 +84,14 @@ pub struct Settings {
     pub gauge: GaugeSettings,
     pub signals: SignalSettings,
     pub admission: AdmissionDefaults,
+    pub trace: TraceSettings,
 }
 
 impl Settings {
     /// Every setting of `serve`, and what fell back to its default.
     pub fn from_args(args: &ServeArgs) -> (Self, Vec<KnobWarning>) {
-        let (routing, warnings) = routing_knobs(&args.routing);
+        let (routing, mut warnings) = routing_knobs(&args.routing);
+        let trace = trace_settings(&args.trace, &mut warnings);
         let t = &args.timeouts;
         let r = &args.resilience;
         let settings = Self {
@@ -141,6 +145,7 @@ impl Settings {
             },
             signals: signal_settings(&args.signals),
             admission: admission_defaults(&args.admission),
+            trace,
         };
         (settings, warnings)
     }
@@ -158,6 +163,32 @@ pub fn admission_defaults(a: &AdmissionArgs) -> AdmissionDefaults {
         },
         tenant_label_cap: a.tenant_metric_cap,
         ..AdmissionDefaults::default()
+    }
+}
+
+/// The trace settings: off without an endpoint; a sampler that is not a standard one falls back
+/// to the default (`parentbased_always_on`) with a warning, as the OpenTelemetry SDKs do.
+pub fn trace_settings(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> TraceSettings {
+    let arg = a.otel_traces_sampler_arg.as_deref();
+    let sampler = Sampler::parse(&a.otel_traces_sampler, arg).unwrap_or_else(|e| {
+        warnings.push(KnobWarning {
+            knob: "OTEL_TRACES_SAMPLER",
+            value: format!("{} ({e})", a.otel_traces_sampler),
+            used: Sampler::DEFAULT.to_string(),
+        });
+        Sampler::DEFAULT
+    });
+    TraceSettings {
+        endpoint: traces_endpoint(
+            a.otlp_endpoint.as_deref(),
+            a.otlp_traces_endpoint.as_deref(),
+        ),
+        service_name: a.otel_service_name.clone(),
+        sampler,
+        queue_size: a.trace_queue_size.max(1),
+        batch_size: a.trace_batch_size.max(1),
+        batch_delay: a.trace_batch_delay.0,
+        export_timeout: a.trace_export_timeout.0,
     }
 }
 

@@ -48,6 +48,8 @@ pub struct Metrics {
     pub engine: crate::signals::EngineFamilies,
     /// The admission families (queue depth and wait, rejections, see [`crate::admission`]).
     pub admission: crate::admission::AdmissionFamilies,
+    /// What trace export did with the spans (see [`crate::telemetry`]).
+    pub trace: crate::telemetry::TraceFamilies,
 }
 
 /// The `model` label of requests for no configured model.
@@ -86,6 +88,8 @@ impl Metrics {
         f.add_all(|| engine.collectors());
         let admission = crate::admission::AdmissionFamilies::new();
         f.add_all(|| admission.collectors());
+        let trace = crate::telemetry::TraceFamilies::new();
+        f.add_all(|| trace.collectors());
         let ebpf_enabled = f.add(
             IntGauge::new(
                 "flexinfer_proxy_ebpf_enabled",
@@ -124,6 +128,7 @@ impl Metrics {
             balance,
             engine,
             admission,
+            trace,
             ebpf_enabled,
             registry: f.registry,
             collectors: f.collectors,
@@ -200,10 +205,17 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 35, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 37, "{text}");
         assert!(text.contains("# TYPE flexinfer_proxy_engine_scrapes_total counter\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_depth gauge\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_wait_seconds histogram\n"));
+        // The trace export counters, both drop reasons at zero from the start.
+        assert!(
+            text.contains("flexinfer_proxy_trace_spans_dropped_total{reason=\"queue_full\"} 0\n")
+        );
+        assert!(text
+            .contains("flexinfer_proxy_trace_spans_dropped_total{reason=\"export_failed\"} 0\n"));
+        assert!(text.contains("# TYPE flexinfer_proxy_trace_spans_exported_total counter\n"));
         m.spec.requests_total.with_label_values(&["m", "200"]).inc();
         let text = m.render();
         assert_eq!(

@@ -15,6 +15,7 @@ use crate::admission::AdmissionPermit;
 use crate::load::userspace::InFlight;
 use crate::router::{Attempt, Decision};
 use crate::signals::Usage;
+use crate::telemetry::Trace;
 
 /// Status recorded when the client left before the proxy answered (as nginx logs it).
 pub const CLIENT_CLOSED: u16 = 499;
@@ -45,6 +46,8 @@ pub struct RequestCtx {
     pub permit: Option<AdmissionPermit>,
     /// How long the request waited in its model's queue (zero when it had room at once).
     pub queue_wait: std::time::Duration,
+    /// The request's trace (nothing when it is not sampled).
+    pub trace: Trace,
 }
 
 impl RequestCtx {
@@ -63,6 +66,7 @@ impl RequestCtx {
             usage: None,
             permit: None,
             queue_wait: std::time::Duration::ZERO,
+            trace: Trace::default(),
         }
     }
 }

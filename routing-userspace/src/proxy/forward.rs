@@ -29,6 +29,7 @@ use crate::load::userspace::InFlight;
 use crate::router::health::{Failure, Verdict};
 use crate::router::{Attempt, Decision};
 use crate::signals::{orca, Source};
+use crate::telemetry::AttemptEnd;
 use crate::upstream::{Conn, ConnectError, PoolKey, SendError, Sent, UpBody, UpstreamBody};
 use crate::vocab::RetryReason;
 
@@ -59,6 +60,27 @@ enum Step {
     Fail(ApiError),
 }
 
+impl Step {
+    /// How the attempt's span ends.
+    fn trace_end(&self) -> AttemptEnd<'_> {
+        match self {
+            Step::Answered(f) => AttemptEnd::Answered(f.response.status().as_u16()),
+            Step::Moved { error, .. } => AttemptEnd::Failed {
+                status: None,
+                error,
+            },
+            Step::Retry { error, answer, .. } => AttemptEnd::Failed {
+                status: answer.as_ref().map(|f| f.response.status().as_u16()),
+                error,
+            },
+            Step::Fail(e) => AttemptEnd::Failed {
+                status: None,
+                error: &e.message,
+            },
+        }
+    }
+}
+
 /// The request as every attempt sends it: the head (its `Host` and URI set per target).
 struct Outgoing {
     head: Parts,
@@ -78,6 +100,7 @@ pub async fn forward(
         served,
         active,
         start,
+        trace,
         ..
     } = ctx;
     let d = decision.as_mut().expect("forward runs after the decision");
@@ -98,7 +121,10 @@ pub async fn forward(
     let mut last_error = String::from("no target left to try");
     let mut next = d.next_attempt();
     while let Some(a) = next {
-        match attempt(shared, d, a, &mut out, body, in_flight).await {
+        trace.attempt_started(d.target(a).label(), &mut out.head.headers);
+        let step = attempt(shared, d, a, &mut out, body, in_flight).await;
+        trace.attempt_ended(step.trace_end());
+        match step {
             Step::Answered(f) => {
                 *served = Some(a);
                 return Ok(f);
@@ -122,6 +148,7 @@ pub async fn forward(
                 }
                 tracing::debug!(model = %name, %error, "retrying on the next target");
                 d.model().metrics.retries[reason as usize].inc();
+                trace.retried();
                 *in_flight = None;
                 (body, last_error) = (replay, error);
             }

@@ -8,7 +8,8 @@
 //! 4. prepare the upstream request ([`prepare`]): the client's head moved, not copied;
 //! 5. forward ([`forward`]): connect to the candidates in order, send on the first that answers;
 //! 6. stream back ([`stream`]): frames pass through as they arrive;
-//! 7. record ([`record`]): metrics and the spec's log line, once, when the context ends.
+//! 7. record ([`record`]): the trace's spans ([`request_span`]), metrics and the spec's log
+//!    line, once, when the context ends.
 //!
 //! Routing problems never fail a request (a malformed key falls through, an empty ring goes to
 //! the Service); only a request that names no model, an unknown model, an oversized body or an
@@ -24,6 +25,7 @@ pub mod prepare;
 pub mod queue;
 pub mod read_body;
 pub mod record;
+pub mod request_span;
 pub mod resolve;
 pub mod retry_budget;
 pub mod retry_on;
@@ -42,6 +44,7 @@ use hyper::body::Incoming;
 use crate::body::{BodyError, BodyFields};
 use crate::keys::RequestParts;
 use crate::table::Route;
+use crate::telemetry::Trace;
 use context::RequestCtx;
 use errors::ApiError;
 use read_body::ClientBody;
@@ -62,6 +65,13 @@ pub async fn handle(
     let mut ctx = RequestCtx::new(Arc::clone(&shared), start);
     let total = shared.limits.request_timeout;
     let (parts, body) = req.into_parts();
+    ctx.trace = Trace::start(
+        shared.tracer.as_ref(),
+        &parts.headers,
+        &parts.method,
+        parts.uri.path(),
+        start,
+    );
     // Taken by the phase that reads or forwards it; still here if the request failed first.
     let mut body = Some(body);
     let answered = if total.is_zero() {

@@ -9,6 +9,7 @@ use super::context::{RequestCtx, CLIENT_CLOSED};
 use crate::router::Attempt;
 
 pub fn record(ctx: &mut RequestCtx) {
+    super::request_span::end_request(ctx);
     if ctx.local {
         return;
     }
@@ -78,6 +79,13 @@ pub fn record(ctx: &mut RequestCtx) {
         m.pod_signals[i].record_usage(u);
         ctx.shared.router.cache_feedback(d, i, u);
     }
+    log_decision(d);
+}
+
+/// The spec's debug lines of a decision: ignored keys, then where it routed.
+fn log_decision(d: &crate::router::Decision) {
+    let model = &*d.model().name;
+    let (strategy, source) = (d.strategy().as_str(), d.key_source());
     for ignored in d.ignored() {
         tracing::debug!(model = %model, source = %ignored.source, reason = ?ignored.reason, "ignoring malformed routing key");
     }

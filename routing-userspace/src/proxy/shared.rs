@@ -76,6 +76,8 @@ pub struct Shared {
     pub scrape_targets: Option<ScrapeTargets>,
     /// The fleet size the scraper spreads its reads by (one proxy until `app` sets it).
     pub fleet: Fleet,
+    /// Starts request traces (`None`: tracing off).
+    pub tracer: Option<Arc<crate::telemetry::Tracer>>,
 }
 
 impl Shared {
@@ -103,6 +105,7 @@ impl Shared {
             engine_load_reports: false,
             scrape_targets: None,
             fleet: Fleet::new(0, false, None),
+            tracer: None,
         }
     }
 

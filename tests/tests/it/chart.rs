@@ -395,6 +395,12 @@ fn defaults_reach_their_env_vars() {
         ("FLEXINFER_PROXY_FULL_WHEN_WAITING_ABOVE", "0"),
         ("FLEXINFER_PROXY_FULL_WHEN_KV_USAGE_ABOVE", "0.95"),
         ("FLEXINFER_PROXY_TENANT_METRIC_CAP", "100"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""),
+        ("OTEL_SERVICE_NAME", "flexinfer-proxy"),
+        ("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
+        ("OTEL_TRACES_SAMPLER_ARG", ""),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "2048"),
         ("RUST_LOG", "info"),
     ] {
         assert_eq!(env_var(&docs, name).as_deref(), Some(want), "{name}");
@@ -563,6 +569,36 @@ fn every_knob_changes_its_env_var() {
             json!({"proxy": {"admission": {"tenantMetricCap": 10}}}),
             "FLEXINFER_PROXY_TENANT_METRIC_CAP",
             "10",
+        ),
+        (
+            json!({"proxy": {"tracing": {"endpoint": "http://otel-collector:4318"}}}),
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "http://otel-collector:4318",
+        ),
+        (
+            json!({"proxy": {"tracing": {"tracesEndpoint": "http://c:4318/v1/traces"}}}),
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://c:4318/v1/traces",
+        ),
+        (
+            json!({"proxy": {"tracing": {"serviceName": "edge-proxy"}}}),
+            "OTEL_SERVICE_NAME",
+            "edge-proxy",
+        ),
+        (
+            json!({"proxy": {"tracing": {"sampler": "parentbased_traceidratio"}}}),
+            "OTEL_TRACES_SAMPLER",
+            "parentbased_traceidratio",
+        ),
+        (
+            json!({"proxy": {"tracing": {"samplerArg": "0.05"}}}),
+            "OTEL_TRACES_SAMPLER_ARG",
+            "0.05",
+        ),
+        (
+            json!({"proxy": {"tracing": {"queueSize": 8192}}}),
+            "OTEL_BSP_MAX_QUEUE_SIZE",
+            "8192",
         ),
     ] {
         let docs = rendered(overrides.clone());

@@ -29,3 +29,4 @@ mod prometheus;
 mod proxying;
 mod reservations;
 mod routing;
+mod tracing_otel;

@@ -101,6 +101,7 @@ pub fn haproxy(conf: &Path, log: &Path) -> Result<Proc> {
 }
 
 /// Which gauge flexinfer-proxy runs with.
+#[derive(Clone, Copy)]
 pub enum FxGauge<'a> {
     /// `--gauge userspace`.
     Userspace,

@@ -42,7 +42,9 @@ end
     )
 }
 
-pub fn upstream_conf(dir: &Path, ports: &[u16]) -> String {
+/// The upstreams on `ports`, and with `collector` an OTLP/HTTP traces sink there (it answers
+/// every export 200 with an empty body, a valid empty `ExportTraceServiceResponse`).
+pub fn upstream_conf(dir: &Path, ports: &[u16], collector: Option<u16>) -> String {
     let models = format!(
         r#"{{"object":"list","data":[{{"id":"{MODEL}","object":"model","owned_by":"bench"}}]}}"#
     );
@@ -57,6 +59,17 @@ pub fn upstream_conf(dir: &Path, ports: &[u16]) -> String {
         location = /health {{ return 200 '{{"status":"ok"}}'; }}
         location = /v1/models {{ return 200 '{models}'; }}
         location / {{ return 200 '{COMPLETION}'; }}
+    }}
+"#
+        );
+    }
+    if let Some(p) = collector {
+        let _ = write!(
+            s,
+            r#"    server {{
+        listen 127.0.0.1:{p};
+        client_max_body_size 64m;
+        location = /v1/traces {{ default_type application/x-protobuf; return 200 ''; }}
     }}
 "#
         );

@@ -15,6 +15,10 @@
 //! wrk script), `sample` (one measured run), `table`; processes start through
 //! [`crate::bench::peers`].
 //!
+//! The `fx-trace-0` and `fx-trace-1` rows are `fx-userspace` exporting OpenTelemetry traces to
+//! an OTLP/HTTP sink in the upstreams' nginx (on CPU 0, beside wrk), sampling none or every
+//! request; `<tag>-trace-spans.txt` shows what was exported and dropped.
+//!
 //! The default-flags row runs as root with no `--gauge` flag, so the proxy loads its eBPF gauge;
 //! it attaches to a child cgroup of this harness with a pin dir of its own, both removed after
 //! the run (and, if a run was killed, by the next one). Only loopback addresses are used.
@@ -52,8 +56,8 @@ pub struct OverheadBench {
     #[arg(long, default_value_t = 32)]
     pub connections: u32,
     /// Only these configurations and/or cases, comma-separated (configurations: direct, nginx,
-    /// haproxy, smg, fx-userspace, fx-default; cases: session, prefix, least-loaded). A kind
-    /// not named is not filtered.
+    /// haproxy, smg, fx-userspace, fx-default, fx-trace-0, fx-trace-1; cases: session, prefix,
+    /// least-loaded). A kind not named is not filtered.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Skip building (use the release binary already in the target directory).
@@ -247,13 +251,23 @@ mod tests {
     #[test]
     fn only_filters_each_kind_it_names() {
         let (t, c) = select(&[]).unwrap();
-        assert_eq!((t.len(), c.len()), (6, 3));
+        assert_eq!((t.len(), c.len()), (8, 3));
         let (t, c) = select(&["haproxy".into(), "fx-default".into()]).unwrap();
         assert_eq!(t, vec![Target::Haproxy, Target::FxDefault]);
         assert_eq!(c.len(), 3);
         let (t, c) = select(&["prefix".into()]).unwrap();
-        assert_eq!((t.len(), c), (6, vec![Case::Prefix]));
+        assert_eq!((t.len(), c), (8, vec![Case::Prefix]));
         assert!(select(&["fx-ebpf".into()]).is_err());
+    }
+
+    #[test]
+    fn only_the_tracing_rows_export_and_each_with_its_ratio() {
+        assert!(super::sample::trace_flags(Target::FxUserspace, Some(9)).is_empty());
+        let f = super::sample::trace_flags(Target::FxTrace1, Some(9));
+        assert_eq!(f[1], "http://127.0.0.1:9");
+        assert_eq!(f.last().map(String::as_str), Some("1.0"));
+        let f = super::sample::trace_flags(Target::FxTrace0, Some(9));
+        assert_eq!(f.last().map(String::as_str), Some("0"));
     }
 
     #[test]

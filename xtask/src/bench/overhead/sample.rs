@@ -121,7 +121,8 @@ fn start(target: Target, case: Case, tag: &str, dir: &Path, env: &Env) -> Result
     let pins = cgroup.as_ref().map(|_| PinDir::new(PREFIX));
     let ports: Vec<u16> = (0..UPSTREAMS).map(|_| free_port()).collect();
     let upstreams: Vec<SocketAddr> = ports.iter().map(|&p| loopback(p)).collect();
-    let upstream = start_upstreams(dir, &ports, cgroup.as_ref(), &log("upstreams"))?;
+    let collector = target.trace_ratio().map(|_| free_port());
+    let upstream = start_upstreams(dir, &ports, collector, cgroup.as_ref(), &log("upstreams"))?;
     for &u in &upstreams {
         wait_http_ok(u, "/health", START_TIMEOUT)?;
     }
@@ -152,22 +153,24 @@ fn start(target: Target, case: Case, tag: &str, dir: &Path, env: &Env) -> Result
                 &log("smg"),
             )?)
         }
-        Target::FxUserspace | Target::FxDefault => {
+        Target::FxUserspace | Target::FxDefault | Target::FxTrace0 | Target::FxTrace1 => {
             let admin = loopback(free_port());
             stats = Some(admin);
             let gauge = match (&cgroup, &pins) {
                 (Some(cgroup), Some(pins)) => FxGauge::Default { cgroup, pins },
                 _ => FxGauge::Userspace,
             };
-            Some(start_fx(
-                env,
+            let extra = trace_flags(target, collector);
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            let fx = FxRun {
                 dir,
                 case,
-                &upstreams,
-                (addr, admin),
+                upstreams: &upstreams,
+                listen: (addr, admin),
                 gauge,
-                &log("proxy"),
-            )?)
+                extra: &extra,
+            };
+            Some(start_fx(env, &fx, &log("proxy"))?)
         }
     };
     let url_addr = if target == Target::Direct {
@@ -186,31 +189,51 @@ fn start(target: Target, case: Case, tag: &str, dir: &Path, env: &Env) -> Result
     })
 }
 
-/// flexinfer-proxy routing one model over `upstreams` with the case's routing.
-fn start_fx(
-    env: &Env,
-    dir: &Path,
+/// The tracing rows' exporter and sampler flags (none for the other rows).
+pub(super) fn trace_flags(target: Target, collector: Option<u16>) -> Vec<String> {
+    let (Some(port), Some(ratio)) = (collector, target.trace_ratio()) else {
+        return Vec::new();
+    };
+    [
+        "--otlp-endpoint".to_string(),
+        format!("http://{}", loopback(port)),
+        "--otel-traces-sampler".into(),
+        "parentbased_traceidratio".into(),
+        "--otel-traces-sampler-arg".into(),
+        ratio.into(),
+    ]
+    .into()
+}
+
+/// What one flexinfer row runs with.
+struct FxRun<'a> {
+    dir: &'a Path,
     case: Case,
-    upstreams: &[SocketAddr],
-    (listen, admin): (SocketAddr, SocketAddr),
-    gauge: FxGauge,
-    log: &Path,
-) -> Result<Proc> {
-    let models = dir.join("models.yaml");
+    upstreams: &'a [SocketAddr],
+    listen: (SocketAddr, SocketAddr),
+    gauge: FxGauge<'a>,
+    /// More `serve` flags (the tracing rows' exporter and sampler).
+    extra: &'a [&'a str],
+}
+
+/// flexinfer-proxy routing one model over `upstreams` with the case's routing.
+fn start_fx(env: &Env, run: &FxRun, log: &Path) -> Result<Proc> {
+    let models = run.dir.join("models.yaml");
     ModelsFile::new()
         .model(
             ModelEntry::new(MODEL)
-                .routing(case.routing())
-                .endpoints(upstreams),
+                .routing(run.case.routing())
+                .endpoints(run.upstreams),
         )
         .write_to(&models)?;
+    let (listen, admin) = run.listen;
     let fx = FxLaunch {
         bin: env.bin,
         models: &models,
         listen,
         admin,
-        gauge,
-        extra: &[],
+        gauge: run.gauge,
+        extra: run.extra,
     };
     peers::flexinfer(&fx, log)
 }
@@ -262,6 +285,17 @@ fn evidence(run: &Running, target: Target, tag: &str, env: &Env) -> Result<()> {
         };
         if let Some(text) = peers::admin_text(a, path) {
             std::fs::write(env.out.join(format!("{tag}-after.txt")), text)?;
+        }
+        // The tracing rows: spans exported and dropped over the run.
+        if target.trace_ratio().is_some() {
+            if let Some(text) = peers::admin_text(a, "/metrics") {
+                let trace: String = text
+                    .lines()
+                    .filter(|l| l.starts_with("flexinfer_proxy_trace_spans"))
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+                std::fs::write(env.out.join(format!("{tag}-trace-spans.txt")), trace)?;
+            }
         }
     }
     if let Some(pins) = &run.pins {
@@ -322,11 +356,17 @@ fn preflight(
 }
 
 /// The three static upstreams: one nginx, one worker, three ports, on [`LOAD_CPU`].
-fn start_upstreams(dir: &Path, ports: &[u16], cgroup: Option<&Cgroup>, log: &Path) -> Result<Proc> {
+fn start_upstreams(
+    dir: &Path,
+    ports: &[u16],
+    collector: Option<u16>,
+    cgroup: Option<&Cgroup>,
+    log: &Path,
+) -> Result<Proc> {
     let up = dir.join("upstreams");
     std::fs::create_dir_all(&up)?;
     let conf = up.join("nginx.conf");
-    std::fs::write(&conf, upstream_conf(&up, ports))?;
+    std::fs::write(&conf, upstream_conf(&up, ports, collector))?;
     peers::nginx(&up, &conf, LOAD_CPU, cgroup, log)
 }
 

@@ -14,15 +14,21 @@ pub enum Target {
     Smg,
     FxUserspace,
     FxDefault,
+    /// fx-userspace exporting traces to a local OTLP sink, sampling nothing.
+    FxTrace0,
+    /// fx-userspace exporting traces to a local OTLP sink, sampling every request.
+    FxTrace1,
 }
 
-pub const TARGETS: [Target; 6] = [
+pub const TARGETS: [Target; 8] = [
     Target::Direct,
     Target::Nginx,
     Target::Haproxy,
     Target::Smg,
     Target::FxUserspace,
     Target::FxDefault,
+    Target::FxTrace0,
+    Target::FxTrace1,
 ];
 
 impl Target {
@@ -34,6 +40,17 @@ impl Target {
             Target::Smg => "smg",
             Target::FxUserspace => "fx-userspace",
             Target::FxDefault => "fx-default",
+            Target::FxTrace0 => "fx-trace-0",
+            Target::FxTrace1 => "fx-trace-1",
+        }
+    }
+
+    /// The sampler ratio of a tracing row (`None`: tracing off).
+    pub fn trace_ratio(self) -> Option<&'static str> {
+        match self {
+            Target::FxTrace0 => Some("0"),
+            Target::FxTrace1 => Some("1.0"),
+            _ => None,
         }
     }
 
@@ -52,6 +69,11 @@ impl Target {
             (Target::FxUserspace, c) => {
                 format!("flexinfer --gauge userspace, routing {}", c.routing())
             }
+            (Target::FxTrace0 | Target::FxTrace1, c) => format!(
+                "fx-userspace, routing {}, OTLP/HTTP export to a local sink, parentbased_traceidratio {}",
+                c.routing(),
+                self.trace_ratio().unwrap_or_default()
+            ),
             (Target::FxDefault, c) => format!(
                 "flexinfer default flags as root (eBPF gauge, pooled connections), routing {}",
                 c.routing()

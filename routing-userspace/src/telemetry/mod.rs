@@ -1,0 +1,108 @@
+//! OpenTelemetry traces: one server span per request and a client span per upstream attempt,
+//! exported over OTLP/HTTP (protobuf) to the standard `OTEL_EXPORTER_OTLP_*` endpoint.
+//!
+//! W3C `traceparent`/`tracestate` always reach the pod: a sampled request's pod sees our
+//! attempt span as its parent; an unsampled one gets the client's headers untouched. Tracing
+//! is off without an endpoint, and a request that is not sampled allocates nothing. Export
+//! ([`export`]) is batched and bounded, so a slow or dead collector loses spans (counted),
+//! never time on requests.
+
+pub mod export;
+pub mod metrics;
+pub mod propagation;
+pub mod sampler;
+pub mod settings;
+pub mod trace;
+
+use std::sync::Arc;
+
+use opentelemetry_http::hyper::HyperClient;
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::trace::SpanExporter as _;
+use opentelemetry_sdk::Resource;
+
+pub use export::{ExportHandle, SpanSink};
+pub use metrics::TraceFamilies;
+pub use sampler::Sampler;
+pub use settings::TraceSettings;
+pub use trace::{AttemptEnd, Trace, Tracer};
+
+/// Why tracing could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("OTLP endpoint {endpoint:?}: {why}")]
+    Endpoint { endpoint: String, why: String },
+    #[error("OTLP exporter: {0}")]
+    Exporter(String),
+}
+
+/// Start tracing as `settings` say (`None`: off, no endpoint). Needs a Tokio runtime.
+pub fn start(
+    settings: &TraceSettings,
+    metrics: &TraceFamilies,
+) -> Result<Option<(Arc<Tracer>, ExportHandle)>, TraceError> {
+    let Some(endpoint) = &settings.endpoint else {
+        return Ok(None);
+    };
+    check_endpoint(endpoint)?;
+    let client = HyperClient::with_default_connector(settings.export_timeout, None);
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(client)
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(endpoint.clone())
+        .with_timeout(settings.export_timeout)
+        .build()
+        .map_err(|e| TraceError::Exporter(e.to_string()))?;
+    let resource = Resource::builder()
+        .with_service_name(settings.service_name.clone())
+        .build();
+    exporter.set_resource(&resource);
+    let (sink, handle) = export::start(exporter, settings, metrics);
+    Ok(Some((
+        Arc::new(Tracer::new(settings.sampler, sink)),
+        handle,
+    )))
+}
+
+/// The endpoint must be a plain `http://host[:port]/path` URL: the exporter speaks HTTP/1.1
+/// without TLS (a collector beside the proxy, or a node-local agent).
+pub fn check_endpoint(endpoint: &str) -> Result<(), TraceError> {
+    let bad = |why: &str| TraceError::Endpoint {
+        endpoint: endpoint.to_owned(),
+        why: why.to_owned(),
+    };
+    let uri: http::Uri = endpoint.parse().map_err(|e| bad(&format!("{e}")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(bad(
+                "https is not supported (no TLS in the exporter); use http",
+            ))
+        }
+        _ => return Err(bad("expected an http:// URL")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(bad("no host"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_checked() {
+        assert!(check_endpoint("http://127.0.0.1:4318/v1/traces").is_ok());
+        assert!(check_endpoint("http://collector/v1/traces").is_ok());
+        for bad in [
+            "https://c:4318/v1/traces",
+            "c:4318",
+            "not a url",
+            "ftp://c/x",
+        ] {
+            assert!(check_endpoint(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! A request's trace: its server span and one client span per upstream attempt, carried in
+//! the request context from `handle` to `record`.
+//!
+//! An unsampled request (or any request while tracing is off) holds `Trace(None)`: deciding
+//! that reads one header and allocates nothing. A sampled one keeps its ids and times in one
+//! box and becomes `SpanData` for the export queue when it ends; the SDK's tracer is not used,
+//! so no context or span objects exist for requests nobody will see.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use http::header::HeaderMap;
+use http::Method;
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+
+use super::export::SpanSink;
+use super::propagation::{self, TraceParent, TRACESTATE};
+use super::sampler::Sampler;
+
+/// What starts traces: the sampler, and where ended spans go.
+#[derive(Debug)]
+pub struct Tracer {
+    pub sampler: Sampler,
+    sink: SpanSink,
+    scope: InstrumentationScope,
+}
+
+impl Tracer {
+    pub fn new(sampler: Sampler, sink: SpanSink) -> Self {
+        let scope = InstrumentationScope::builder("flexinfer-proxy")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        Self {
+            sampler,
+            sink,
+            scope,
+        }
+    }
+}
+
+/// The request's trace (`None`: not sampled).
+#[derive(Debug, Default)]
+pub struct Trace(Option<Box<Sampled>>);
+
+#[derive(Debug)]
+struct Sampled {
+    tracer: Arc<Tracer>,
+    trace_id: TraceId,
+    span_id: SpanId,
+    /// The client's span, when the request came with a valid `traceparent`.
+    parent: Option<SpanId>,
+    trace_state: TraceState,
+    start: Instant,
+    wall: SystemTime,
+    method: Method,
+    path: String,
+    retries: u32,
+    attempts: u32,
+    /// The attempt whose answer is streaming (it ends with the request).
+    open: Option<OpenAttempt>,
+}
+
+#[derive(Debug)]
+struct OpenAttempt {
+    span_id: SpanId,
+    start: Instant,
+    target: String,
+    number: u32,
+    status: Option<u16>,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy)]
+pub enum AttemptEnd<'a> {
+    /// Its answer is the answer (the span stays open until the response ends).
+    Answered(u16),
+    /// It failed (`status`: the pod's answer, if it sent one); the request may go on.
+    Failed { status: Option<u16>, error: &'a str },
+}
+
+impl Trace {
+    /// Start the trace of a request that arrived at `start`, if it is sampled.
+    pub fn start(
+        tracer: Option<&Arc<Tracer>>,
+        headers: &HeaderMap,
+        method: &Method,
+        path: &str,
+        start: Instant,
+    ) -> Self {
+        let Some(tracer) = tracer.filter(|t| !t.sampler.never()) else {
+            return Self(None);
+        };
+        let parent = TraceParent::of(headers);
+        if parent.is_none() && !tracer.sampler.roots_may_sample() {
+            return Self(None);
+        }
+        let trace_id = parent.map_or_else(new_trace_id, |p| p.trace_id);
+        if !tracer.sampler.should_sample(parent.as_ref(), trace_id) {
+            return Self(None);
+        }
+        // tracestate goes on only with the traceparent it belongs to.
+        let trace_state = match parent {
+            Some(_) => incoming_state(headers),
+            None => TraceState::NONE,
+        };
+        Self(Some(Box::new(Sampled {
+            tracer: Arc::clone(tracer),
+            trace_id,
+            span_id: new_span_id(),
+            parent: parent.map(|p| p.parent_id),
+            trace_state,
+            start,
+            wall: SystemTime::now() - start.elapsed(),
+            method: method.clone(),
+            path: path.to_owned(),
+            retries: 0,
+            attempts: 0,
+            open: None,
+        })))
+    }
+
+    pub fn is_sampled(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The trace id, when sampled.
+    pub fn trace_id(&self) -> Option<TraceId> {
+        self.0.as_ref().map(|s| s.trace_id)
+    }
+
+    /// An attempt on `target` begins: set the pod's `traceparent` (this attempt's span as
+    /// the parent) and keep `tracestate` only when it came with a valid `traceparent`.
+    /// Unsampled, the client's headers go on untouched.
+    pub fn attempt_started(&mut self, target: &str, headers: &mut HeaderMap) {
+        let Some(s) = self.0.as_deref_mut() else {
+            return;
+        };
+        s.attempts += 1;
+        let span_id = new_span_id();
+        headers.insert(
+            propagation::TRACEPARENT,
+            propagation::format(s.trace_id, span_id, true),
+        );
+        if s.parent.is_none() {
+            headers.remove(TRACESTATE);
+        }
+        s.open = Some(OpenAttempt {
+            span_id,
+            start: Instant::now(),
+            target: target.to_owned(),
+            number: s.attempts,
+            status: None,
+        });
+    }
+
+    /// The attempt begun last ended.
+    pub fn attempt_ended(&mut self, end: AttemptEnd<'_>) {
+        let Some(s) = self.0.as_deref_mut() else {
+            return;
+        };
+        let Some(mut a) = s.open.take() else { return };
+        match end {
+            AttemptEnd::Answered(status) => {
+                a.status = Some(status);
+                s.open = Some(a);
+            }
+            AttemptEnd::Failed { status, error } => {
+                a.status = status;
+                let span = s.attempt_span(a, Instant::now(), Some(error));
+                s.tracer.sink.send(span);
+            }
+        }
+    }
+
+    /// The request goes to another target after a failed attempt.
+    pub fn retried(&mut self) {
+        if let Some(s) = self.0.as_deref_mut() {
+            s.retries += 1;
+        }
+    }
+
+    /// Retries so far.
+    pub fn retries(&self) -> u32 {
+        self.0.as_ref().map_or(0, |s| s.retries)
+    }
+
+    /// End the request at `end` with `status` (`None`: the client left) and the request
+    /// span's `attributes`: the open attempt ends with it, both spans go to export.
+    pub fn finish(&mut self, end: Instant, status: Option<u16>, mut attributes: Vec<KeyValue>) {
+        let Some(mut s) = self.0.take() else { return };
+        if let Some(a) = s.open.take() {
+            let span = s.attempt_span(a, end, None);
+            s.tracer.sink.send(span);
+        }
+        attributes.push(KeyValue::new("http.request.method", method_str(&s.method)));
+        attributes.push(KeyValue::new("url.path", s.path.clone()));
+        attributes.push(KeyValue::new("flexinfer.attempts", i64::from(s.attempts)));
+        if let Some(code) = status {
+            attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+        }
+        let error = match status {
+            Some(c) if c >= 500 => Some(Status::error(format!("answered {c}"))),
+            None => Some(Status::error("the client went away")),
+            _ => None,
+        };
+        let span = s.span(
+            s.span_id,
+            s.parent.unwrap_or(SpanId::INVALID),
+            SpanKind::Server,
+            (s.start, end),
+            attributes,
+            error.unwrap_or(Status::Unset),
+        );
+        s.tracer.sink.send(span);
+    }
+}
+
+impl Sampled {
+    fn wall(&self, t: Instant) -> SystemTime {
+        self.wall + t.saturating_duration_since(self.start)
+    }
+
+    fn attempt_span(&self, a: OpenAttempt, end: Instant, error: Option<&str>) -> SpanData {
+        let mut attributes = vec![
+            KeyValue::new("server.address", a.target),
+            KeyValue::new("flexinfer.attempt", i64::from(a.number)),
+        ];
+        if let Some(code) = a.status {
+            attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+        }
+        let status = match error {
+            Some(e) => {
+                attributes.push(KeyValue::new("error.type", "upstream"));
+                Status::error(e.to_owned())
+            }
+            None => Status::Unset,
+        };
+        self.span(
+            a.span_id,
+            self.span_id,
+            SpanKind::Client,
+            (a.start, end),
+            attributes,
+            status,
+        )
+    }
+
+    fn span(
+        &self,
+        span_id: SpanId,
+        parent: SpanId,
+        kind: SpanKind,
+        (start, end): (Instant, Instant),
+        attributes: Vec<KeyValue>,
+        status: Status,
+    ) -> SpanData {
+        let context = SpanContext::new(
+            self.trace_id,
+            span_id,
+            TraceFlags::SAMPLED,
+            false,
+            self.trace_state.clone(),
+        );
+        SpanData {
+            span_context: context,
+            parent_span_id: parent,
+            parent_span_is_remote: kind == SpanKind::Server && self.parent.is_some(),
+            span_kind: kind,
+            name: method_str(&self.method),
+            start_time: self.wall(start),
+            end_time: self.wall(end.max(start)),
+            attributes,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status,
+            instrumentation_scope: self.tracer.scope.clone(),
+        }
+    }
+}
+
+/// The span name and `http.request.method`: the method, or `_OTHER` for a non-standard one.
+fn method_str(m: &Method) -> Cow<'static, str> {
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::PATCH,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    const NAMES: [&str; 9] = [
+        "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE",
+    ];
+    match KNOWN.iter().position(|k| k == m) {
+        Some(i) => Cow::Borrowed(NAMES[i]),
+        None => Cow::Borrowed("_OTHER"),
+    }
+}
+
+/// The client's `tracestate`, if it parses (one header; entries the W3C format allows).
+fn incoming_state(headers: &HeaderMap) -> TraceState {
+    headers
+        .get(TRACESTATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(TraceState::NONE)
+}
+
+fn new_trace_id() -> TraceId {
+    TraceId::from(rand::random::<u128>().max(1))
+}
+
+fn new_span_id() -> SpanId {
+    SpanId::from(rand::random::<u64>().max(1))
+}
+
+#[cfg(test)]
+mod tests;
