@@ -30,14 +30,20 @@ pub use response::UpstreamBody;
 
 /// Bodies up to this size are written together with the head, in one write.
 const INLINE_BODY: usize = 32 * 1024;
-/// Read buffer growth step.
-const READ_CHUNK: usize = 16 * 1024;
+/// A connection's first read buffer, and its growth step while reads come in small: an SSE
+/// event is a few hundred bytes, and every open stream holds one buffer.
+const READ_MIN: usize = 4 * 1024;
+/// The largest growth step, reached by doubling while reads fill all the room they had (bulk
+/// bodies).
+const READ_MAX: usize = 64 * 1024;
 
 /// One HTTP/1.1 connection to an upstream.
 #[derive(Debug)]
 pub struct H1Conn {
     pub(crate) io: TcpStream,
     pub(crate) read_buf: BytesMut,
+    /// What the next growth of `read_buf` reserves (see [`READ_MIN`]).
+    read_step: usize,
     write_buf: Vec<u8>,
     /// Requests this connection has carried.
     pub(crate) served: u64,
@@ -189,10 +195,27 @@ impl H1Conn {
     pub fn new(io: TcpStream) -> Self {
         Self {
             io,
-            read_buf: BytesMut::with_capacity(READ_CHUNK),
+            read_buf: BytesMut::with_capacity(READ_MIN),
+            read_step: READ_MIN,
             write_buf: Vec::with_capacity(1024),
             served: 0,
             track: None,
+        }
+    }
+
+    /// Room for the next read: the growth step when less than a quarter of it is left. Returns
+    /// the room there is.
+    pub(crate) fn make_room(&mut self) -> usize {
+        if self.read_buf.capacity() - self.read_buf.len() < self.read_step / 4 {
+            self.read_buf.reserve(self.read_step);
+        }
+        self.read_buf.capacity() - self.read_buf.len()
+    }
+
+    /// A read of `n` bytes into `room`: one that filled it all doubles the growth step.
+    pub(crate) fn read_done(&mut self, n: usize, room: usize) {
+        if n == room && self.read_step < READ_MAX {
+            self.read_step *= 2;
         }
     }
 
@@ -315,13 +338,14 @@ impl H1Conn {
             {
                 return Ok(h);
             }
-            if self.read_buf.capacity() - self.read_buf.len() < READ_CHUNK / 4 {
-                self.read_buf.reserve(READ_CHUNK);
-            }
+            let room = self.make_room();
             let got_nothing = self.read_buf.is_empty();
             let reason = match self.io.read_buf(&mut self.read_buf).await {
                 Ok(0) => "closed before a response".to_owned(),
-                Ok(_) => continue,
+                Ok(n) => {
+                    self.read_done(n, room);
+                    continue;
+                }
                 Err(e) => e.to_string(),
             };
             return Err(ReadFailure::Closed {

@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::chunked::{ChunkError, ChunkedDecoder, Decoded};
 use super::head::Framing;
-use super::{H1Conn, READ_CHUNK};
+use super::H1Conn;
 use crate::upstream::pool::{Pool, PoolKey};
 
 /// Where a connection goes once its response is over.
@@ -95,13 +95,14 @@ impl UpstreamBody {
 
     /// Read more from the socket into the connection's buffer; `Ok(0)` at end of stream.
     fn poll_fill(conn: &mut H1Conn, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        if conn.read_buf.capacity() - conn.read_buf.len() < READ_CHUNK / 4 {
-            conn.read_buf.reserve(READ_CHUNK);
-        }
+        let room = conn.make_room();
         loop {
             ready!(conn.io.poll_read_ready(cx))?;
             match conn.io.try_read_buf(&mut conn.read_buf) {
-                Ok(n) => return Poll::Ready(Ok(n)),
+                Ok(n) => {
+                    conn.read_done(n, room);
+                    return Poll::Ready(Ok(n));
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Poll::Ready(Err(e)),
             }
