@@ -75,7 +75,8 @@ pub struct RealLlmBench {
     #[arg(long)]
     pub floor: Option<u64>,
     /// Only these routings, comma-separated (default, prefix, prefix-bounded, session-affinity,
-    /// cache-aware, smg-cache-aware) and/or workloads (chat-with-doc, hot-prompt).
+    /// cache-aware, cache-aware-3-proxies, smg-cache-aware) and/or workloads (chat-with-doc,
+    /// hot-prompt).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Skip building (use the release binary already in the target directory).
@@ -83,15 +84,31 @@ pub struct RealLlmBench {
     pub no_build: bool,
 }
 
-/// The routings compared: a label, and the model name that selects it (flexinfer) or `None`
-/// for smg.
-const ROUTINGS: [(&str, Option<&str>); 6] = [
-    ("default", Some("llm-default")),
-    ("prefix", Some("llm-prefix")),
-    ("prefix-bounded", Some("llm-prefix-bounded")),
-    ("session-affinity", Some("llm-session")),
-    ("cache-aware", Some("llm-cache-aware")),
-    ("smg-cache-aware", None),
+/// Who a routing's requests go through.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Front {
+    /// One flexinfer-proxy, the model that selects the routing.
+    Proxy(&'static str),
+    /// Three flexinfer-proxies in front of the same servers, as a DaemonSet on three nodes
+    /// runs them, request i through proxy i mod 3 (each with its own index and loads, the
+    /// servers' metrics pages and answers their shared truth).
+    Proxies(&'static str),
+    /// smg `--policy cache_aware`.
+    Smg,
+}
+
+/// Proxies of the fleet rows.
+const FLEET_PROXIES: usize = 3;
+
+/// The routings compared: a label, and who routes it.
+const ROUTINGS: [(&str, Front); 7] = [
+    ("default", Front::Proxy("llm-default")),
+    ("prefix", Front::Proxy("llm-prefix")),
+    ("prefix-bounded", Front::Proxy("llm-prefix-bounded")),
+    ("session-affinity", Front::Proxy("llm-session")),
+    ("cache-aware", Front::Proxy("llm-cache-aware")),
+    ("cache-aware-3-proxies", Front::Proxies("llm-cache-aware")),
+    ("smg-cache-aware", Front::Smg),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -114,7 +131,7 @@ impl Workload {
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub const PATH: &str = "/v1/chat/completions";
 
-type Routing = (&'static str, Option<&'static str>);
+type Routing = (&'static str, Front);
 
 /// The routings and workloads `--only` picks (all of a kind it does not name).
 fn select(only: &[String]) -> Result<(Vec<Routing>, Vec<Workload>)> {
@@ -151,7 +168,7 @@ pub fn run(args: &RealLlmBench) -> Result<()> {
     let base = ebpf::target_dir().join("real-llm");
     let out = RunDir::create(&base)?;
     let (python, model) = install_llama(&base)?;
-    let smg = if routings.iter().any(|r| r.1.is_none()) {
+    let smg = if routings.iter().any(|r| r.1 == Front::Smg) {
         Some(crate::bench::peers::install_smg(
             &ebpf::target_dir().join("bench-overhead"),
         )?)
@@ -161,7 +178,17 @@ pub fn run(args: &RealLlmBench) -> Result<()> {
     let bin = ebpf::release_proxy(!args.no_build, false)?;
     let fleet = Fleet::start(&python, &model, out.path(), args)?;
     let served_model = served_model_id(fleet.servers[0].1)?;
-    let (proxy, proxy_addr, admin) = start_proxy(&bin, out.path(), &fleet.fronts, args)?;
+    let (proxy, proxy_addr, admin) = start_proxy(&bin, "proxy", out.path(), &fleet.fronts, args)?;
+    let proxies = match routings.iter().any(|r| matches!(r.1, Front::Proxies(_))) {
+        true => (0..FLEET_PROXIES)
+            .map(|i| {
+                let name = format!("proxy-fleet-{i}");
+                start_proxy(&bin, &name, out.path(), &fleet.fronts, args)
+            })
+            .collect::<Result<Vec<_>>>()?,
+        false => Vec::new(),
+    };
+    let fleet_addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.1).collect();
     let smg_proc = match &smg {
         Some(smg) => Some(start_smg(smg, &fleet.fronts, &served_model, out.path())?),
         None => None,
@@ -174,17 +201,19 @@ pub fn run(args: &RealLlmBench) -> Result<()> {
         .unwrap_or_default();
     let mut rows = Vec::new();
     for (n, &workload) in workloads.iter().enumerate() {
-        for (k, &(label, model)) in routings.iter().enumerate() {
-            let (addr, model) = match model {
-                Some(m) => (proxy_addr, m),
-                None => (smg_proc.as_ref().context("smg")?.1, "llm"),
+        for (k, &(label, front)) in routings.iter().enumerate() {
+            let smg_addr = || smg_proc.as_ref().map(|s| vec![s.1]).context("smg");
+            let (addrs, model) = match front {
+                Front::Proxy(m) => (vec![proxy_addr], m),
+                Front::Proxies(m) => (fleet_addrs.clone(), m),
+                Front::Smg => (smg_addr()?, "llm"),
             };
-            if model == "llm" {
-                wait_for_smg(addr, args)?;
+            if front == Front::Smg {
+                wait_for_smg(addrs[0], args)?;
             }
             let salt = format!("run {salt}-{n}-{k}");
             let before = fleet.served();
-            let run = run_workload(addr, model, workload, &salt, args)?;
+            let run = run_workload(&addrs, model, workload, &salt, args)?;
             let per_server = fleet
                 .served()
                 .iter()
@@ -203,6 +232,7 @@ pub fn run(args: &RealLlmBench) -> Result<()> {
     }
     println!("\n{table}\nraw output: {}", out.path().display());
     drop(smg_proc);
+    drop(proxies);
     drop(proxy);
     drop(fleet);
     Ok(())
@@ -255,14 +285,16 @@ impl Fleet {
     }
 }
 
-/// flexinfer-proxy with one model per routing over the same fronts: (proxy, listen, admin).
+/// flexinfer-proxy `name` with one model per routing over the same fronts: (proxy, listen,
+/// admin).
 fn start_proxy(
     bin: &Path,
+    name: &str,
     out: &Path,
     fronts: &[SocketAddr],
     args: &RealLlmBench,
 ) -> Result<(Proc, SocketAddr, SocketAddr)> {
-    let models = out.join("models.yaml");
+    let models = out.join(format!("{name}-models.yaml"));
     let entry = |name: &str| ModelEntry::new(name).endpoints(fronts);
     let floor = args.floor.unwrap_or(u64::from(args.slots));
     let bounded = |name: &str| entry(name).hash_balance_floor(floor);
@@ -285,8 +317,8 @@ fn start_proxy(
         .args(["--listen", &listen.to_string()])
         .args(["--admin-listen", &admin.to_string()])
         .args(["--gauge", "userspace", "--route-header"]);
-    let proxy = Proc::spawn("flexinfer-proxy", cmd, &out.join("proxy.log"))?
-        .graceful(Duration::from_secs(5));
+    let proxy =
+        Proc::spawn(name, cmd, &out.join(format!("{name}.log")))?.graceful(Duration::from_secs(5));
     wait_http_ok(admin, "/readyz", START_TIMEOUT).with_context(|| proxy.log_text())?;
     Ok((proxy, listen, admin))
 }

@@ -74,7 +74,7 @@ pub fn table(rows: &[Row], args: &RealLlmBench, model: &str) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with hashBalanceFloor {} and the proxy's default factor.\n",
+        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with hashBalanceFloor {} and the proxy's default factor; `-3-proxies` rows: three proxies in front of the same servers, request i through proxy i mod 3.\n",
         args.servers,
         args.slots,
         args.doc_requests,

@@ -131,9 +131,10 @@ fn stream_one(addr: SocketAddr, body: &str) -> Result<Sample> {
     })
 }
 
-/// A workload through `addr` for `model`: a closed loop of `concurrency` clients.
+/// A workload for `model`: a closed loop of `concurrency` clients, request i through
+/// `addrs[i mod len]`.
 pub fn run_workload(
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     model: &str,
     workload: Workload,
     salt: &str,
@@ -151,16 +152,18 @@ pub fn run_workload(
         .collect();
     let bodies = Arc::new(bodies);
     let next = Arc::new(AtomicU64::new(0));
+    let addrs: Arc<[SocketAddr]> = addrs.into();
     let start = Instant::now();
     let workers: Vec<_> = (0..concurrency)
         .map(|_| {
-            let (bodies, next) = (Arc::clone(&bodies), Arc::clone(&next));
+            let (bodies, next, addrs) =
+                (Arc::clone(&bodies), Arc::clone(&next), Arc::clone(&addrs));
             std::thread::spawn(move || {
                 let mut got = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(body) = bodies.get(i) else { break };
-                    got.push(stream_one(addr, body));
+                    got.push(stream_one(addrs[i % addrs.len()], body));
                 }
                 got
             })
