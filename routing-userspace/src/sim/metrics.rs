@@ -106,26 +106,9 @@ impl Stats {
         }
     }
 
-    /// The Prometheus text exposition: the sim's own series, then vLLM's load gauges
-    /// (labelled with the served model, as vLLM labels them).
-    pub fn render(&self, pod: &str, model: &str, cache: CacheStats) -> String {
-        let pod = escape_label(pod);
-        let mut out = String::with_capacity(2048);
-        family(
-            &mut out,
-            "sim_requests_total",
-            "counter",
-            "Requests received, by endpoint.",
-        );
-        for e in Endpoint::ALL {
-            let n = self.requests[e as usize].load(Relaxed);
-            let _ = writeln!(
-                out,
-                "sim_requests_total{{pod=\"{pod}\",endpoint=\"{}\"}} {n}",
-                e.label()
-            );
-        }
-        let series: [(&str, &str, &str, u64); 9] = [
+    /// The sim's own gauges and counters past `sim_requests_total`: name, type, help, value.
+    fn series(&self, cache: &CacheStats) -> [(&'static str, &'static str, &'static str, u64); 9] {
+        [
             (
                 "sim_prompt_tokens_total",
                 "counter",
@@ -180,8 +163,29 @@ impl Stats {
                 "Prefix cache blocks evicted.",
                 cache.evictions,
             ),
-        ];
-        for (name, kind, help, value) in series {
+        ]
+    }
+
+    /// The Prometheus text exposition: the sim's own series, then vLLM's load gauges
+    /// (labelled with the served model, as vLLM labels them).
+    pub fn render(&self, pod: &str, model: &str, cache: CacheStats) -> String {
+        let pod = escape_label(pod);
+        let mut out = String::with_capacity(2048);
+        family(
+            &mut out,
+            "sim_requests_total",
+            "counter",
+            "Requests received, by endpoint.",
+        );
+        for e in Endpoint::ALL {
+            let n = self.requests[e as usize].load(Relaxed);
+            let _ = writeln!(
+                out,
+                "sim_requests_total{{pod=\"{pod}\",endpoint=\"{}\"}} {n}",
+                e.label()
+            );
+        }
+        for (name, kind, help, value) in self.series(&cache) {
             family(&mut out, name, kind, help);
             let _ = writeln!(out, "{name}{{pod=\"{pod}\"}} {value}");
         }
