@@ -69,7 +69,14 @@ fn fleets(bin: &Path) -> Result<()> {
     println!("commit {commit}\n");
     for trace in [conversation, rag_chat] {
         let trace = trace.to_string_lossy().into_owned();
-        let fixed = ["--requests", "1500", "--in-flight", "32", "--routers", "1,4,8"];
+        let fixed = [
+            "--requests",
+            "1500",
+            "--in-flight",
+            "32",
+            "--routers",
+            "1,4,8",
+        ];
         let mut args = vec!["--trace", trace.as_str()];
         args.extend(fixed);
         replay(bin, &args)?;
