@@ -52,6 +52,7 @@ fn check(schema: &Value, value: &Value, path: &str, root: bool, errors: &mut Vec
                     | "maximum"
                     | "pattern"
                     | "additionalProperties"
+                    | "maxProperties"
                     | "x-kubernetes-preserve-unknown-fields"
             );
         if !known {
@@ -104,6 +105,15 @@ fn check(schema: &Value, value: &Value, path: &str, root: bool, errors: &mut Vec
     if let Some(Value::Array(allowed)) = s.get("enum") {
         if !allowed.contains(value) {
             errors.push(format!("{here}: {value} is not one of {allowed:?}"));
+        }
+    }
+    if let (Some(max), Value::Object(obj)) = (s.get("maxProperties").and_then(Value::as_u64), value)
+    {
+        if obj.len() as u64 > max {
+            errors.push(format!(
+                "{here}: {} properties, more than the maxProperties {max}",
+                obj.len()
+            ));
         }
     }
     match value {
@@ -176,6 +186,7 @@ mod tests {
                         "n": {"type": "integer", "format": "int64", "nullable": true},
                         "small": {"type": "integer", "minimum": 1, "maximum": 9},
                         "d": {"type": "string", "pattern": "^[0-9]+s$"},
+                        "weights": {"type": "object", "maxProperties": 1, "additionalProperties": {"type": "integer"}},
                         "list": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}}
                     }
                 },
@@ -187,7 +198,7 @@ mod tests {
     #[test]
     fn accepts_a_conforming_resource() {
         let v = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "m"},
-            "spec": {"a": "x", "n": null, "list": [{"k": "v"}]}, "status": {"anything": 1}});
+            "spec": {"a": "x", "n": null, "list": [{"k": "v"}], "weights": {"b": 2}}, "status": {"anything": 1}});
         assert_eq!(
             validate_custom_resource(&schema(), &v),
             Vec::<String>::new()
@@ -196,7 +207,8 @@ mod tests {
 
     #[test]
     fn reports_each_kind_of_violation() {
-        let v = json!({"spec": {"a": 5, "extra": true, "list": [{"k": 1}], "small": 0, "d": "5m"}, "other": 1});
+        let v = json!({"spec": {"a": 5, "extra": true, "list": [{"k": 1}], "small": 0, "d": "5m",
+            "weights": {"b": 2, "c": "x"}}, "other": 1});
         let errors = validate_custom_resource(&schema(), &v);
         for want in [
             "spec.a: expected string, got integer (5)",
@@ -204,6 +216,8 @@ mod tests {
             "spec.list[0].k: expected string, got integer (1)",
             "spec.small: 0 is less than the minimum 1",
             "spec.d: \"5m\" does not match \"^[0-9]+s$\"",
+            "spec.weights: 2 properties, more than the maxProperties 1",
+            "spec.weights.c: expected integer, got string (\"x\")",
             "other: unknown field",
         ] {
             assert!(

@@ -146,13 +146,14 @@ impl ModelGate {
     ) -> Arc<Self> {
         let now = Instant::now().into_std();
         let max_buckets = defaults.max_buckets;
+        let budget = settings.budget;
         Arc::new(Self {
             metrics: GateMetrics::resolve(families, &model),
             state: Mutex::new(State {
                 queue: Queue::default(),
                 settings,
                 room,
-                buckets: settings.budget.map(|b| Buckets::new(b, max_buckets, now)),
+                buckets: budget.map(|b| Buckets::new(b, max_buckets, now)),
                 tenants: TenantCounters::new(families, &model, defaults.tenant_label_cap),
                 closing: false,
                 removed: false,
@@ -162,7 +163,7 @@ impl ModelGate {
             max_buckets,
             permits: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
-            budgeted: AtomicBool::new(settings.budget.is_some()),
+            budgeted: AtomicBool::new(budget.is_some()),
             emptied: Notify::new(),
         })
     }
@@ -205,15 +206,20 @@ impl ModelGate {
     }
 
     /// New settings and room rule (a rebuilt routing table). Waiting requests keep their
-    /// deadlines; token balances are kept under the new burst.
+    /// deadlines and places; queued tenants take new weights from their next turn; token
+    /// balances are kept under the new burst.
     pub fn update(self: &Arc<Self>, settings: GateSettings, room: Arc<dyn Room>) {
         {
             let mut st = self.lock();
+            if st.settings.tenant_weights != settings.tenant_weights {
+                let weights = &settings.tenant_weights;
+                st.queue.reweigh(|tenant| weights.get(tenant));
+            }
+            let budget = settings.budget;
             st.settings = settings;
             st.room = room;
-            self.budgeted
-                .store(settings.budget.is_some(), Ordering::Relaxed);
-            st.buckets = match (st.buckets.take(), settings.budget) {
+            self.budgeted.store(budget.is_some(), Ordering::Relaxed);
+            st.buckets = match (st.buckets.take(), budget) {
                 (Some(mut b), Some(budget)) => {
                     b.set_budget(budget);
                     Some(b)
@@ -287,10 +293,14 @@ impl ModelGate {
         let (tx, rx) = oneshot::channel();
         let deadline = now + st.settings.timeout_for(class.priority);
         let tenant = class.tenant;
-        let key = st.queue.push(
+        let state = &mut *st;
+        let weights = &state.settings.tenant_weights;
+        let weight = || weights.get(tenant.hash);
+        let key = state.queue.push(
             class.priority,
             tenant.hash,
             || Arc::from(tenant.label()),
+            weight,
             now,
             Waiter {
                 tx,

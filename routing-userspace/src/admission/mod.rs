@@ -4,7 +4,8 @@
 //!
 //! - [`classify`](mod@classify): a request's priority (`x-flexinfer-priority`) and tenant
 //!   (`x-flexinfer-tenant`, else a hash of the bearer token, else one shared tenant);
-//! - [`queue`]: priority bands, round-robin between tenants within a band, FCFS per tenant;
+//! - [`queue`]: priority bands, weighted turns between tenants within a band
+//!   ([`weights`]: every tenant 1 unless named), FCFS per tenant;
 //! - [`gate`]: the async admission itself, timeouts, shedding, client disconnects and drain;
 //!   the caller says when there is room ([`Room`], with [`FullWhen`] as the per-pod rule);
 //! - [`budget`]: token buckets per (model, tenant);
@@ -31,6 +32,7 @@ pub mod rejection;
 pub mod settings;
 pub mod tenant;
 pub mod view;
+pub mod weights;
 
 pub use capacity::{Above, EngineQueue, FullWhen};
 pub use classify::{classify, Class, Classified};
@@ -41,3 +43,4 @@ pub use registry::Admission;
 pub use rejection::Rejection;
 pub use settings::{AdmissionDefaults, GateSettings, ModelAdmission};
 pub use view::GateView;
+pub use weights::TenantWeights;

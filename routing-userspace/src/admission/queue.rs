@@ -1,6 +1,7 @@
 //! The waiting requests of one model, in the order they may leave: priority bands (higher
-//! first); within a band, tenants take turns (round-robin, one request per turn, which is
-//! deficit round-robin with unit cost and weight 1); within a tenant, first come first served.
+//! first); within a band, tenants take turns (deficit round-robin with unit cost: a tenant of
+//! weight w takes up to w requests in a row, then the next tenant's turn comes; with every
+//! weight 1, the default, that is plain round-robin); within a tenant, first come first served.
 //!
 //! Pure and synchronous: the gate ([`super::gate`]) decides when something leaves and what a
 //! full queue does; time is passed in. Every operation is O(log bands) plus, for the rare ones
@@ -35,6 +36,10 @@ pub struct Queued<T> {
 struct Lane<T> {
     label: Arc<str>,
     entries: VecDeque<Queued<T>>,
+    /// Requests per turn (at least 1).
+    weight: u32,
+    /// Requests left in the current turn (1..=weight).
+    credit: u32,
 }
 
 /// One priority level.
@@ -121,12 +126,14 @@ impl<T> Queue<T> {
     }
 
     /// Queue `value` at the end of its tenant's lane; a tenant new to the band takes the last
-    /// turn. `label` is called only when the tenant has no lane in the band yet.
+    /// turn, with `weight` requests in it and each turn after (1 or more). `label` and
+    /// `weight` are called only when the tenant has no lane in the band yet.
     pub fn push(
         &mut self,
         priority: i32,
         tenant: u64,
         label: impl FnOnce() -> Arc<str>,
+        weight: impl FnOnce() -> u32,
         now: Instant,
         value: T,
     ) -> Key {
@@ -139,9 +146,12 @@ impl<T> Queue<T> {
         let band = self.bands.entry(Reverse(priority)).or_default();
         let lane = band.lanes.entry(tenant).or_insert_with(|| {
             band.turns.push_back(tenant);
+            let weight = weight().max(1);
             Lane {
                 label: label(),
                 entries: VecDeque::new(),
+                weight,
+                credit: weight,
             }
         });
         lane.entries.push_back(Queued {
@@ -159,18 +169,21 @@ impl<T> Queue<T> {
         self.bands.keys().next().map(|Reverse(p)| *p)
     }
 
-    /// The next request out: the highest band, the tenant whose turn it is, its oldest.
+    /// The next request out: the highest band, the tenant whose turn it is, its oldest. The
+    /// turn passes on when the tenant used its weight's worth or has nothing left.
     pub fn pop(&mut self) -> Option<Queued<T>> {
         let mut entry = self.bands.first_entry()?;
         let band = entry.get_mut();
         let tenant = *band.turns.front().expect("a band with requests has turns");
         let lane = band.lanes.get_mut(&tenant).expect("a turn has a lane");
         let item = lane.entries.pop_front().expect("a lane is never empty");
-        band.turns.pop_front();
+        lane.credit -= 1;
         if lane.entries.is_empty() {
             band.lanes.remove(&tenant);
-        } else {
-            band.turns.push_back(tenant);
+            band.turns.pop_front();
+        } else if lane.credit == 0 {
+            lane.credit = lane.weight;
+            band.turns.rotate_left(1);
         }
         band.len -= 1;
         if band.len == 0 {
@@ -178,6 +191,23 @@ impl<T> Queue<T> {
         }
         self.len -= 1;
         Some(item)
+    }
+
+    /// New weights for the tenants already queued (`weight` of a tenant's hash, 1 or more):
+    /// their next turns are the new weight; a turn in progress keeps what it has left, up to
+    /// the new weight.
+    pub fn reweigh(&mut self, weight: impl Fn(u64) -> u32) {
+        for band in self.bands.values_mut() {
+            let current = band.turns.front().copied();
+            for (tenant, lane) in &mut band.lanes {
+                lane.weight = weight(*tenant).max(1);
+                lane.credit = if current == Some(*tenant) {
+                    lane.credit.min(lane.weight)
+                } else {
+                    lane.weight
+                };
+            }
+        }
     }
 
     /// Take one request out of the middle (it left: cancelled, timed out, shed).

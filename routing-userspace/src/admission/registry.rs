@@ -55,7 +55,7 @@ impl Admission {
                 None => {
                     let g = ModelGate::new(
                         Arc::clone(model),
-                        settings,
+                        settings.clone(),
                         Arc::clone(&room),
                         &self.families,
                         &self.defaults,

@@ -10,10 +10,11 @@ use std::time::Duration;
 use super::budget::{TokenBudget, DEFAULT_MAX_BUCKETS};
 use super::capacity::{FullWhen, DEFAULT_FULL_WHEN};
 use super::metrics::DEFAULT_TENANT_LABEL_CAP;
+use super::weights::TenantWeights;
 use crate::config::parse_duration;
 
 /// A model's own admission settings; unset fields take the proxy's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ModelAdmission {
     /// Requests in flight per pod before the pod is full (unset: no limit).
     pub max_concurrency: Option<u32>,
@@ -27,6 +28,8 @@ pub struct ModelAdmission {
     pub tokens_per_minute: Option<u64>,
     /// The most a tenant's bucket holds (unset: `tokens_per_minute`).
     pub token_burst: Option<u64>,
+    /// `queue.tenantWeights`: turns per round of the tenants named (others: 1). Model-only.
+    pub tenant_weights: TenantWeights,
 }
 
 impl ModelAdmission {
@@ -70,13 +73,15 @@ impl Default for AdmissionDefaults {
 }
 
 /// What one model's gate runs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GateSettings {
     pub max_size: usize,
     pub timeout: Duration,
     /// At most `timeout`.
     pub sheddable_timeout: Duration,
     pub budget: Option<TokenBudget>,
+    /// Read only when a tenant's lane is made in the queue.
+    pub tenant_weights: TenantWeights,
 }
 
 impl Default for GateSettings {
@@ -108,11 +113,12 @@ impl AdmissionDefaults {
                 .unwrap_or(self.sheddable_timeout)
                 .min(timeout),
             budget: own.budget(),
+            tenant_weights: own.tenant_weights.clone(),
         }
     }
 
     /// The `config check` lines of a model: (label, text).
-    pub fn describe(&self, own: &ModelAdmission) -> [(&'static str, String); 3] {
+    pub fn describe(&self, own: &ModelAdmission) -> [(&'static str, String); 4] {
         let s = self.settings(own);
         let from = |own: bool| if own { "this model" } else { "proxy" };
         let fw = self.full_when;
@@ -160,10 +166,19 @@ impl AdmissionDefaults {
             ),
             None => "none".to_owned(),
         };
+        let weights = if own.tenant_weights.is_empty() {
+            "none: tenants take equal turns".to_owned()
+        } else {
+            format!(
+                "{} turns per round (this model); other tenants 1",
+                own.tenant_weights.describe()
+            )
+        };
         [
             ("pods full at", full),
             ("queue", queue),
             ("token budget", budget),
+            ("tenant weights", weights),
         ]
     }
 }
@@ -241,7 +256,8 @@ mod tests {
                 max_size: 1000,
                 timeout: 30 * S,
                 sheddable_timeout: 5 * S,
-                budget: None
+                budget: None,
+                tenant_weights: TenantWeights::default(),
             }
         );
         assert_eq!((s.timeout_for(0), s.timeout_for(-1)), (30 * S, 5 * S));
@@ -266,7 +282,7 @@ mod tests {
         let own = ModelAdmission {
             tokens_per_minute: Some(600),
             token_burst: Some(50),
-            ..own
+            ..own.clone()
         };
         assert_eq!(own.budget().unwrap().burst, 50);
     }
@@ -308,14 +324,20 @@ mod tests {
             "up to 1000 requests (proxy), waiting 30s (proxy), sheddable 5s (proxy)"
         );
         assert_eq!(lines[2].1, "none");
+        assert_eq!(lines[3].1, "none: tenants take equal turns");
         let own = ModelAdmission {
             max_concurrency: Some(2),
             queue_max_size: Some(0),
             tokens_per_minute: Some(6000),
             token_burst: Some(12000),
+            tenant_weights: TenantWeights::new([("tenant-b".into(), 2)]).unwrap(),
             ..ModelAdmission::default()
         };
         let lines = d.describe(&own);
+        assert_eq!(
+            lines[3].1,
+            "tenant-b 2 turns per round (this model); other tenants 1"
+        );
         assert_eq!(
             lines[0].1,
             "2 requests in flight (this model), or a fresh engine report with more than 0 waiting or KV cache above 0.95 (proxy)"

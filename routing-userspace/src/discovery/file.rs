@@ -15,7 +15,7 @@ mod fields;
 pub use fields::ParseError;
 use fields::{
     BalanceFactor, BalanceFloor, Checked, HttpUrl, MaxConcurrency, NonEmpty, QueueMaxSize,
-    QueueTimeout, Tokens,
+    QueueTimeout, TenantWeightMap, Tokens,
 };
 
 #[derive(Debug, Deserialize)]
@@ -71,6 +71,8 @@ struct FileQueue {
     timeout: Option<Checked<QueueTimeout>>,
     #[serde(default)]
     sheddable_timeout: Option<Checked<QueueTimeout>>,
+    #[serde(default)]
+    tenant_weights: Option<TenantWeightMap>,
 }
 
 impl FileModel {
@@ -86,6 +88,10 @@ impl FileModel {
                 .map(|c| c.0),
             tokens_per_minute: self.tokens_per_minute.as_ref().map(|c| c.0),
             token_burst: self.token_burst.as_ref().map(|c| c.0),
+            tenant_weights: queue
+                .and_then(|q| q.tenant_weights.as_ref())
+                .map(|w| w.0.clone())
+                .unwrap_or_default(),
         };
         check_budget(&own).map_err(|e| ParseError {
             message: format!("model {:?}: {e}", self.name.0),
@@ -302,6 +308,7 @@ models:
                 queue_sheddable_timeout: Some(Duration::from_millis(500)),
                 tokens_per_minute: Some(6000),
                 token_burst: Some(12000),
+                tenant_weights: Default::default(),
             }
         );
         assert_eq!(m[1].admission.queue_max_size, Some(0));
@@ -322,6 +329,36 @@ models:
             e.message,
             "model \"a\": tokenBurst is set without tokensPerMinute"
         );
+    }
+
+    #[test]
+    fn tenant_weights_parse_and_bad_ones_point_at_the_entry() {
+        let m = parse(
+            "models:\n  - name: a\n    queue:\n      tenantWeights: {tenant-b: 2, \" c \": 100}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            m[0].admission.tenant_weights.describe(),
+            "c 100, tenant-b 2"
+        );
+        let err = |text: &str| parse(text).unwrap_err();
+        let e = err("models:\n  - name: a\n    queue:\n      tenantWeights:\n        b: 0\n");
+        assert!(e.message.contains("from 1 to 100"), "{e}");
+        assert_eq!((e.line, e.column), (Some(5), Some(12)));
+        let e = err("models:\n  - name: a\n    queue:\n      tenantWeights:\n        team a: 2\n");
+        assert!(e.message.contains("outside A-Za-z0-9"), "{e}");
+        assert_eq!(e.line, Some(5));
+        let e =
+            err("models:\n  - name: a\n    queue:\n      tenantWeights: {bearer:00ff00ff: 2}\n");
+        assert!(e.message.contains("bearer token cannot be weighted"), "{e}");
+        let many: String = (0..65).map(|i| format!("t{i}: 1, ")).collect();
+        let e = err(&format!(
+            "models:\n  - name: a\n    queue:\n      tenantWeights: {{{many}}}\n"
+        ));
+        assert!(e.message.contains("at most 64"), "{e}");
+        // Trimmed ids that collide are one tenant listed twice.
+        let e = err("models:\n  - name: a\n    queue:\n      tenantWeights: {b: 2, \" b\": 3}\n");
+        assert!(e.message.contains("twice"), "{e}");
     }
 
     #[test]

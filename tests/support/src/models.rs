@@ -4,6 +4,7 @@
 //! One struct per level with serde `Serialize`: an unset optional field is left out, so the
 //! proxy's default applies, and a new field is one more member with `skip_serializing_if`.
 
+use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::io;
 use std::path::Path;
@@ -62,6 +63,17 @@ pub struct QueueEntry {
     pub timeout: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sheddable_timeout: Option<String>,
+    /// `tenantWeights`: turns per round by `x-flexinfer-tenant` id (others take one).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenant_weights: BTreeMap<String, u32>,
+}
+
+impl QueueEntry {
+    /// Give `tenant` `weight` turns per round.
+    pub fn tenant_weight(mut self, tenant: &str, weight: u32) -> Self {
+        self.tenant_weights.insert(tenant.to_string(), weight);
+        self
+    }
 }
 
 impl ModelsFile {
@@ -235,11 +247,15 @@ mod tests {
                 .hash_balance_factor(1.5)
                 .hash_balance_floor(3)
                 .max_concurrency(2)
-                .queue(QueueEntry {
-                    max_size: Some(5),
-                    timeout: Some("2s".into()),
-                    sheddable_timeout: Some("500ms".into()),
-                })
+                .queue(
+                    QueueEntry {
+                        max_size: Some(5),
+                        timeout: Some("2s".into()),
+                        sheddable_timeout: Some("500ms".into()),
+                        ..QueueEntry::default()
+                    }
+                    .tenant_weight("tenant-b", 2),
+                )
                 .token_budget(60, Some(100)),
         );
         let want: Value = serde_yaml_ng::from_str(
@@ -256,7 +272,7 @@ models:
     hashBalanceFactor: 1.5
     hashBalanceFloor: 3
     maxConcurrency: 2
-    queue: {maxSize: 5, timeout: 2s, sheddableTimeout: 500ms}
+    queue: {maxSize: 5, timeout: 2s, sheddableTimeout: 500ms, tenantWeights: {tenant-b: 2}}
     tokensPerMinute: 60
     tokenBurst: 100
 "#,

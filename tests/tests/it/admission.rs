@@ -38,6 +38,7 @@ fn queue(max_size: Option<u32>, timeout: &str, sheddable: &str) -> QueueEntry {
         max_size,
         timeout: Some(timeout.into()),
         sheddable_timeout: Some(sheddable.into()),
+        ..QueueEntry::default()
     }
 }
 
@@ -278,6 +279,48 @@ async fn a_second_tenant_is_served_before_the_first_ones_backlog() {
     want.extend((1..10).map(|i| format!("a{i}")));
     assert_eq!(pods[0].started(), want);
     assert!(!proxy.metrics().await.contains("secret-token-of-b"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_of_weight_two_takes_two_turns_to_the_others_one() {
+    let dir = TempDir::new("adm-weights");
+    let pods = held(1);
+    let weighted = QueueEntry::default().tenant_weight("team-b", 2);
+    let models = ModelsFile::new().model(model("chat", &pods, 1).queue(weighted));
+    let proxy = start_proxy(&models, &[], &[], dir.path()).await;
+    let file = dir.path().join("check.yaml");
+    models.write_to(&file).unwrap();
+    let checked = std::process::Command::new(proxy_bin())
+        .args(["config", "check"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&checked.stdout);
+    assert!(
+        report.contains("team-b 2 turns per round (this model); other tenants 1"),
+        "{report}"
+    );
+    let fill = ask(&proxy, "chat", "fill", &[]);
+    until("the pod full", || async { pods[0].in_flight() == 1 }).await;
+    let mut tasks = Vec::new();
+    let mut depth = 0;
+    for (team, n) in [("team-a", 4), ("team-b", 5), ("team-c", 2)] {
+        for i in 0..n {
+            depth += 1;
+            let id = format!("{}{i}", &team[5..]);
+            let tenant = [("x-flexinfer-tenant", team)];
+            tasks.push(ask_queued(&proxy, "chat", &id, &tenant, depth).await);
+        }
+    }
+    pods[0].release_all();
+    for t in tasks.into_iter().chain([fill]) {
+        assert_eq!(answered(t).await.status, 200);
+    }
+    // Rounds in the tenants' arrival order: a one, b two (each FCFS), c one; then the rest.
+    let want = [
+        "fill", "a0", "b0", "b1", "c0", "a1", "b2", "b3", "c1", "a2", "b4", "a3",
+    ];
+    assert_eq!(pods[0].started(), want);
 }
 
 #[tokio::test(flavor = "multi_thread")]

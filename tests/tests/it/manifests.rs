@@ -362,6 +362,14 @@ fn the_crd_schema_rejects_a_broken_model() {
             json!({"spec": {"queue": {"maxsize": 10}}}),
             "spec.queue.maxsize: unknown field",
         ),
+        (
+            json!({"spec": {"queue": {"tenantWeights": {"tenant-b": 101}}}}),
+            "spec.queue.tenantWeights.tenant-b: 101 is more than the maximum 100",
+        ),
+        (
+            json!({"spec": {"queue": {"tenantWeights": (0..65).map(|i| (format!("t{i}"), json!(1))).collect::<serde_json::Map<_, _>>()}}}),
+            "spec.queue.tenantWeights: 65 properties, more than the maxProperties 64",
+        ),
     ] {
         let mut bad = good.clone();
         merge(&mut bad, breakage.clone());

@@ -662,7 +662,7 @@ proptest! {
                 max_size: 6,
                 timeout: 10 * S,
                 sheddable_timeout: 3 * S,
-                budget: None,
+                ..GateSettings::default()
             };
             let w = world(settings, 1);
             let mut pending: Vec<Pending> = Vec::new();

@@ -161,6 +161,61 @@ impl FromScalar for Tokens {
     }
 }
 
+/// A tenant id of `queue.tenantWeights`.
+pub(super) struct TenantId;
+
+impl FromScalar for TenantId {
+    type Out = String;
+    const EXPECTED: &'static str = "an x-flexinfer-tenant id";
+    fn from_scalar(s: &str) -> Result<String, String> {
+        crate::admission::weights::tenant_id(s)
+    }
+}
+
+/// A tenant's weight in `queue.tenantWeights`.
+pub(super) struct Weight;
+
+impl FromScalar for Weight {
+    type Out = u32;
+    const EXPECTED: &'static str = "a weight";
+    fn from_scalar(s: &str) -> Result<u32, String> {
+        crate::admission::weights::weight(s)
+    }
+}
+
+/// `queue.tenantWeights: {tenant: weight, ...}`, each id and weight checked where it is
+/// written; the count and duplicates when the mapping ends.
+pub(super) struct TenantWeightMap(pub(super) crate::admission::TenantWeights);
+
+impl std::fmt::Debug for TenantWeightMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<'de> Deserialize<'de> for TenantWeightMap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TenantWeightMap;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a mapping of tenant ids to weights")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some(id) = map.next_key::<Checked<TenantId>>()? {
+                    let w = map.next_value::<Checked<Weight>>()?;
+                    pairs.push((id.0, w.0));
+                }
+                crate::admission::TenantWeights::new(pairs)
+                    .map(TenantWeightMap)
+                    .map_err(serde::de::Error::custom)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 impl FromScalar for SocketAddr {
     type Out = SocketAddr;
     const EXPECTED: &'static str = "IP:port";

@@ -3,7 +3,8 @@
 //! annotations `flexinfer.ai/max-concurrency`, `flexinfer.ai/queue-max-size`,
 //! `flexinfer.ai/queue-timeout`, `flexinfer.ai/queue-sheddable-timeout`,
 //! `flexinfer.ai/tokens-per-minute` and `flexinfer.ai/token-burst` (for Models whose spec
-//! another controller owns). The spec wins when both are set.
+//! another controller owns). The spec wins when both are set. `queue.tenantWeights` (a
+//! mapping) has the annotation `flexinfer.ai/queue-tenant-weights: tenant-b=2,tenant-c=3`.
 //!
 //! Like the rest of the Model, reading is lenient: a value of the wrong type or out of range
 //! is dropped with a warning (the proxy's default applies), never an error that would stall
@@ -18,6 +19,7 @@ use crate::admission::settings::{
     check_budget, parse_max_concurrency, parse_queue_max_size, parse_queue_timeout, parse_tokens,
     ModelAdmission,
 };
+use crate::admission::weights::{self, TenantWeights, MAX_TENANT_WEIGHTS, MAX_WEIGHT};
 
 pub const MAX_CONCURRENCY_ANNOTATION: &str = "flexinfer.ai/max-concurrency";
 pub const QUEUE_MAX_SIZE_ANNOTATION: &str = "flexinfer.ai/queue-max-size";
@@ -25,6 +27,7 @@ pub const QUEUE_TIMEOUT_ANNOTATION: &str = "flexinfer.ai/queue-timeout";
 pub const QUEUE_SHEDDABLE_TIMEOUT_ANNOTATION: &str = "flexinfer.ai/queue-sheddable-timeout";
 pub const TOKENS_PER_MINUTE_ANNOTATION: &str = "flexinfer.ai/tokens-per-minute";
 pub const TOKEN_BURST_ANNOTATION: &str = "flexinfer.ai/token-burst";
+pub const QUEUE_TENANT_WEIGHTS_ANNOTATION: &str = "flexinfer.ai/queue-tenant-weights";
 
 /// A spec value kept whatever its type, so that one odd Model does not fail the whole list;
 /// the reader warns about an `Invalid` one.
@@ -53,6 +56,12 @@ pub struct QueueSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "duration_schema")]
     pub sheddable_timeout: Option<Lenient<String>>,
+    /// Turns per round of the tenants named (`x-flexinfer-tenant` ids), 1 to 100, at most 64
+    /// tenants; every other tenant takes one. A tenant known only by its bearer token cannot
+    /// be named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "tenant_weights_schema")]
+    pub tenant_weights: Option<Lenient<BTreeMap<String, Lenient<u32>>>>,
 }
 
 pub(super) fn count_schema(_: &mut SchemaGenerator) -> Schema {
@@ -61,6 +70,15 @@ pub(super) fn count_schema(_: &mut SchemaGenerator) -> Schema {
 
 fn queue_size_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({"type": "integer", "minimum": 0, "maximum": 1_000_000, "nullable": true})
+}
+
+fn tenant_weights_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "additionalProperties": {"type": "integer", "minimum": 1, "maximum": MAX_WEIGHT},
+        "maxProperties": MAX_TENANT_WEIGHTS,
+        "nullable": true
+    })
 }
 
 fn duration_schema(_: &mut SchemaGenerator) -> Schema {
@@ -198,12 +216,66 @@ pub fn admission_settings(
             parse_tokens,
             &mut w,
         ),
+        tenant_weights: tenant_weights(queue, annotations, &mut w),
     };
     if let Err(e) = check_budget(&own) {
         w.push(format!("{e}; the burst is ignored"));
         own.token_burst = None;
     }
     (own, w)
+}
+
+/// `spec.queue.tenantWeights`, else the annotation. A bad spec entry is dropped alone; past
+/// [`MAX_TENANT_WEIGHTS`] the first ids (sorted) are kept. A bad annotation is dropped whole.
+fn tenant_weights(
+    queue: Option<&QueueSpec>,
+    annotations: &BTreeMap<String, String>,
+    w: &mut Vec<String>,
+) -> TenantWeights {
+    const FIELD: &str = "spec.queue.tenantWeights";
+    let key = QUEUE_TENANT_WEIGHTS_ANNOTATION;
+    let from_annotation = annotations
+        .get(key)
+        .and_then(|v| match weights::parse_list(v) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                w.push(format!("{key}: {e}; every tenant takes equal turns"));
+                None
+            }
+        });
+    let from_spec = match queue.and_then(|q| q.tenant_weights.as_ref()) {
+        None => None,
+        Some(Lenient::Invalid(v)) => {
+            w.push(format!("{FIELD}: {v} is not a mapping; ignored"));
+            None
+        }
+        Some(Lenient::Valid(map)) => {
+            let mut pairs = Vec::new();
+            for (id, value) in map {
+                let entry = weights::tenant_id(id)
+                    .and_then(|id| Ok((id, spec_text(value).and_then(|t| weights::weight(&t))?)));
+                match entry {
+                    Ok(pair) if pairs.len() < MAX_TENANT_WEIGHTS => pairs.push(pair),
+                    Ok((id, _)) => w.push(format!(
+                        "{FIELD}: more than {MAX_TENANT_WEIGHTS} tenants; {id:?} is ignored"
+                    )),
+                    Err(e) => w.push(format!("{FIELD}: {e}; that tenant takes equal turns")),
+                }
+            }
+            // Two ids that trim alike: the first is kept.
+            pairs.dedup_by(|b, a| a.0 == b.0);
+            Some(TenantWeights::new(pairs).expect("bounded and unique"))
+        }
+    };
+    match (from_spec, from_annotation) {
+        (Some(s), Some(a)) => {
+            if s != a {
+                w.push(format!("{FIELD} and {key} disagree; using {FIELD}"));
+            }
+            s
+        }
+        (s, a) => s.or(a).unwrap_or_default(),
+    }
 }
 
 #[cfg(test)]
@@ -251,6 +323,7 @@ mod tests {
                 queue_sheddable_timeout: Some(Duration::from_secs(1)),
                 tokens_per_minute: Some(6000),
                 token_burst: Some(9000),
+                tenant_weights: TenantWeights::default(),
             }
         );
     }
@@ -278,6 +351,37 @@ mod tests {
             w[0].contains("disagree; using spec.maxConcurrency"),
             "{w:?}"
         );
+    }
+
+    #[test]
+    fn tenant_weights_from_the_spec_or_the_annotation_and_bad_entries_dropped_alone() {
+        let (a, w) = read(
+            json!({"queue": {"tenantWeights": {"tenant-b": 2, "c": "3", "bad id": 2, "d": 0, "bearer:0a0b0c0d": 5}}}),
+            &[(QUEUE_TENANT_WEIGHTS_ANNOTATION, "tenant-b=4")],
+        );
+        assert_eq!(a.tenant_weights.describe(), "c 3, tenant-b 2");
+        assert_eq!(w.len(), 4, "{w:?}");
+        assert!(w.iter().any(|m| m.contains("\"bad id\"")), "{w:?}");
+        assert!(w.iter().any(|m| m.contains("from 1 to 100")), "{w:?}");
+        assert!(w.iter().any(|m| m.contains("bearer token")), "{w:?}");
+        assert!(w.iter().any(|m| m.contains("disagree")), "{w:?}");
+        let (a, w) = read(json!({}), &[(QUEUE_TENANT_WEIGHTS_ANNOTATION, "b=2, c=5")]);
+        assert_eq!(
+            (a.tenant_weights.describe(), w.len()),
+            ("b 2, c 5".into(), 0)
+        );
+        let (a, w) = read(json!({}), &[(QUEUE_TENANT_WEIGHTS_ANNOTATION, "b=2,c")]);
+        assert!(a.tenant_weights.is_empty());
+        assert!(w[0].contains(QUEUE_TENANT_WEIGHTS_ANNOTATION), "{w:?}");
+        let (a, w) = read(json!({"queue": {"tenantWeights": [1]}}), &[]);
+        assert!(a.tenant_weights.is_empty());
+        assert!(w[0].contains("not a mapping"), "{w:?}");
+        let many: serde_json::Map<String, serde_json::Value> =
+            (0..70).map(|i| (format!("t{i:02}"), json!(1))).collect();
+        let (a, w) = read(json!({"queue": {"tenantWeights": many}}), &[]);
+        assert_eq!(a.tenant_weights.names().count(), MAX_TENANT_WEIGHTS);
+        assert_eq!(w.len(), 6, "{w:?}");
+        assert!(w[0].contains("more than 64 tenants; \"t64\""), "{w:?}");
     }
 
     #[test]

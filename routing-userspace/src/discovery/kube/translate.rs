@@ -346,7 +346,7 @@ pub fn model_spec(
         endpoints,
         hash_balance: settings.hash_balance,
         engine: settings.engine,
-        admission: settings.admission,
+        admission: settings.admission.clone(),
     }
 }
 

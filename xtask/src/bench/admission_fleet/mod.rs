@@ -5,11 +5,13 @@
 //! (`flexinfer_test_support::holding`) that takes the service time (0.5 s) per request and
 //! counts the most requests it ever held. Tenant A keeps 40 requests in flight (ten times the
 //! four slots, so the model's queue never empties); tenant B sends one request every 200 ms for
-//! 30 s. Three scenarios: `tenants` (each sends its own `x-flexinfer-tenant`, so they take
+//! 30 s. Four scenarios: `tenants` (each sends its own `x-flexinfer-tenant`, so they take
 //! turns), `shared` (neither does: one tenant, arrival order: what B would wait without
-//! fairness) and `priority` (own tenants, and B sends `x-flexinfer-priority: 1`). Equal turns
-//! give B at most half the slots; whether that covers its rate decides its wait: with the
-//! defaults B offers 5 of the 8 requests a second the pods serve, more than its half. Reported: B's wait (latency minus service time) p50 / p95 against
+//! fairness), `priority` (own tenants, and B sends `x-flexinfer-priority: 1`) and `weighted`
+//! (own tenants, and the model gives B `queue.tenantWeights: {tenant-b: --b-weight}`). Equal
+//! turns give B at most half the slots; whether that covers its rate decides its wait: with
+//! the defaults B offers 5 of the 8 requests a second the pods serve, more than its half; at
+//! weight 2 its share is two thirds (5.3 a second). Reported: B's wait (latency minus service time) p50 / p95 against
 //! the service time, both tenants' answers by status, the most any pod held, the slowest
 //! 429, the proxy's rejections by reason. Raw records:
 //! `<target>/bench-admission-fleet/<unix time>/`.
@@ -27,7 +29,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use flexinfer_test_support::harness::report::{date_utc, RunDir};
 use flexinfer_test_support::holding::{Hold, HoldingUpstream};
-use flexinfer_test_support::{free_port, http_request, loopback, ModelEntry, ModelsFile};
+use flexinfer_test_support::{
+    free_port, http_request, loopback, ModelEntry, ModelsFile, QueueEntry,
+};
 
 use crate::bench::peers::{self, FxGauge, FxLaunch};
 use crate::ebpf;
@@ -48,7 +52,10 @@ pub struct AdmissionFleetBench {
     /// Milliseconds between two of tenant B's requests.
     #[arg(long, default_value_t = 200)]
     pub b_every_ms: u64,
-    /// Scenarios, comma-separated: tenants, shared, priority. Default: all.
+    /// Tenant B's weight in the `weighted` scenario (turns per round; A has 1).
+    #[arg(long, default_value_t = 2)]
+    pub b_weight: u32,
+    /// Scenarios, comma-separated: tenants, shared, priority, weighted. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Skip building (use the release binary already in the target directory).
@@ -72,28 +79,44 @@ enum Scenario {
     Shared,
     /// Their own tenant ids, and B sends `x-flexinfer-priority: 1`: B's band is served first.
     Priority,
+    /// Their own tenant ids, and B has a tenant weight: B takes that many turns to A's one.
+    Weighted,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 3] = [Scenario::Tenants, Scenario::Shared, Scenario::Priority];
+    const ALL: [Scenario; 4] = [
+        Scenario::Tenants,
+        Scenario::Shared,
+        Scenario::Priority,
+        Scenario::Weighted,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Scenario::Tenants => "tenants",
             Scenario::Shared => "shared",
             Scenario::Priority => "priority",
+            Scenario::Weighted => "weighted",
         }
     }
 
     fn headers(self) -> (Option<&'static str>, Option<&'static str>) {
         match self {
-            Scenario::Tenants | Scenario::Priority => (Some("tenant-a"), Some("tenant-b")),
+            Scenario::Tenants | Scenario::Priority | Scenario::Weighted => {
+                (Some("tenant-a"), Some("tenant-b"))
+            }
             Scenario::Shared => (None, None),
         }
     }
 
     fn b_priority(self) -> Option<&'static str> {
         (self == Scenario::Priority).then_some("1")
+    }
+
+    /// The model's `queue:` block: B's weight in `weighted`, else none (the defaults).
+    fn queue(self, b_weight: u32) -> Option<QueueEntry> {
+        (self == Scenario::Weighted)
+            .then(|| QueueEntry::default().tenant_weight("tenant-b", b_weight))
     }
 }
 
@@ -107,7 +130,9 @@ fn select(names: &[String]) -> Result<Vec<Scenario>> {
             Scenario::ALL
                 .into_iter()
                 .find(|s| s.name() == n)
-                .with_context(|| format!("unknown scenario {n:?} (tenants, shared, priority)"))
+                .with_context(|| {
+                    format!("unknown scenario {n:?} (tenants, shared, priority, weighted)")
+                })
         })
         .collect()
 }
@@ -121,11 +146,12 @@ pub fn run(args: &AdmissionFleetBench) -> Result<()> {
     let out = RunDir::create(&ebpf::target_dir().join("bench-admission-fleet"))?;
     out.stamp(&peers::versions(&[], None))?;
     println!(
-        "bench admission-fleet: {PODS} pods, maxConcurrency {MAX_CONCURRENCY}, service {} ms, A keeps {} in flight, B every {} ms for {} s; raw output in {}",
+        "bench admission-fleet: {PODS} pods, maxConcurrency {MAX_CONCURRENCY}, service {} ms, A keeps {} in flight, B every {} ms for {} s (weight {} in weighted); raw output in {}",
         args.service_ms,
         args.a_in_flight,
         args.b_every_ms,
         args.duration,
+        args.b_weight,
         out.path().display()
     );
     let mut rows = Vec::new();
@@ -166,14 +192,14 @@ fn run_scenario(
         .map(|i| HoldingUpstream::start(&format!("pod-{i}"), Hold::For(service)))
         .collect::<std::io::Result<_>>()?;
     let models = out.file(&format!("models-{}.yaml", s.name()));
-    ModelsFile::new()
-        .model(
-            ModelEntry::new("chat")
-                .engine("none")
-                .max_concurrency(MAX_CONCURRENCY)
-                .endpoints(pods.iter().map(|p| p.addr())),
-        )
-        .write_to(&models)?;
+    let mut chat = ModelEntry::new("chat")
+        .engine("none")
+        .max_concurrency(MAX_CONCURRENCY)
+        .endpoints(pods.iter().map(|p| p.addr()));
+    if let Some(q) = s.queue(args.b_weight) {
+        chat = chat.queue(q);
+    }
+    ModelsFile::new().model(chat).write_to(&models)?;
     let (listen, admin) = (loopback(free_port()), loopback(free_port()));
     let launch = FxLaunch {
         bin,
@@ -283,6 +309,10 @@ flexinfer_proxy_requests_total{model=\"chat\"} 3\n";
     fn scenarios_are_picked_by_name() {
         assert_eq!(select(&[]).unwrap(), Scenario::ALL);
         assert_eq!(select(&["shared".into()]).unwrap(), [Scenario::Shared]);
+        assert_eq!(select(&["weighted".into()]).unwrap(), [Scenario::Weighted]);
+        assert!(Scenario::Tenants.queue(2).is_none());
+        let q = Scenario::Weighted.queue(3).unwrap();
+        assert_eq!(q.tenant_weights.get("tenant-b"), Some(&3));
         assert!(select(&["fifo".into()]).is_err());
     }
 }
