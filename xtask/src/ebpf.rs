@@ -15,13 +15,13 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 #[derive(clap::Args)]
-pub struct BuildEbpf {}
+pub(crate) struct BuildEbpf {}
 
-pub use xtask::paths::{target_dir, workspace_root};
+pub(crate) use xtask::paths::{target_dir, workspace_root};
 
 /// The nightly toolchain that builds the eBPF crate: `FLEXINFER_NIGHTLY` (the Dockerfile pins
 /// a dated one), else `nightly`.
-pub fn nightly() -> String {
+pub(crate) fn nightly() -> String {
     std::env::var("FLEXINFER_NIGHTLY")
         .ok()
         .filter(|s| !s.is_empty())
@@ -30,7 +30,7 @@ pub fn nightly() -> String {
 
 /// The release `flexinfer-proxy` the benches, the soak and the replay run: built first unless
 /// `build` is false (then it must exist), with the eBPF object embedded when `with_ebpf`.
-pub fn release_proxy(build: bool, with_ebpf: bool) -> Result<PathBuf> {
+pub(crate) fn release_proxy(build: bool, with_ebpf: bool) -> Result<PathBuf> {
     if build {
         if with_ebpf {
             self::build()?;
@@ -61,7 +61,7 @@ pub fn release_proxy(build: bool, with_ebpf: bool) -> Result<PathBuf> {
 
 /// Build the object by running `cargo xtask build-ebpf` itself, the command the README gives,
 /// so that a broken default of that very command fails whoever calls this (CI does).
-pub fn build_as_documented() -> Result<()> {
+pub(crate) fn build_as_documented() -> Result<()> {
     let status = Command::new("cargo")
         .current_dir(workspace_root())
         .args(["xtask", "build-ebpf"])
@@ -74,7 +74,7 @@ pub fn build_as_documented() -> Result<()> {
 }
 
 /// The stable path of the built object: `<target>/bpf/routing-ebpf.o`.
-pub fn object_path() -> PathBuf {
+pub(crate) fn object_path() -> PathBuf {
     target_dir().join("bpf").join("routing-ebpf.o")
 }
 
@@ -86,7 +86,7 @@ fn built_object() -> PathBuf {
         .join("routing-ebpf")
 }
 
-pub fn build() -> Result<()> {
+pub(crate) fn build() -> Result<()> {
     crate::setup::ensure_ebpf_toolchain().context("installing what the eBPF build needs")?;
     let status = Command::new("cargo")
         .current_dir(workspace_root())

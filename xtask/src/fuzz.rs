@@ -27,7 +27,7 @@ use anyhow::{bail, Context, Result};
 use crate::ebpf::{nightly, target_dir, workspace_root};
 
 #[derive(clap::Args)]
-pub struct Fuzz {
+pub(crate) struct Fuzz {
     /// Only these targets (comma-separated); default: every target.
     #[arg(long, value_delimiter = ',')]
     pub target: Vec<String>,
@@ -143,7 +143,7 @@ fn cargo_fuzz(sub: &str, quick_build: bool) -> Command {
 }
 
 /// Installs cargo-fuzz unless `cargo fuzz` works already.
-pub fn ensure_cargo_fuzz() -> Result<()> {
+pub(crate) fn ensure_cargo_fuzz() -> Result<()> {
     let works = Command::new("cargo")
         .args(["fuzz", "--version"])
         .stdout(Stdio::null())
@@ -357,7 +357,7 @@ fn run_all(targets: &[&'static Target], args: &Fuzz) -> Result<Vec<Outcome>> {
     Ok(outcomes)
 }
 
-pub fn run(args: &Fuzz) -> Result<()> {
+pub(crate) fn run(args: &Fuzz) -> Result<()> {
     let targets = select(&args.target)?;
     if !build(args)? {
         bail!("cargo fuzz build failed");
@@ -377,7 +377,7 @@ pub fn run(args: &Fuzz) -> Result<()> {
 
 /// One target's replay under `cargo xtask test`: `failure` says what went wrong, if anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     pub target: &'static str,
     pub failure: Option<String>,
 }
@@ -385,7 +385,7 @@ pub struct Replayed {
 /// What `cargo xtask test` runs: `cargo xtask fuzz --replay --strict --quick-build`, every
 /// target. A build that fails is one failure (`target: "build"`), each target that crashes on
 /// a seed or a regression another; `Err` only when the tools cannot be set up or run.
-pub fn replay_for_tests() -> Result<Vec<Replayed>> {
+pub(crate) fn replay_for_tests() -> Result<Vec<Replayed>> {
     let args = Fuzz {
         target: Vec::new(),
         seconds: 0,

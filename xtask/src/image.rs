@@ -16,7 +16,7 @@ use xtask::paths::{chart_app_version, crate_version, workspace_root};
 use crate::ebpf::{self};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BaseChoice {
+pub(crate) enum BaseChoice {
     /// The Dockerfile's base images when the registry answers, else `local`.
     Auto,
     /// Pull the Dockerfile's base images.
@@ -26,7 +26,7 @@ pub enum BaseChoice {
 }
 
 #[derive(clap::Args)]
-pub struct Image {
+pub(crate) struct Image {
     /// Container engine.
     #[arg(long, value_enum, default_value = "auto")]
     pub engine: EngineChoice,
@@ -42,7 +42,7 @@ pub struct Image {
     pub tag: Option<String>,
 }
 
-pub fn run(args: &Image) -> Result<()> {
+pub(crate) fn run(args: &Image) -> Result<()> {
     let t = Instant::now();
     let version = chart_app_version()?;
     let crate_version = crate_version()?;

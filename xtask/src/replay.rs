@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use xtask::paths::{target_dir, workspace_root};
 
 #[derive(clap::Args)]
-pub struct Replay {
+pub(crate) struct Replay {
     /// Print docs/routing-quality.md's fleet tables, stamped with the commit: the Mooncake
     /// conversation trace (../shared/data/mooncake) and a generated rag-chat trace, the first
     /// 1,500 requests of each, 32 in flight, through 1, 4 and 8 routers.
@@ -24,7 +24,7 @@ pub struct Replay {
     pub args: Vec<String>,
 }
 
-pub fn run(args: &Replay) -> Result<()> {
+pub(crate) fn run(args: &Replay) -> Result<()> {
     let bin = crate::ebpf::release_proxy(true, false)?;
     if args.fleets {
         return fleets(&bin);

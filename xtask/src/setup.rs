@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use crate::ebpf::nightly;
 
 #[derive(clap::Args)]
-pub struct Setup {
+pub(crate) struct Setup {
     /// Skip apt packages (bpftool).
     #[arg(long)]
     pub no_apt: bool,
@@ -24,7 +24,7 @@ const LLVM_PREFIX: &str = "/opt/rust-llvm";
 /// The fallback bpf-linker (loads rustc's LLVM dynamically).
 const FALLBACK_BPF_LINKER: &str = "0.10.4";
 
-pub fn run(args: &Setup) -> Result<()> {
+pub(crate) fn run(args: &Setup) -> Result<()> {
     ensure_ebpf_toolchain()?;
     if !args.no_apt {
         ensure_apt(&["bpftool"])?;
@@ -35,7 +35,7 @@ pub fn run(args: &Setup) -> Result<()> {
 
 /// What building the eBPF object needs: the nightly toolchain, its rust-src and bpf-linker
 /// (`cargo xtask build-ebpf` runs this first, so it works alone on a fresh machine).
-pub fn ensure_ebpf_toolchain() -> Result<()> {
+pub(crate) fn ensure_ebpf_toolchain() -> Result<()> {
     ensure_nightly()?;
     ensure_rust_src()?;
     ensure_bpf_linker()
@@ -67,7 +67,7 @@ fn rustup() -> Command {
     c
 }
 
-pub fn ensure_nightly() -> Result<()> {
+pub(crate) fn ensure_nightly() -> Result<()> {
     let nightly = nightly();
     let list = output(rustup().args(["toolchain", "list"]))?;
     if list.lines().any(|l| l.starts_with(&nightly)) {
@@ -112,7 +112,7 @@ fn bpf_linker_works(sysroot: &Path) -> bool {
 
 /// The nightly's shared libLLVM (`libLLVM.so.22.1-rust-...` or `libLLVM-22-rust-....so`) and its
 /// major version, read from the file name.
-pub fn find_libllvm(lib_dir: &Path) -> Result<(PathBuf, u32)> {
+pub(crate) fn find_libllvm(lib_dir: &Path) -> Result<(PathBuf, u32)> {
     let mut names: Vec<String> = std::fs::read_dir(lib_dir)
         .with_context(|| format!("reading {}", lib_dir.display()))?
         .filter_map(|e| e.ok())
@@ -204,7 +204,7 @@ fn install_bpf_linker_against_rust_llvm(sysroot: &Path) -> Result<()> {
 }
 
 /// Run `cmd` (printed with `tag` first) and fail with its stderr unless it succeeds.
-pub fn run_logged(tag: &str, cmd: &mut Command) -> Result<()> {
+pub(crate) fn run_logged(tag: &str, cmd: &mut Command) -> Result<()> {
     println!("{tag}: {cmd:?}");
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
@@ -217,7 +217,7 @@ pub fn run_logged(tag: &str, cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-pub fn ensure_apt(packages: &[&str]) -> Result<()> {
+pub(crate) fn ensure_apt(packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()
@@ -254,7 +254,7 @@ fn python_has(python: &Path, modules: &[&str]) -> bool {
 /// A Python interpreter that can import `modules`, installing `packages` with pip when it
 /// cannot: into `python3` itself when its pip allows that, else into a venv under the target
 /// directory (Debian's python refuses system-wide pip installs).
-pub fn ensure_python(packages: &[&str], modules: &[&str]) -> Result<PathBuf> {
+pub(crate) fn ensure_python(packages: &[&str], modules: &[&str]) -> Result<PathBuf> {
     let system = PathBuf::from("python3");
     let venv = crate::ebpf::target_dir().join("tools").join("python");
     let venv_python = venv.join("bin").join("python3");

@@ -44,7 +44,7 @@ const TEST_PACKAGES: &[&str] = &[
 const PYTHON_PACKAGES: &[&str] = &["kubernetes-validate"];
 
 #[derive(clap::Args)]
-pub struct Test {
+pub(crate) struct Test {
     /// Skip installing tools and packages (they are already there).
     #[arg(long)]
     pub no_setup: bool,
@@ -161,7 +161,7 @@ fn setup_step() -> Result<Vec<(&'static str, OsString)>> {
     Ok(vec![("FLEXINFER_PYTHON", python.into_os_string())])
 }
 
-pub fn run(args: &Test) -> Result<()> {
+pub(crate) fn run(args: &Test) -> Result<()> {
     let t = Instant::now();
     report_disk("at start");
     let mut env = if args.no_setup {

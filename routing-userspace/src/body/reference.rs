@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 #[derive(Debug, Default, Deserialize)]
-pub struct RefFields<'a> {
+pub(super) struct RefFields<'a> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -79,7 +79,7 @@ fn content_text(raw: &RawValue) -> Option<String> {
 
 impl<'a> RefFields<'a> {
     /// `None` when the body is not a JSON object.
-    pub fn parse(body: &'a [u8]) -> Option<Self> {
+    pub(super) fn parse(body: &'a [u8]) -> Option<Self> {
         // serde would also accept a JSON array for a struct; only an object is a request body.
         let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
         if *first != b'{' {
@@ -88,32 +88,32 @@ impl<'a> RefFields<'a> {
         serde_json::from_slice(body).ok()
     }
 
-    pub fn model(&self) -> Option<String> {
+    pub(super) fn model(&self) -> Option<String> {
         as_string(self.model)
     }
 
     /// The byte range of the top-level `model` value inside `body` (the slice this view was
     /// parsed from), so it can be replaced without touching any other byte.
-    pub fn model_span(&self, body: &[u8]) -> Option<std::ops::Range<usize>> {
+    pub(super) fn model_span(&self, body: &[u8]) -> Option<std::ops::Range<usize>> {
         let raw = self.model?.get().as_bytes();
         let start = (raw.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
         let end = start + raw.len();
         (end <= body.len()).then_some(start..end)
     }
 
-    pub fn session_id(&self) -> Option<String> {
+    pub(super) fn session_id(&self) -> Option<String> {
         as_string(self.session_id)
     }
 
-    pub fn cache_key(&self) -> Option<String> {
+    pub(super) fn cache_key(&self) -> Option<String> {
         as_string(self.cache_key)
     }
 
-    pub fn cache_key_camel(&self) -> Option<String> {
+    pub(super) fn cache_key_camel(&self) -> Option<String> {
         as_string(self.cache_key_camel)
     }
 
-    pub fn prefix(&self) -> Option<String> {
+    pub(super) fn prefix(&self) -> Option<String> {
         as_string(self.prefix)
     }
 
@@ -126,12 +126,12 @@ impl<'a> RefFields<'a> {
     }
 
     /// Whether the body carries a `messages` array (a chat request).
-    pub fn has_messages(&self) -> bool {
+    pub(super) fn has_messages(&self) -> bool {
         !self.messages().is_empty()
     }
 
     /// The text of every `role: "system"` message, in order (`developer` counts as system).
-    pub fn system_texts(&self) -> Vec<String> {
+    pub(super) fn system_texts(&self) -> Vec<String> {
         self.messages()
             .iter()
             .filter(|m| matches!(m.role.as_deref(), Some("system" | "developer")))
@@ -140,7 +140,7 @@ impl<'a> RefFields<'a> {
     }
 
     /// The text of the first `role: "user"` message.
-    pub fn first_user_text(&self) -> Option<String> {
+    pub(super) fn first_user_text(&self) -> Option<String> {
         self.messages()
             .iter()
             .find(|m| m.role.as_deref() == Some("user"))
@@ -149,7 +149,7 @@ impl<'a> RefFields<'a> {
 
     /// Document context: `document_context`, `documentContext`, `context`, or the text of the
     /// first entry of `documents[]` (a string, or an object's `text` / `content`), in that order.
-    pub fn document_context(&self) -> Option<String> {
+    pub(super) fn document_context(&self) -> Option<String> {
         let direct = [
             self.document_context,
             self.document_context_camel,
@@ -174,7 +174,7 @@ impl<'a> RefFields<'a> {
     }
 
     /// A completions `prompt`: the string, or the first string of an array.
-    pub fn prompt_text(&self) -> Option<String> {
+    pub(super) fn prompt_text(&self) -> Option<String> {
         let raw = self.prompt?;
         as_string(Some(raw)).or_else(|| {
             let list: Vec<String> = serde_json::from_str(raw.get()).ok()?;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 
 /// Accept on `listener` forever, splicing each connection to a backend in turn.
-pub async fn run(listener: TcpListener, backends: Vec<SocketAddr>) {
+pub(super) async fn run(listener: TcpListener, backends: Vec<SocketAddr>) {
     let next = Arc::new(AtomicUsize::new(0));
     loop {
         let Ok((mut client, _)) = listener.accept().await else {

@@ -45,7 +45,7 @@ pub(super) fn model<P: Borrow<u16>>(
 
 impl World {
     /// `models` as discovery would report them, routed with `knobs`.
-    pub fn new(models: Vec<ModelSpec>, knobs: RoutingKnobs) -> World {
+    pub(super) fn new(models: Vec<ModelSpec>, knobs: RoutingKnobs) -> World {
         let (table, slots) =
             RoutingTable::of_models(models, &Metrics::new(100), knobs.label_group_mode);
         let gauge = Arc::new(UserspaceGauge::default());
@@ -59,7 +59,13 @@ impl World {
 
     /// The decision for a request to `name` with these headers and body (`draw` is the
     /// request's random draw).
-    pub fn decide(&self, name: &str, headers: &HeaderMap, body: &str, draw: u64) -> Decision {
+    pub(super) fn decide(
+        &self,
+        name: &str,
+        headers: &HeaderMap,
+        body: &str,
+        draw: u64,
+    ) -> Decision {
         let fields = BodyFields::parse(body.as_bytes());
         let parts = RequestParts {
             headers,
@@ -71,7 +77,7 @@ impl World {
     }
 
     /// The decision for a request with no headers and draw 0.
-    pub fn simple(&self, name: &str, body: &str) -> Decision {
+    pub(super) fn simple(&self, name: &str, body: &str) -> Decision {
         self.decide(name, &HeaderMap::new(), body, 0)
     }
 }

@@ -19,18 +19,18 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 /// The request header asking for a load report.
 const LOAD_REPORT_FORMAT: HeaderName = HeaderName::from_static("endpoint-load-metrics-format");
 /// The response header carrying it.
-pub const LOAD_REPORT_HEADER: HeaderName = HeaderName::from_static("endpoint-load-metrics");
+pub(super) const LOAD_REPORT_HEADER: HeaderName = HeaderName::from_static("endpoint-load-metrics");
 
 /// The engine gauges at one moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EngineLoad {
+pub(super) struct EngineLoad {
     pub running: u64,
     pub waiting: u64,
     pub kv_usage: f64,
 }
 
 /// KV-cache use: `blocks` held of `capacity`, 0 to 1.
-pub fn kv_usage(blocks: u64, capacity: usize) -> f64 {
+pub(super) fn kv_usage(blocks: u64, capacity: usize) -> f64 {
     if capacity == 0 {
         return 0.0;
     }
@@ -39,7 +39,7 @@ pub fn kv_usage(blocks: u64, capacity: usize) -> f64 {
 
 /// Whether the request asked for the `TEXT` load report (vLLM reads the format name in any
 /// case; its other form, JSON, is not spoken here).
-pub fn wants_load_report(headers: &HeaderMap) -> bool {
+pub(super) fn wants_load_report(headers: &HeaderMap) -> bool {
     headers
         .get(LOAD_REPORT_FORMAT)
         .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"text"))
@@ -56,7 +56,7 @@ fn py_float(v: f64) -> String {
 
 impl EngineLoad {
     /// The `endpoint-load-metrics` value vLLM sends.
-    pub fn orca_header(&self) -> HeaderValue {
+    pub(super) fn orca_header(&self) -> HeaderValue {
         let text = format!(
             "TEXT named_metrics.kv_cache_usage_perc={}, named_metrics.num_requests_waiting={}",
             py_float(self.kv_usage),
@@ -67,7 +67,7 @@ impl EngineLoad {
 }
 
 /// Append vLLM's load gauges for `model` (already escaped for a label value).
-pub fn render_vllm(out: &mut String, model: &str, load: EngineLoad) {
+pub(super) fn render_vllm(out: &mut String, model: &str, load: EngineLoad) {
     let gauges: [(&str, &str, String); 3] = [
         (
             "vllm:num_requests_running",

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 /// The routes the sim counts; the label is the metric's `endpoint` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
+pub(super) enum Endpoint {
     Chat,
     Completions,
     Embeddings,
@@ -21,7 +21,7 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 8] = [
+    pub(super) const ALL: [Endpoint; 8] = [
         Endpoint::Chat,
         Endpoint::Completions,
         Endpoint::Embeddings,
@@ -32,7 +32,7 @@ impl Endpoint {
         Endpoint::MethodNotAllowed,
     ];
 
-    pub fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             Endpoint::Chat => "chat_completions",
             Endpoint::Completions => "completions",
@@ -48,7 +48,7 @@ impl Endpoint {
 
 /// Request and token counters plus the queue gauges.
 #[derive(Debug, Default)]
-pub struct Stats {
+pub(super) struct Stats {
     requests: [AtomicU64; Endpoint::ALL.len()],
     prompt_tokens: AtomicU64,
     cached_tokens: AtomicU64,
@@ -61,28 +61,28 @@ pub struct Stats {
 
 /// Cache figures read under the cache lock at scrape time.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CacheStats {
+pub(super) struct CacheStats {
     pub used: usize,
     pub capacity: usize,
     pub evictions: u64,
 }
 
 impl Stats {
-    pub fn count_request(&self, endpoint: Endpoint) {
+    pub(super) fn count_request(&self, endpoint: Endpoint) {
         self.requests[endpoint as usize].fetch_add(1, Relaxed);
     }
 
-    pub fn count_prompt(&self, prompt_tokens: u64, cached_tokens: u64) {
+    pub(super) fn count_prompt(&self, prompt_tokens: u64, cached_tokens: u64) {
         self.prompt_tokens.fetch_add(prompt_tokens, Relaxed);
         self.cached_tokens.fetch_add(cached_tokens, Relaxed);
     }
 
-    pub fn count_completion_tokens(&self, n: u64) {
+    pub(super) fn count_completion_tokens(&self, n: u64) {
         self.completion_tokens.fetch_add(n, Relaxed);
     }
 
     /// Count a generation request as waiting for a slot until [`Admission::start`] or drop.
-    pub fn admit(self: &Arc<Self>) -> Admission {
+    pub(super) fn admit(self: &Arc<Self>) -> Admission {
         self.waiting.fetch_add(1, Relaxed);
         Admission {
             stats: Arc::clone(self),
@@ -92,13 +92,13 @@ impl Stats {
     }
 
     /// Requests waiting for or holding a generation slot.
-    pub fn in_flight(&self) -> u64 {
+    pub(super) fn in_flight(&self) -> u64 {
         self.waiting.load(Relaxed) + self.running.load(Relaxed)
     }
 
     /// What the engine gauges say now: running, waiting, KV-cache use (0 to 1) of `capacity`
     /// blocks.
-    pub fn engine_load(&self, capacity: usize) -> super::engine::EngineLoad {
+    pub(super) fn engine_load(&self, capacity: usize) -> super::engine::EngineLoad {
         super::engine::EngineLoad {
             running: self.running.load(Relaxed),
             waiting: self.waiting.load(Relaxed),
@@ -168,7 +168,7 @@ impl Stats {
 
     /// The Prometheus text exposition: the sim's own series, then vLLM's load gauges
     /// (labelled with the served model, as vLLM labels them).
-    pub fn render(&self, pod: &str, model: &str, cache: CacheStats) -> String {
+    pub(super) fn render(&self, pod: &str, model: &str, cache: CacheStats) -> String {
         let pod = escape_label(pod);
         let mut out = String::with_capacity(2048);
         family(
@@ -212,7 +212,7 @@ fn escape_label(value: &str) -> String {
 /// A generation request holding the waiting or running gauge (and, running, its KV-cache
 /// blocks); releases them on drop.
 #[derive(Debug)]
-pub struct Admission {
+pub(super) struct Admission {
     stats: Arc<Stats>,
     running: bool,
     kv_blocks: u64,
@@ -220,7 +220,7 @@ pub struct Admission {
 
 impl Admission {
     /// The request got a slot: move it from waiting to running, holding `kv_blocks` blocks.
-    pub fn start(&mut self, kv_blocks: u64) {
+    pub(super) fn start(&mut self, kv_blocks: u64) {
         if !self.running {
             self.running = true;
             self.kv_blocks = kv_blocks;

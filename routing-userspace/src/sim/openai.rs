@@ -26,20 +26,20 @@ const WORDS: [&str; 16] = [
 ];
 
 /// Output token `index` of a generation seeded by `seed` (deterministic for a given prompt).
-pub fn filler_token(seed: u64, index: u64) -> &'static str {
+pub(super) fn filler_token(seed: u64, index: u64) -> &'static str {
     WORDS[(seed.wrapping_add(index) % WORDS.len() as u64) as usize]
 }
 
 /// Chat or text completion: picks the object names and choice shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(super) enum Kind {
     Chat,
     Text,
 }
 
 /// Fields every completion response and chunk shares.
 #[derive(Debug, Clone)]
-pub struct Meta {
+pub(super) struct Meta {
     pub kind: Kind,
     pub id: String,
     pub created: u64,
@@ -49,14 +49,14 @@ pub struct Meta {
 
 /// Token counts reported in `usage`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
+pub(super) struct Usage {
     pub prompt: u64,
     pub completion: u64,
     pub cached: u64,
 }
 
 impl Usage {
-    pub fn to_json(self) -> Value {
+    pub(super) fn to_json(self) -> Value {
         json!({
             "prompt_tokens": self.prompt,
             "completion_tokens": self.completion,
@@ -79,7 +79,7 @@ impl Meta {
     }
 
     /// The whole (non-streamed) response.
-    pub fn completion(&self, text: &str, finish_reason: &str, usage: Usage) -> Value {
+    pub(super) fn completion(&self, text: &str, finish_reason: &str, usage: Usage) -> Value {
         let (object, choice) = match self.kind {
             Kind::Chat => (
                 "chat.completion",
@@ -108,7 +108,12 @@ impl Meta {
     }
 
     /// A streamed chunk carrying output token `index`, or (with `text` None) the finish reason.
-    pub fn chunk(&self, index: u64, text: Option<&str>, finish_reason: Option<&str>) -> Value {
+    pub(super) fn chunk(
+        &self,
+        index: u64,
+        text: Option<&str>,
+        finish_reason: Option<&str>,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
                 let delta = match (index, text) {
@@ -129,7 +134,7 @@ impl Meta {
     }
 
     /// The streamed usage chunk: no choices, just `usage` (as OpenAI's `include_usage` sends it).
-    pub fn usage_chunk(&self, usage: Usage) -> Value {
+    pub(super) fn usage_chunk(&self, usage: Usage) -> Value {
         let mut v = self.envelope(self.chunk_object(), json!([]));
         v["usage"] = usage.to_json();
         v
@@ -137,12 +142,12 @@ impl Meta {
 }
 
 /// `{"error": {...}}` as OpenAI returns it.
-pub fn error(message: &str, kind: &str, code: &str) -> Value {
+pub(super) fn error(message: &str, kind: &str, code: &str) -> Value {
     json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
 }
 
 /// The `/v1/models` list with the one served model.
-pub fn models(model: &str, created: u64) -> Value {
+pub(super) fn models(model: &str, created: u64) -> Value {
     json!({
         "object": "list",
         "data": [{"id": model, "object": "model", "created": created, "owned_by": "flexinfer-sim"}],
@@ -150,7 +155,7 @@ pub fn models(model: &str, created: u64) -> Value {
 }
 
 /// A deterministic unit vector of `dim` values for `text`.
-pub fn embedding_vector(text: &str, dim: usize) -> Vec<f64> {
+pub(super) fn embedding_vector(text: &str, dim: usize) -> Vec<f64> {
     let raw: Vec<f64> = (0..dim as u64)
         .map(|i| {
             let h = xxhash_rust::xxh3::xxh3_64_with_seed(text.as_bytes(), i);
@@ -167,7 +172,7 @@ pub fn embedding_vector(text: &str, dim: usize) -> Vec<f64> {
 }
 
 /// The `/v1/embeddings` response.
-pub fn embeddings(model: &str, vectors: Vec<Vec<f64>>, prompt_tokens: u64) -> Value {
+pub(super) fn embeddings(model: &str, vectors: Vec<Vec<f64>>, prompt_tokens: u64) -> Value {
     let data: Vec<Value> = vectors
         .into_iter()
         .enumerate()

@@ -44,7 +44,7 @@ const STREAM_BUFFER: usize = 16;
 
 /// A response body: all at once, or one frame per channel message.
 #[derive(Debug)]
-pub enum SimBody {
+pub(super) enum SimBody {
     Full(Option<Bytes>),
     Stream(mpsc::Receiver<Bytes>),
 }

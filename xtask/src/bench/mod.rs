@@ -5,24 +5,24 @@
 //! (`bench real-llm`, in `real_llm/`), and tenant fairness when the fleet is full
 //! (`bench admission-fleet`, in `admission_fleet/`). How the peer proxies start is shared, in `peers`.
 
-pub mod admission_fleet;
-pub mod overhead;
-pub mod peers;
-pub mod real_llm;
-pub mod stream;
+pub(crate) mod admission_fleet;
+pub(crate) mod overhead;
+pub(crate) mod peers;
+pub(crate) mod real_llm;
+pub(crate) mod stream;
 
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
 #[derive(clap::Args)]
-pub struct Bench {
+pub(crate) struct Bench {
     #[command(subcommand)]
     pub group: Group,
 }
 
 #[derive(clap::Subcommand)]
-pub enum Group {
+pub(crate) enum Group {
     /// Gauge read per pod: mmapped BPF array vs map-lookup syscall vs userspace atomic.
     /// Builds the eBPF object first; needs root for the BPF rows.
     Gauge,
@@ -53,7 +53,7 @@ pub enum Group {
     Stream(stream::StreamBench),
 }
 
-pub fn run(args: &Bench) -> Result<()> {
+pub(crate) fn run(args: &Bench) -> Result<()> {
     let (package, bench) = match &args.group {
         Group::Overhead(o) => return overhead::run(o),
         Group::RealLlm(r) => return real_llm::run(r),

@@ -22,12 +22,12 @@ use crate::ebpf;
 
 /// The load side (load generator and upstreams) runs here; the proxy under test alone on
 /// [`PROXY_CPU`], so its rate is what one core of it serves.
-pub const LOAD_CPU: usize = 0;
-pub const PROXY_CPU: usize = 1;
-pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const LOAD_CPU: usize = 0;
+pub(crate) const PROXY_CPU: usize = 1;
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Remove the cgroups and pin dirs a killed run with `prefix` left behind (root only).
-pub fn remove_stale(prefix: &str, who: &str) {
+pub(crate) fn remove_stale(prefix: &str, who: &str) {
     for p in Cgroup::remove_stale(prefix)
         .into_iter()
         .chain(PinDir::remove_stale(prefix))
@@ -43,7 +43,7 @@ pub fn remove_stale(prefix: &str, who: &str) {
 /// per event loop turn, and thousands of connections opened at once wait in the listen queue
 /// for seconds), and client keep-alive connections that are never closed for their request
 /// count. The caller adds its `server`s and the closing `}`.
-pub fn nginx_common(dir: &Path, worker_connections: u32, multi_accept: bool) -> String {
+pub(crate) fn nginx_common(dir: &Path, worker_connections: u32, multi_accept: bool) -> String {
     let d = dir.display();
     let multi_accept = if multi_accept {
         " multi_accept on;"
@@ -71,7 +71,7 @@ http {{
 }
 
 /// nginx with `conf` (its prefix and error log in `dir`) on `cpu`, optionally inside `cgroup`.
-pub fn nginx(
+pub(crate) fn nginx(
     dir: &Path,
     conf: &Path,
     cpu: usize,
@@ -93,7 +93,7 @@ pub fn nginx(
 }
 
 /// haproxy in the foreground with `conf`, on [`PROXY_CPU`].
-pub fn haproxy(conf: &Path, log: &Path) -> Result<Proc> {
+pub(crate) fn haproxy(conf: &Path, log: &Path) -> Result<Proc> {
     let mut cmd = Command::new("haproxy");
     cmd.args(["-db", "-f"]).arg(conf);
     pin_to_cpu(&mut cmd, PROXY_CPU);
@@ -102,7 +102,7 @@ pub fn haproxy(conf: &Path, log: &Path) -> Result<Proc> {
 
 /// Which gauge flexinfer-proxy runs with.
 #[derive(Clone, Copy)]
-pub enum FxGauge<'a> {
+pub(crate) enum FxGauge<'a> {
     /// `--gauge userspace`.
     Userspace,
     /// No `--gauge` flag, as root: the eBPF gauge, attached to `cgroup` (the proxy runs inside
@@ -114,7 +114,7 @@ pub enum FxGauge<'a> {
 }
 
 /// How to start flexinfer-proxy under test.
-pub struct FxLaunch<'a> {
+pub(crate) struct FxLaunch<'a> {
     pub bin: &'a Path,
     pub models: &'a Path,
     pub listen: SocketAddr,
@@ -126,7 +126,7 @@ pub struct FxLaunch<'a> {
 
 /// `flexinfer-proxy serve --worker-threads 1` on [`PROXY_CPU`], ready (`/readyz` answered 200)
 /// and, for [`FxGauge::Default`], with its eBPF gauge loaded.
-pub fn flexinfer(fx: &FxLaunch, log: &Path) -> Result<Proc> {
+pub(crate) fn flexinfer(fx: &FxLaunch, log: &Path) -> Result<Proc> {
     let mut cmd = Command::new(fx.bin);
     cmd.arg("serve")
         .arg("--config")
@@ -165,7 +165,7 @@ pub fn flexinfer(fx: &FxLaunch, log: &Path) -> Result<Proc> {
 }
 
 /// `flexinfer-proxy ebpf status` of the pins in `pins` (what the kernel side still tracks).
-pub fn ebpf_status(bin: &Path, pins: &PinDir) -> Result<Vec<u8>> {
+pub(crate) fn ebpf_status(bin: &Path, pins: &PinDir) -> Result<Vec<u8>> {
     let out = Command::new(bin)
         .args(["ebpf", "status", "--bpf-pin-dir"])
         .arg(pins.path())
@@ -175,12 +175,12 @@ pub fn ebpf_status(bin: &Path, pins: &PinDir) -> Result<Vec<u8>> {
 }
 
 /// nginx and haproxy as [`versions`] takes them.
-pub const PEER_TOOLS: [(&str, &[&str]); 2] =
+pub(crate) const PEER_TOOLS: [(&str, &[&str]); 2] =
     [("nginx", &["nginx", "-v"]), ("haproxy", &["haproxy", "-v"])];
 
 /// What goes in `versions.txt`: the kernel, `tools` (a name and the command that prints its
 /// version), smg's version and the commit.
-pub fn versions(tools: &[(&str, &[&str])], smg: Option<&Path>) -> String {
+pub(crate) fn versions(tools: &[(&str, &[&str])], smg: Option<&Path>) -> String {
     let mut s = report::versions(tools, &ebpf::workspace_root());
     if let Some(p) = smg {
         let python = p.with_file_name("python3");
@@ -195,7 +195,7 @@ pub fn versions(tools: &[(&str, &[&str])], smg: Option<&Path>) -> String {
 
 /// smg from PyPI in a venv of its own under `base`: `pip download --no-deps smg`, then the
 /// wheel is installed with its (small, pure-Python or prebuilt) dependencies. Idempotent.
-pub fn install_smg(base: &Path) -> Result<PathBuf> {
+pub(crate) fn install_smg(base: &Path) -> Result<PathBuf> {
     let root = base.join("smg");
     let venv = root.join("venv");
     let smg = venv.join("bin").join("smg");
@@ -241,7 +241,7 @@ pub fn install_smg(base: &Path) -> Result<PathBuf> {
 }
 
 /// Where the flexinfer rows' admin port answers, for evidence after a run.
-pub fn admin_text(admin: SocketAddr, path: &str) -> Option<String> {
+pub(crate) fn admin_text(admin: SocketAddr, path: &str) -> Option<String> {
     http_request(admin, "GET", path, &[], b"")
         .ok()
         .map(|r| r.text())

@@ -16,14 +16,14 @@ use super::workload::Rng;
 use super::{MAX_PODS, MIN_PODS, MODELS, SIM_FLAGS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PodState {
+pub(super) enum PodState {
     Live,
     /// SIGKILLed. The models file still lists it until the next change rewrites the file.
     Killed,
     Gone,
 }
 
-pub struct Pod {
+pub(super) struct Pod {
     pub name: String,
     pub model: usize,
     pub addr: SocketAddr,
@@ -32,14 +32,14 @@ pub struct Pod {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
+pub(super) enum Kind {
     Add,
     Remove,
     Kill,
 }
 
 impl Kind {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Kind::Add => "add",
             Kind::Remove => "graceful removal",
@@ -49,7 +49,7 @@ impl Kind {
 }
 
 #[derive(Debug, Clone)]
-pub struct Event {
+pub(super) struct Event {
     pub kind: Kind,
     pub model: usize,
     pub pod: String,
@@ -62,7 +62,7 @@ pub struct Event {
     pub note: String,
 }
 
-pub struct Fleet {
+pub(super) struct Fleet {
     pub pods: Vec<Pod>,
     pub next: usize,
     pub bin: PathBuf,
@@ -72,13 +72,13 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    pub fn live(&self, model: usize) -> Vec<usize> {
+    pub(super) fn live(&self, model: usize) -> Vec<usize> {
         (0..self.pods.len())
             .filter(|&i| self.pods[i].model == model && self.pods[i].state == PodState::Live)
             .collect()
     }
 
-    pub fn models_file(&self) -> ModelsFile {
+    pub(super) fn models_file(&self) -> ModelsFile {
         MODELS
             .iter()
             .enumerate()
@@ -96,12 +96,12 @@ impl Fleet {
 
     /// Write the models file: the live pods. A pod killed since the last write was still
     /// listed until now (a kill alone does not touch the file, as a crashed pod would not).
-    pub fn write(&self) -> Result<()> {
+    pub(super) fn write(&self) -> Result<()> {
         self.models_file().write_to(&self.models_file)?;
         Ok(())
     }
 
-    pub fn start_pod(&mut self, model: usize) -> Result<usize> {
+    pub(super) fn start_pod(&mut self, model: usize) -> Result<usize> {
         let name = format!("{}-{}", &MODELS[model].0["soak-".len()..], self.next);
         self.next += 1;
         let mut last = String::new();
@@ -133,7 +133,7 @@ impl Fleet {
     }
 
     /// Wait until the proxy's table lists (or no longer lists) `addr` for `model`.
-    pub fn wait_table(&self, model: usize, addr: SocketAddr, listed: bool) -> Result<()> {
+    pub(super) fn wait_table(&self, model: usize, addr: SocketAddr, listed: bool) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let want = addr.to_string();
         loop {
@@ -157,7 +157,7 @@ impl Fleet {
     }
 }
 
-pub struct Churn {
+pub(super) struct Churn {
     pub fleet: Fleet,
     pub rng: Rng,
     pub t0: Instant,
@@ -165,7 +165,7 @@ pub struct Churn {
 }
 
 impl Churn {
-    pub fn add(&mut self, model: usize) -> Result<()> {
+    pub(super) fn add(&mut self, model: usize) -> Result<()> {
         let at = self.t0.elapsed();
         let i = self.fleet.start_pod(model)?;
         self.fleet.write()?;
@@ -185,7 +185,7 @@ impl Churn {
 
     /// Out of the models file, wait for the proxy to drop it and for its requests to finish,
     /// then SIGTERM.
-    pub fn remove(&mut self, i: usize) -> Result<()> {
+    pub(super) fn remove(&mut self, i: usize) -> Result<()> {
         let (model, addr) = (self.fleet.pods[i].model, self.fleet.pods[i].addr);
         let at = self.t0.elapsed();
         self.fleet.pods[i].state = PodState::Gone;
@@ -227,7 +227,7 @@ impl Churn {
         Ok(())
     }
 
-    pub fn kill(&mut self, i: usize) -> Result<()> {
+    pub(super) fn kill(&mut self, i: usize) -> Result<()> {
         let pod = &mut self.fleet.pods[i];
         let in_flight = sim_in_flight(pod.addr);
         // The kill spans from the signal to the reaped process: streams break inside it.
@@ -252,7 +252,7 @@ impl Churn {
 
     /// One churn event: kinds in a shuffled round of (add, remove, kill), held to the pod
     /// bounds.
-    pub fn step(&mut self, kind: Kind) -> Result<()> {
+    pub(super) fn step(&mut self, kind: Kind) -> Result<()> {
         let model = self.rng.below(MODELS.len() as u64) as usize;
         let live = self.fleet.live(model);
         let kind = match kind {
@@ -273,7 +273,12 @@ impl Churn {
         }
     }
 
-    pub fn run(mut self, every: Duration, deadline: Instant, stop: &AtomicBool) -> Result<Self> {
+    pub(super) fn run(
+        mut self,
+        every: Duration,
+        deadline: Instant,
+        stop: &AtomicBool,
+    ) -> Result<Self> {
         // A few seconds of steady state first.
         let mut next = Instant::now() + every;
         let mut round: Vec<Kind> = Vec::new();

@@ -14,7 +14,7 @@ use super::{PATH, READ_TIMEOUT};
 
 /// How one request ended, as the client saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(super) enum Outcome {
     Ok,
     /// A non-200 answer (its OpenAI error code, or `-`).
     Http {
@@ -40,11 +40,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn is_ok(&self) -> bool {
+    pub(super) fn is_ok(&self) -> bool {
         *self == Outcome::Ok
     }
 
-    pub fn cause(&self) -> String {
+    pub(super) fn cause(&self) -> String {
         match self {
             Outcome::Ok => "ok".into(),
             Outcome::Http { status, code } => format!("HTTP {status} {code}"),
@@ -59,7 +59,7 @@ impl Outcome {
 }
 
 #[derive(Debug, Clone)]
-pub struct Record {
+pub(super) struct Record {
     pub model: usize,
     pub stream: bool,
     /// Since the run started.
@@ -88,7 +88,7 @@ fn head_error(e: &std::io::Error) -> String {
 }
 
 /// One POST on a new connection; `Err` (with what failed) when no response head came back.
-pub fn exchange(addr: SocketAddr, body: &[u8]) -> Result<Reply, String> {
+pub(super) fn exchange(addr: SocketAddr, body: &[u8]) -> Result<Reply, String> {
     let t = Timeouts {
         connect: Duration::from_secs(2),
         read: READ_TIMEOUT,
@@ -112,7 +112,7 @@ fn error_code(v: &Value) -> String {
     }
 }
 
-pub fn classify(stream: bool, reply: Result<Reply, String>) -> (Outcome, Option<String>) {
+pub(super) fn classify(stream: bool, reply: Result<Reply, String>) -> (Outcome, Option<String>) {
     let reply = match reply {
         Ok(r) => r,
         Err(what) => return (Outcome::NoResponse { what }, None),
@@ -172,7 +172,7 @@ pub fn classify(stream: bool, reply: Result<Reply, String>) -> (Outcome, Option<
     (o, pod)
 }
 
-pub fn client(
+pub(super) fn client(
     id: usize,
     proxy: SocketAddr,
     seed: u64,

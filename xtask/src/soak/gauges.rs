@@ -11,13 +11,13 @@ use anyhow::{Context, Result};
 use flexinfer_test_support::{http_request, PinDir};
 use serde_json::Value;
 
-pub fn routing_view(admin: SocketAddr) -> Result<Value> {
+pub(super) fn routing_view(admin: SocketAddr) -> Result<Value> {
     let r = http_request(admin, "GET", "/debug/routing", &[], b"")?;
     Ok(serde_json::from_slice(&r.body)?)
 }
 
 /// `sim_requests_in_flight` from a sim's /metrics.
-pub fn sim_in_flight(addr: SocketAddr) -> Option<u64> {
+pub(super) fn sim_in_flight(addr: SocketAddr) -> Option<u64> {
     let r = http_request(addr, "GET", "/metrics", &[], b"").ok()?;
     r.text()
         .lines()
@@ -30,7 +30,7 @@ pub fn sim_in_flight(addr: SocketAddr) -> Option<u64> {
 
 /// The proxy's counts that must come back to zero once no request is in flight.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Gauges {
+pub(super) struct Gauges {
     /// Per pod in /debug/routing: `active` (what least-loaded reads), `in_flight_here`,
     /// `reservations`; and `reservations_pending`.
     pub active: u64,
@@ -44,7 +44,7 @@ pub struct Gauges {
 }
 
 impl Gauges {
-    pub fn zero(&self) -> bool {
+    pub(super) fn zero(&self) -> bool {
         self.active == 0
             && self.in_flight_here == 0
             && self.reservations == 0
@@ -54,7 +54,7 @@ impl Gauges {
     }
 }
 
-pub fn metric_sum(text: &str, name: &str) -> f64 {
+pub(super) fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
@@ -63,7 +63,7 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
 }
 
 /// `ebpf status` output: `tracked connections: N` and the per-pod table.
-pub fn parse_ebpf_status(text: &str) -> Option<(u64, u64, u64)> {
+pub(super) fn parse_ebpf_status(text: &str) -> Option<(u64, u64, u64)> {
     let tracked = text
         .lines()
         .find_map(|l| l.strip_prefix("tracked connections:"))?
@@ -84,7 +84,7 @@ pub fn parse_ebpf_status(text: &str) -> Option<(u64, u64, u64)> {
     Some((tracked, active, in_flight))
 }
 
-pub fn gauges(admin: SocketAddr, bin: &Path, pins: Option<&PinDir>) -> Result<Gauges> {
+pub(super) fn gauges(admin: SocketAddr, bin: &Path, pins: Option<&PinDir>) -> Result<Gauges> {
     let view = routing_view(admin)?;
     let mut g = Gauges::default();
     for p in view["models"]
@@ -112,7 +112,7 @@ pub fn gauges(admin: SocketAddr, bin: &Path, pins: Option<&PinDir>) -> Result<Ga
 }
 
 /// `target=<addr>` of every `upstream request failed` line of the proxy's log.
-pub fn upstream_failures(log: &str) -> BTreeMap<String, u64> {
+pub(super) fn upstream_failures(log: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for l in log
         .lines()

@@ -48,7 +48,7 @@ use report::{events_text, records_csv, report, Summary};
 use workload::{request_body, Rng};
 
 #[derive(clap::Args)]
-pub struct Soak {
+pub(crate) struct Soak {
     /// Concurrent clients (half stream; half use the least-loaded model, half the prefix one).
     #[arg(long, default_value_t = 200)]
     pub clients: usize,
@@ -95,7 +95,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client waits on one read before it calls the request timed out.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = s
         .find(|c: char| !c.is_ascii_digit())
@@ -123,7 +123,7 @@ fn ebpf_mode(args: &Soak) -> Result<bool> {
     })
 }
 
-pub fn run(args: &Soak) -> Result<()> {
+pub(crate) fn run(args: &Soak) -> Result<()> {
     let ebpf_mode = ebpf_mode(args)?;
     let bin = ebpf::release_proxy(!args.no_build, ebpf_mode)?;
     if ebpf_mode {

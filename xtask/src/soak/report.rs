@@ -16,7 +16,7 @@ use super::{Soak, MODELS};
 
 /// Why a failed request failed, as far as the churn explains it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Blame {
+pub(super) enum Blame {
     /// `x-sim-pod` names a pod that was SIGKILLed while the request was in flight.
     KilledPod,
     /// No `x-sim-pod` (no head from the pod), and a pod of its model was killed meanwhile.
@@ -30,7 +30,7 @@ pub enum Blame {
 }
 
 impl Blame {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Blame::KilledPod => "on a killed pod (x-sim-pod)",
             Blame::KillUnreported => "during a kill, pod not reported",
@@ -41,11 +41,11 @@ impl Blame {
     }
 }
 
-pub fn overlaps(r: &Record, e: &Event) -> bool {
+pub(super) fn overlaps(r: &Record, e: &Event) -> bool {
     r.model == e.model && r.start <= e.done && e.at <= r.end
 }
 
-pub fn blame(r: &Record, events: &[Event]) -> Blame {
+pub(super) fn blame(r: &Record, events: &[Event]) -> Blame {
     let in_flight_at = |e: &Event| r.start <= e.done && e.at <= r.end;
     let kills = || events.iter().filter(|e| e.kind == Kind::Kill);
     if let Some(pod) = &r.pod {
@@ -65,7 +65,7 @@ pub fn blame(r: &Record, events: &[Event]) -> Blame {
     }
 }
 
-pub struct Summary {
+pub(super) struct Summary {
     pub records: Vec<Record>,
     pub events: Vec<Event>,
     pub gauges_after: Gauges,
@@ -85,7 +85,7 @@ const BLAMES: [Blame; 5] = [
 ];
 
 /// The report's text, and whether the run passed.
-pub fn report(s: &Summary, args: &Soak, wall: Duration) -> (String, bool) {
+pub(super) fn report(s: &Summary, args: &Soak, wall: Duration) -> (String, bool) {
     let mut t = String::new();
     let total = s.records.len();
     let ok = s.records.iter().filter(|r| r.outcome.is_ok()).count();
@@ -294,7 +294,7 @@ fn verdict(t: &mut String, s: &Summary, blame_totals: &[usize; 5]) -> bool {
 }
 
 /// One line per churn event (for `events.txt`).
-pub fn events_text(events: &[Event]) -> String {
+pub(super) fn events_text(events: &[Event]) -> String {
     let mut text = String::new();
     for e in events {
         let _ = writeln!(
@@ -312,7 +312,7 @@ pub fn events_text(events: &[Event]) -> String {
     text
 }
 
-pub fn records_csv(records: &[Record]) -> String {
+pub(super) fn records_csv(records: &[Record]) -> String {
     let mut s = String::from("model,stream,start_ms,end_ms,pod,outcome\n");
     for r in records {
         let _ = writeln!(

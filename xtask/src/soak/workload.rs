@@ -10,29 +10,29 @@ use super::{MODELS, PREFIX};
 
 /// splitmix64: small, seedable, good enough to vary bodies and timings reproducibly.
 #[derive(Clone)]
-pub struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
+    pub(super) fn new(seed: u64) -> Self {
         Rng(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(super) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+    pub(super) fn range(&mut self, lo: u64, hi: u64) -> u64 {
         lo + self.below(hi - lo + 1)
     }
 }
 
 /// Six tenants' system prompts: prefix routing pins each to a pod.
-pub fn system_prompt(tenant: u64) -> String {
+pub(super) fn system_prompt(tenant: u64) -> String {
     let mut s =
         format!("You are the assistant of tenant {tenant}. Answer from the tenant handbook only.");
     for i in 0..12 {
@@ -45,12 +45,12 @@ pub fn system_prompt(tenant: u64) -> String {
     s
 }
 
-pub const WORDS: [&str; 12] = [
+pub(super) const WORDS: [&str; 12] = [
     "parcel", "invoice", "pallet", "customs", "route", "delay", "refund", "label", "depot",
     "truck", "order", "status",
 ];
 
-pub fn request_body(rng: &mut Rng, model: usize, stream: bool) -> Vec<u8> {
+pub(super) fn request_body(rng: &mut Rng, model: usize, stream: bool) -> Vec<u8> {
     let words: Vec<&str> = (0..rng.range(4, 12))
         .map(|_| WORDS[rng.below(WORDS.len() as u64) as usize])
         .collect();

@@ -10,7 +10,7 @@
 
 /// One test binary that ended without its result line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Crash {
+pub(super) struct Crash {
     /// What cargo announced: `tests/it/main.rs (target/debug/deps/it-0123...)`.
     pub binary: String,
     /// Cargo's account of its exit (`signal: 6, SIGABRT: process abort signal`), if it gave one.
@@ -19,7 +19,7 @@ pub struct Crash {
 
 /// The results of a `cargo test` run.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Summary {
+pub(super) struct Summary {
     pub passed: u64,
     /// Failed tests, as libtest counted them.
     pub failed: u64,
@@ -39,7 +39,7 @@ impl Summary {
     /// Reads every line of a run, then its exit status (what [`Summary::line`] and
     /// [`Summary::finish`] do as the lines arrive).
     #[cfg(test)]
-    pub fn read<'a>(lines: impl IntoIterator<Item = &'a str>, success: bool) -> Self {
+    pub(super) fn read<'a>(lines: impl IntoIterator<Item = &'a str>, success: bool) -> Self {
         let mut s = Summary::default();
         for l in lines {
             s.line(l);
@@ -49,7 +49,7 @@ impl Summary {
     }
 
     /// Feeds one line of output.
-    pub fn line(&mut self, line: &str) {
+    pub(super) fn line(&mut self, line: &str) {
         let t = line.trim();
         if let Some(binary) = t
             .strip_prefix("Running ")
@@ -73,7 +73,7 @@ impl Summary {
 
     /// The end of the output: the last binary may have crashed, and a failed run must show a
     /// failure.
-    pub fn finish(&mut self, success: bool) {
+    pub(super) fn finish(&mut self, success: bool) {
         self.close_crashed();
         for c in &mut self.crashed {
             // Cargo announces `desc (target/debug/deps/it-<hash>)` but reports the exit of the
@@ -94,7 +94,7 @@ impl Summary {
 
     /// Everything that failed: tests, crashed binaries, targets that did not build, and a
     /// failed run with no other trace.
-    pub fn failures(&self) -> u64 {
+    pub(super) fn failures(&self) -> u64 {
         self.failed
             + self.crashed.len() as u64
             + self.build_failures.len() as u64
@@ -102,7 +102,7 @@ impl Summary {
     }
 
     /// A line per crashed binary, target that did not build, and unexplained failure.
-    pub fn failure_lines(&self) -> Vec<String> {
+    pub(super) fn failure_lines(&self) -> Vec<String> {
         let mut out: Vec<String> = self
             .crashed
             .iter()

@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 
 /// The resources the proxy watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
+pub(super) enum Kind {
     Model,
     Service,
     EndpointSlice,
@@ -130,7 +130,7 @@ struct Inner {
 }
 
 /// The server; it stops when dropped.
-pub struct TestApiServer {
+pub(super) struct TestApiServer {
     addr: SocketAddr,
     inner: Arc<Mutex<Inner>>,
     tx: broadcast::Sender<Broadcast>,
@@ -160,7 +160,7 @@ fn gone(kind: Kind) -> Bytes {
 }
 
 impl TestApiServer {
-    pub async fn start() -> Self {
+    pub(super) async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let inner = Arc::new(Mutex::new(Inner {
@@ -195,19 +195,19 @@ impl TestApiServer {
     }
 
     /// `http://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// A kube client talking plain HTTP to this server.
-    pub fn client(&self) -> kube::Client {
+    pub(super) fn client(&self) -> kube::Client {
         let config = kube::Config::new(self.url().parse().expect("uri"));
         kube::Client::try_from(config).expect("client")
     }
 
     /// Creates or replaces an object (its `kind`, `metadata.namespace` and `metadata.name` say
     /// which), giving it the next resourceVersion and telling the watchers.
-    pub fn apply(&self, mut obj: Value) {
+    pub(super) fn apply(&self, mut obj: Value) {
         let kind = Kind::from_kind(obj["kind"].as_str().expect("kind")).expect("known kind");
         obj["apiVersion"] = json!(kind.api_version());
         let ns = obj["metadata"]["namespace"]
@@ -236,7 +236,7 @@ impl TestApiServer {
         );
     }
 
-    pub fn delete(&self, kind: Kind, ns: &str, name: &str) {
+    pub(super) fn delete(&self, kind: Kind, ns: &str, name: &str) {
         let mut inner = self.inner.lock().unwrap();
         let Some(mut obj) = inner
             .objects
@@ -266,7 +266,7 @@ impl TestApiServer {
 
     /// Ends every open watch of `kind` with a 410 Gone ERROR event and forgets the history, so the
     /// client must relist.
-    pub fn expire(&self, kind: Kind) {
+    pub(super) fn expire(&self, kind: Kind) {
         let mut inner = self.inner.lock().unwrap();
         inner.compacted = inner.rv + 1;
         inner.history.clear();
@@ -274,7 +274,7 @@ impl TestApiServer {
     }
 
     /// Sends a BOOKMARK with the current resourceVersion to every open watch.
-    pub fn bookmark(&self) {
+    pub(super) fn bookmark(&self) {
         let inner = self.inner.lock().unwrap();
         for kind in Kind::ALL {
             let line = line(&json!({"type": "BOOKMARK", "object": {
@@ -286,7 +286,7 @@ impl TestApiServer {
     }
 
     /// Makes every request for `kind` fail with `code` (None heals it).
-    pub fn fail(&self, kind: Kind, code: Option<u16>) {
+    pub(super) fn fail(&self, kind: Kind, code: Option<u16>) {
         let mut inner = self.inner.lock().unwrap();
         match code {
             Some(c) => inner.failing.insert(kind, c),
@@ -295,7 +295,7 @@ impl TestApiServer {
     }
 
     /// The requests served so far (`path?query`).
-    pub fn requests(&self) -> Vec<String> {
+    pub(super) fn requests(&self) -> Vec<String> {
         self.inner.lock().unwrap().requests.clone()
     }
 }

@@ -14,7 +14,7 @@ use flexinfer_test_support::harness::http::{Conn, Request, Timeouts};
 
 /// Which client sent a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tenant {
+pub(super) enum Tenant {
     /// The one that keeps its requests in flight.
     A,
     /// The one that sends at a steady rate.
@@ -22,7 +22,7 @@ pub enum Tenant {
 }
 
 impl Tenant {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Tenant::A => "A",
             Tenant::B => "B",
@@ -32,7 +32,7 @@ impl Tenant {
 
 /// One request's outcome.
 #[derive(Debug, Clone, Copy)]
-pub struct Record {
+pub(super) struct Record {
     pub tenant: Tenant,
     /// Since the run started.
     pub sent: Duration,
@@ -42,7 +42,7 @@ pub struct Record {
 
 /// What every client thread shares.
 #[derive(Clone)]
-pub struct Clients {
+pub(super) struct Clients {
     pub proxy: SocketAddr,
     pub start: Instant,
     /// The tenant header of each tenant (`None`: no header, the shared tenant).
@@ -103,7 +103,7 @@ impl Clients {
     }
 
     /// Tenant A: `n` threads, each sending until [`Clients::stop`] is set.
-    pub fn keep_in_flight(&self, n: usize) -> Vec<JoinHandle<()>> {
+    pub(super) fn keep_in_flight(&self, n: usize) -> Vec<JoinHandle<()>> {
         (0..n)
             .map(|_| {
                 let c = self.clone();
@@ -118,7 +118,7 @@ impl Clients {
 
     /// Tenant B: one request every `every` for `total`, each on its own thread; returns when
     /// the last one is answered.
-    pub fn steady(&self, every: Duration, total: Duration) {
+    pub(super) fn steady(&self, every: Duration, total: Duration) {
         let begin = Instant::now();
         let mut threads = Vec::new();
         let mut next = begin;
@@ -133,7 +133,7 @@ impl Clients {
         }
     }
 
-    pub fn take_records(&self) -> Vec<Record> {
+    pub(super) fn take_records(&self) -> Vec<Record> {
         std::mem::take(&mut *self.records.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }

@@ -39,7 +39,7 @@ use load::{Clients, Record, Tenant};
 use summary::{Figures, TenantFigures};
 
 #[derive(clap::Args)]
-pub struct AdmissionFleetBench {
+pub(crate) struct AdmissionFleetBench {
     /// Seconds tenant B sends for.
     #[arg(long, default_value_t = 30)]
     pub duration: u64,
@@ -137,7 +137,7 @@ fn select(names: &[String]) -> Result<Vec<Scenario>> {
         .collect()
 }
 
-pub fn run(args: &AdmissionFleetBench) -> Result<()> {
+pub(crate) fn run(args: &AdmissionFleetBench) -> Result<()> {
     let scenarios = select(&args.scenarios)?;
     let bin = match &args.proxy_bin {
         Some(p) => p.clone(),

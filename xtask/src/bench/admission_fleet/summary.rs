@@ -13,7 +13,7 @@ use super::load::{Record, Tenant};
 
 /// What one tenant got.
 #[derive(Debug, Clone, Default)]
-pub struct TenantFigures {
+pub(super) struct TenantFigures {
     pub sent: usize,
     /// Answers by status; `unanswered` counts failed exchanges.
     pub by_status: BTreeMap<u16, usize>,
@@ -29,7 +29,7 @@ pub struct TenantFigures {
 }
 
 impl TenantFigures {
-    pub fn of(records: &[Record], tenant: Tenant, service: Duration) -> Self {
+    pub(super) fn of(records: &[Record], tenant: Tenant, service: Duration) -> Self {
         let mine: Vec<&Record> = records.iter().filter(|r| r.tenant == tenant).collect();
         let mut f = TenantFigures {
             sent: mine.len(),
@@ -58,12 +58,12 @@ impl TenantFigures {
     }
 
     /// `150 sent: 200: 148, 429: 2` (and `unanswered: n` when any).
-    pub fn answers(&self) -> String {
+    pub(super) fn answers(&self) -> String {
         format!("{} sent: {}", self.sent, self.statuses())
     }
 
     /// `200: 148, 429: 2` (and `unanswered: n` when any).
-    pub fn statuses(&self) -> String {
+    pub(super) fn statuses(&self) -> String {
         let mut parts: Vec<String> = self
             .by_status
             .iter()
@@ -78,7 +78,7 @@ impl TenantFigures {
 
 /// One scenario's figures.
 #[derive(Debug, Clone)]
-pub struct Figures {
+pub(super) struct Figures {
     pub scenario: &'static str,
     pub service: Duration,
     pub a: TenantFigures,
@@ -97,7 +97,7 @@ fn ms(secs: f64) -> String {
     }
 }
 
-pub fn render(rows: &[Figures]) -> String {
+pub(super) fn render(rows: &[Figures]) -> String {
     let mut t = Table::new([
         "scenario",
         "B answers",

@@ -14,7 +14,7 @@ const NGINX_CONNECTIONS: u32 = 4096;
 
 /// POSTs `body`; with `session`, every request carries a new `X-Session-ID` (a counter, so
 /// about 10 000 distinct values cycle).
-pub fn wrk_script(body: &str, session: bool) -> String {
+pub(super) fn wrk_script(body: &str, session: bool) -> String {
     let request = if session {
         r#"
 local n = 0
@@ -44,7 +44,7 @@ end
 
 /// The upstreams on `ports`, and with `collector` an OTLP/HTTP traces sink there (it answers
 /// every export 200 with an empty body, a valid empty `ExportTraceServiceResponse`).
-pub fn upstream_conf(dir: &Path, ports: &[u16], collector: Option<u16>) -> String {
+pub(super) fn upstream_conf(dir: &Path, ports: &[u16], collector: Option<u16>) -> String {
     let models = format!(
         r#"{{"object":"list","data":[{{"id":"{MODEL}","object":"model","owned_by":"bench"}}]}}"#
     );
@@ -78,7 +78,12 @@ pub fn upstream_conf(dir: &Path, ports: &[u16], collector: Option<u16>) -> Strin
     s
 }
 
-pub fn nginx_proxy_conf(dir: &Path, port: u16, upstreams: &[SocketAddr], case: Case) -> String {
+pub(super) fn nginx_proxy_conf(
+    dir: &Path,
+    port: u16,
+    upstreams: &[SocketAddr],
+    case: Case,
+) -> String {
     let balance = match case {
         Case::LeastLoaded => "least_conn;",
         Case::Session | Case::Prefix => "hash $http_x_session_id consistent;",
@@ -109,7 +114,7 @@ pub fn nginx_proxy_conf(dir: &Path, port: u16, upstreams: &[SocketAddr], case: C
     s
 }
 
-pub fn haproxy_conf(port: u16, upstreams: &[SocketAddr], case: Case) -> String {
+pub(super) fn haproxy_conf(port: u16, upstreams: &[SocketAddr], case: Case) -> String {
     let balance = match case {
         Case::LeastLoaded => "balance leastconn",
         Case::Session | Case::Prefix => "balance hdr(X-Session-ID)\n    hash-type consistent",

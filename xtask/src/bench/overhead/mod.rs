@@ -42,7 +42,7 @@ use table::{cpu_cell, render_table};
 use targets::{Case, Target, CASES, TARGETS};
 
 #[derive(clap::Args)]
-pub struct OverheadBench {
+pub(crate) struct OverheadBench {
     /// Measured seconds per run.
     #[arg(long, default_value_t = 10)]
     pub duration: u32,
@@ -77,7 +77,7 @@ struct Env<'a> {
     args: &'a OverheadBench,
 }
 
-pub fn run(args: &OverheadBench) -> Result<()> {
+pub(crate) fn run(args: &OverheadBench) -> Result<()> {
     let (targets, cases) = select(&args.only)?;
     crate::setup::ensure_apt(&["nginx", "haproxy", "wrk"])?;
     let root = is_root();

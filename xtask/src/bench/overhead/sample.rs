@@ -22,7 +22,7 @@ const UPSTREAMS: usize = 3;
 
 /// One wrk run's numbers (from the Lua `done` hook) and the CPU use while it ran.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Sample {
+pub(super) struct Sample {
     pub requests: u64,
     pub duration_us: u64,
     pub errors: u64,
@@ -34,23 +34,23 @@ pub struct Sample {
 }
 
 impl Sample {
-    pub fn rps(&self) -> f64 {
+    pub(super) fn rps(&self) -> f64 {
         self.requests as f64 / (self.duration_us as f64 / 1e6)
     }
 
     /// The proxy's CPU microseconds per request.
-    pub fn cpu_us_per_request(&self) -> Option<f64> {
+    pub(super) fn cpu_us_per_request(&self) -> Option<f64> {
         self.proxy_cpu
             .map(|c| c.as_secs_f64() * 1e6 / self.requests.max(1) as f64)
     }
 
     /// The share of its core the proxy kept busy.
-    pub fn proxy_core_share(&self) -> Option<f64> {
+    pub(super) fn proxy_core_share(&self) -> Option<f64> {
         self.proxy_cpu
             .map(|c| c.as_secs_f64() * 1e6 / self.duration_us as f64)
     }
 
-    pub fn parse(out: &str) -> Result<Self> {
+    pub(super) fn parse(out: &str) -> Result<Self> {
         let line = out
             .lines()
             .find(|l| l.starts_with("BENCH "))
@@ -89,7 +89,7 @@ struct Running {
 }
 
 /// Start the processes of one run, check one request, warm up, measure, stop everything.
-pub fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Result<Sample> {
+pub(super) fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Result<Sample> {
     let dir = env.tmp.join(tag);
     std::fs::create_dir_all(&dir)?;
     let run = start(target, case, tag, &dir, env)?;

@@ -10,7 +10,7 @@ use super::targets::{Case, Target};
 
 /// Median CPU microseconds per request of the proxy and the share of its core it used, e.g.
 /// `33.4 (99%)`; `-` without a proxy.
-pub fn cpu_cell(s: &[Sample]) -> String {
+pub(super) fn cpu_cell(s: &[Sample]) -> String {
     let per_req: Vec<f64> = s.iter().filter_map(Sample::cpu_us_per_request).collect();
     let share: Vec<f64> = s.iter().filter_map(Sample::proxy_core_share).collect();
     if per_req.is_empty() {
@@ -34,7 +34,7 @@ fn spread_cell(s: &[Sample], f: fn(&Sample) -> f64, digits: usize) -> String {
     )
 }
 
-pub fn render_table(rows: &[(Case, Target, Vec<Sample>)]) -> String {
+pub(super) fn render_table(rows: &[(Case, Target, Vec<Sample>)]) -> String {
     let med = |s: &[Sample], f: fn(&Sample) -> f64| median(&s.iter().map(f).collect::<Vec<_>>());
     let rps = |s: &Sample| s.rps();
     let p50 = |s: &Sample| s.p50_us as f64 / 1e3;

@@ -3,11 +3,11 @@
 
 use std::fmt::Write as _;
 
-pub const MODEL: &str = "bench-model";
-pub const PATH: &str = "/v1/chat/completions";
+pub(super) const MODEL: &str = "bench-model";
+pub(super) const PATH: &str = "/v1/chat/completions";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Target {
+pub(super) enum Target {
     Direct,
     Nginx,
     Haproxy,
@@ -20,7 +20,7 @@ pub enum Target {
     FxTrace1,
 }
 
-pub const TARGETS: [Target; 8] = [
+pub(super) const TARGETS: [Target; 8] = [
     Target::Direct,
     Target::Nginx,
     Target::Haproxy,
@@ -32,7 +32,7 @@ pub const TARGETS: [Target; 8] = [
 ];
 
 impl Target {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Target::Direct => "direct",
             Target::Nginx => "nginx",
@@ -46,7 +46,7 @@ impl Target {
     }
 
     /// The sampler ratio of a tracing row (`None`: tracing off).
-    pub fn trace_ratio(self) -> Option<&'static str> {
+    pub(super) fn trace_ratio(self) -> Option<&'static str> {
         match self {
             Target::FxTrace0 => Some("0"),
             Target::FxTrace1 => Some("1.0"),
@@ -54,7 +54,7 @@ impl Target {
         }
     }
 
-    pub fn what(self, case: Case) -> String {
+    pub(super) fn what(self, case: Case) -> String {
         match (self, case) {
             (Target::Direct, _) => "wrk -> one upstream, no proxy".into(),
             (Target::Nginx, Case::LeastLoaded) => "nginx 1 worker, least_conn, keepalive".into(),
@@ -83,16 +83,16 @@ impl Target {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Case {
+pub(super) enum Case {
     Session,
     Prefix,
     LeastLoaded,
 }
 
-pub const CASES: [Case; 3] = [Case::Session, Case::Prefix, Case::LeastLoaded];
+pub(super) const CASES: [Case; 3] = [Case::Session, Case::Prefix, Case::LeastLoaded];
 
 impl Case {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Case::Session => "session",
             Case::Prefix => "prefix",
@@ -101,7 +101,7 @@ impl Case {
     }
 
     /// flexinfer's `routing:` for the case.
-    pub fn routing(self) -> &'static str {
+    pub(super) fn routing(self) -> &'static str {
         match self {
             Case::Session => "session-affinity",
             Case::Prefix => "prefix",
@@ -109,7 +109,7 @@ impl Case {
         }
     }
 
-    pub fn smg_policy(self) -> &'static str {
+    pub(super) fn smg_policy(self) -> &'static str {
         match self {
             Case::Session => "consistent_hashing",
             Case::Prefix => "prefix_hash",
@@ -118,11 +118,11 @@ impl Case {
     }
 
     /// Whether clients send a fresh `X-Session-ID` per request (the header proxies hash it).
-    pub fn sends_session(self) -> bool {
+    pub(super) fn sends_session(self) -> bool {
         self != Case::LeastLoaded
     }
 
-    pub fn body(self) -> String {
+    pub(super) fn body(self) -> String {
         match self {
             Case::Prefix => prefix_body(),
             Case::Session | Case::LeastLoaded => small_body(),
@@ -131,17 +131,17 @@ impl Case {
 }
 
 /// The fixed completion every upstream answers (about 300 bytes).
-pub const COMPLETION: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1764547200,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Your parcel ships today."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}"#;
+pub(super) const COMPLETION: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1764547200,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Your parcel ships today."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}"#;
 
 /// A one-turn chat request of about 150 bytes.
-pub fn small_body() -> String {
+pub(super) fn small_body() -> String {
     format!(
         r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"Where is my parcel? Order NW-48213."}}],"max_tokens":16}}"#
     )
 }
 
 /// A chat request of about 4 KB: a long system prompt (the shared prefix) and one user turn.
-pub fn prefix_body() -> String {
+pub(super) fn prefix_body() -> String {
     const RULES: [&str; 6] = [
         "Standard parcels ship within two business days; express parcels ship the same day when ordered before 14:00 local time.",
         "Freight bookings need a confirmed pallet count and a loading-dock time window before a truck is assigned.",

@@ -11,7 +11,7 @@ use anyhow::Result;
 /// A forwarder in front of `server` that counts the streamed chat completions it passes back
 /// (each ends with one `data: [DONE]` event; health checks and requests a router resent on a
 /// fresh connection are not counted twice).
-pub fn counting_forwarder(server: SocketAddr) -> Result<(SocketAddr, Arc<AtomicU64>)> {
+pub(super) fn counting_forwarder(server: SocketAddr) -> Result<(SocketAddr, Arc<AtomicU64>)> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let front = listener.local_addr()?;
     let count = Arc::new(AtomicU64::new(0));

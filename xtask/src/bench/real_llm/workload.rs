@@ -14,19 +14,19 @@ use super::{RealLlmBench, Workload, PATH};
 
 /// One streamed request as the client saw it.
 #[derive(Debug, Clone, Copy)]
-pub struct Sample {
+pub(super) struct Sample {
     pub ttft: Duration,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
 }
 
-pub struct Run {
+pub(super) struct Run {
     pub samples: Vec<Sample>,
     pub failed: usize,
     pub wall: Duration,
 }
 
-pub fn request_body(model: &str, system: &str, user: &str, max_tokens: u32) -> String {
+pub(super) fn request_body(model: &str, system: &str, user: &str, max_tokens: u32) -> String {
     serde_json::json!({
         "model": model,
         "stream": true,
@@ -133,7 +133,7 @@ fn stream_one(addr: SocketAddr, body: &str) -> Result<Sample> {
 
 /// A workload for `model`: a closed loop of `concurrency` clients, request i through
 /// `addrs[i mod len]`.
-pub fn run_workload(
+pub(super) fn run_workload(
     addrs: &[SocketAddr],
     model: &str,
     workload: Workload,

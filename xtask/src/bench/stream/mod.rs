@@ -39,7 +39,7 @@ use sample::{run_one, Sample};
 use targets::{Target, TARGETS};
 
 #[derive(clap::Args)]
-pub struct StreamBench {
+pub(crate) struct StreamBench {
     /// Modes, comma-separated: paced, bulk (throughput), scale-1k, scale-8k (scale), idle.
     /// Default: all.
     #[arg(long, value_delimiter = ',')]
@@ -85,7 +85,7 @@ struct Env<'a> {
     args: &'a StreamBench,
 }
 
-pub fn run(args: &StreamBench) -> Result<()> {
+pub(crate) fn run(args: &StreamBench) -> Result<()> {
     let (modes, mut targets) = select(&args.modes, &args.only)?;
     // Every process started from here inherits it: 8,000 streams are 16,000 sockets in a proxy.
     let files = raise_nofile_limit().context("raising the open-files limit")?;

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Mode {
+pub(super) enum Mode {
     Paced,
     Bulk,
     Scale1k,
@@ -20,7 +20,7 @@ pub enum Mode {
     Idle,
 }
 
-pub const MODES: [Mode; 5] = [
+pub(super) const MODES: [Mode; 5] = [
     Mode::Paced,
     Mode::Bulk,
     Mode::Scale1k,
@@ -32,7 +32,7 @@ pub const MODES: [Mode; 5] = [
 const ENDLESS: u32 = 1_000_000;
 
 impl Mode {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Mode::Paced => "paced",
             Mode::Bulk => "bulk",
@@ -42,7 +42,7 @@ impl Mode {
         }
     }
 
-    pub fn what(self) -> &'static str {
+    pub(super) fn what(self) -> &'static str {
         match self {
             Mode::Paced => "1,000 connections, answers of 50 events 20 ms apart, one after another",
             Mode::Bulk => {
@@ -55,7 +55,7 @@ impl Mode {
     }
 
     /// Streams (or idle connections) the load generator opens.
-    pub fn connections(self, idle_connections: usize) -> usize {
+    pub(super) fn connections(self, idle_connections: usize) -> usize {
         match self {
             Mode::Paced | Mode::Scale1k => 1000,
             Mode::Bulk => 32,
@@ -65,7 +65,7 @@ impl Mode {
     }
 
     /// Content events per answer, the time between two, and whether all go in one write.
-    pub fn pacing(self) -> (u32, Duration, bool) {
+    pub(super) fn pacing(self) -> (u32, Duration, bool) {
         match self {
             Mode::Paced => (50, Duration::from_millis(20), false),
             Mode::Bulk => (200, Duration::ZERO, true),
@@ -75,7 +75,7 @@ impl Mode {
         }
     }
 
-    pub fn is_scale(self) -> bool {
+    pub(super) fn is_scale(self) -> bool {
         matches!(self, Mode::Scale1k | Mode::Scale8k)
     }
 }

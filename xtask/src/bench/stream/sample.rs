@@ -22,10 +22,10 @@ use super::{Env, PREFIX};
 use crate::bench::peers::{self, FxGauge, FxLaunch, LOAD_CPU, PROXY_CPU, START_TIMEOUT};
 
 const UPSTREAMS: usize = 3;
-pub const PATH: &str = "/v1/chat/completions";
+pub(super) const PATH: &str = "/v1/chat/completions";
 
 /// The request every stream sends.
-pub fn request_body() -> String {
+pub(super) fn request_body() -> String {
     format!(
         r#"{{"model":"{MODEL}","stream":true,"messages":[{{"role":"user","content":"Tell me about parcels."}}],"max_tokens":50}}"#
     )
@@ -33,10 +33,10 @@ pub fn request_body() -> String {
 
 /// What `sse-load` reported (its `RESULT` line) for one (mode, target).
 #[derive(Debug, Clone, Default)]
-pub struct Sample(pub BTreeMap<String, f64>);
+pub(super) struct Sample(pub BTreeMap<String, f64>);
 
 impl Sample {
-    pub fn parse(out: &str) -> Result<Self> {
+    pub(super) fn parse(out: &str) -> Result<Self> {
         let line = out
             .lines()
             .find(|l| l.starts_with("RESULT "))
@@ -51,20 +51,20 @@ impl Sample {
     }
 
     /// A field (NaN when missing: a direct run watches no proxy).
-    pub fn get(&self, key: &str) -> f64 {
+    pub(super) fn get(&self, key: &str) -> f64 {
         self.0.get(key).copied().unwrap_or(f64::NAN)
     }
 
-    pub fn window_s(&self) -> f64 {
+    pub(super) fn window_s(&self) -> f64 {
         self.get("window_us") / 1e6
     }
 
-    pub fn events_per_s(&self) -> f64 {
+    pub(super) fn events_per_s(&self) -> f64 {
         self.get("events") / self.window_s()
     }
 
     /// The proxy's CPU microseconds per relayed event (NaN without events).
-    pub fn cpu_us_per_event(&self) -> f64 {
+    pub(super) fn cpu_us_per_event(&self) -> f64 {
         match self.get("events") {
             e if e > 0.0 => self.get("proxy_cpu_us") / e,
             _ => f64::NAN,
@@ -72,17 +72,17 @@ impl Sample {
     }
 
     /// The share of a core `who` (proxy, upstream, self) used over the window.
-    pub fn core_share(&self, who: &str) -> f64 {
+    pub(super) fn core_share(&self, who: &str) -> f64 {
         self.get(&format!("{who}_cpu_us")) / self.get("window_us")
     }
 
     /// The proxy's RSS growth from idle to the end of the window, KiB per connection.
-    pub fn rss_kib_per_connection(&self) -> f64 {
+    pub(super) fn rss_kib_per_connection(&self) -> f64 {
         (self.get("proxy_rss_end_kib") - self.get("proxy_rss_idle_kib")) / self.get("connections")
     }
 
     /// Failures the load generator saw.
-    pub fn errors(&self) -> f64 {
+    pub(super) fn errors(&self) -> f64 {
         ["connect_errors", "bad_status", "decode_errors", "closed"]
             .iter()
             .filter_map(|k| self.0.get(*k))
@@ -100,7 +100,7 @@ struct Running {
     targets: Vec<SocketAddr>,
 }
 
-pub fn run_one(mode: Mode, target: Target, tag: &str, env: &Env) -> Result<Sample> {
+pub(super) fn run_one(mode: Mode, target: Target, tag: &str, env: &Env) -> Result<Sample> {
     // Configs and the peers' own logs stay with the raw output.
     let dir = env.out.join(tag);
     std::fs::create_dir_all(&dir)?;

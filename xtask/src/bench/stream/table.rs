@@ -9,7 +9,7 @@ use super::sample::Sample;
 use super::targets::Target;
 
 /// One mode's samples, in target order.
-pub type Rows = [(Target, Sample)];
+pub(super) type Rows = [(Target, Sample)];
 
 fn find(rows: &Rows, t: Target) -> Option<&Sample> {
     rows.iter().find(|(x, _)| *x == t).map(|(_, s)| s)
@@ -35,7 +35,7 @@ fn pct(share: f64) -> String {
     }
 }
 
-pub fn render(mode: Mode, rows: &Rows) -> String {
+pub(super) fn render(mode: Mode, rows: &Rows) -> String {
     match mode {
         Mode::Paced | Mode::Bulk => throughput(rows),
         Mode::Scale1k | Mode::Scale8k => scale(mode, rows),

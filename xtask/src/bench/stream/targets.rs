@@ -12,7 +12,7 @@ use std::path::Path;
 use crate::bench::peers::nginx_common;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Target {
+pub(super) enum Target {
     Direct,
     Haproxy,
     Nginx,
@@ -20,7 +20,7 @@ pub enum Target {
     FxDefault,
 }
 
-pub const TARGETS: [Target; 5] = [
+pub(super) const TARGETS: [Target; 5] = [
     Target::Direct,
     Target::Haproxy,
     Target::Nginx,
@@ -29,10 +29,10 @@ pub const TARGETS: [Target; 5] = [
 ];
 
 /// Client connections a proxy accepts (a scale run opens 8,000; idle runs more).
-pub const MAX_CLIENTS: u32 = 9500;
+pub(super) const MAX_CLIENTS: u32 = 9500;
 
 impl Target {
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Target::Direct => "direct",
             Target::Haproxy => "haproxy",
@@ -42,7 +42,7 @@ impl Target {
         }
     }
 
-    pub fn what(self) -> &'static str {
+    pub(super) fn what(self) -> &'static str {
         match self {
             Target::Direct => "load generator -> the three upstreams, no proxy",
             Target::Haproxy => "haproxy nbthread 1, balance leastconn, http-no-delay, keep-alive",
@@ -60,7 +60,7 @@ impl Target {
 /// haproxy for streams: `option http-no-delay`, or haproxy corks what it relays (MSG_MORE)
 /// and a paced event waits up to 200 ms for the next (measured here: 90 ms median with 10
 /// streams at 50 events/s, 0.2 ms with the option).
-pub fn haproxy_conf(port: u16, upstreams: &[SocketAddr]) -> String {
+pub(super) fn haproxy_conf(port: u16, upstreams: &[SocketAddr]) -> String {
     let servers: String = upstreams
         .iter()
         .enumerate()
@@ -89,7 +89,7 @@ backend be
     )
 }
 
-pub fn nginx_conf(dir: &Path, port: u16, upstreams: &[SocketAddr]) -> String {
+pub(super) fn nginx_conf(dir: &Path, port: u16, upstreams: &[SocketAddr]) -> String {
     let servers: String = upstreams
         .iter()
         .map(|u| format!("        server {u};\n"))
