@@ -287,7 +287,7 @@ pub struct Scraper {
 impl Scraper {
     /// A scraper reporting to `store`; `fleet` is the number of proxies that discovery sees
     /// (0 counts as 1); `hook` registers its connections with the node-wide gauge, as the
-    /// request path's are.
+    /// request path's are, but its reads never count as requests in flight.
     pub fn new(
         cfg: ScrapeConfig,
         store: Arc<SignalStore>,
@@ -298,6 +298,7 @@ impl Scraper {
             connect_timeout: cfg.connect_timeout,
             keepalive: true,
             max_idle_per_target: 1,
+            requests_count_as_load: false,
             ..UpstreamOptions::default()
         };
         Self {

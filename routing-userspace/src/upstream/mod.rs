@@ -58,6 +58,11 @@ pub struct UpstreamOptions {
     /// Idle connections kept per target (well below the 512 connections per pod the eBPF
     /// gauge tells apart).
     pub max_idle_per_target: usize,
+    /// Whether a request on these connections counts in flight on its pod, node-wide (the
+    /// eBPF gauge). The engine scraper's do not: a read of a metrics page is no request the
+    /// pod runs, and every proxy of the fleet makes them. Its connections are registered all
+    /// the same, since an unregistered connection would count for as long as it is open.
+    pub requests_count_as_load: bool,
 }
 
 impl UpstreamOptions {
@@ -66,6 +71,7 @@ impl UpstreamOptions {
         keepalive: true,
         idle_timeout: Duration::from_secs(4),
         max_idle_per_target: 256,
+        requests_count_as_load: true,
     };
 }
 
@@ -145,8 +151,15 @@ impl Upstream {
             (Some(hook), Ok(peer)) => hook.connected(&stream, peer),
             _ => None,
         };
+        if !self.opts.requests_count_as_load {
+            // The kernel counts a new connection busy until its owner says otherwise.
+            if let Some(t) = &track {
+                t.idle();
+            }
+        }
         let mut inner = H1Conn::new(stream);
         inner.track = track;
+        inner.counts_as_load = self.opts.requests_count_as_load;
         Ok(self.conn(inner, key))
     }
 }

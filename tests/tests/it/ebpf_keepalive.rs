@@ -385,3 +385,44 @@ async fn timeouts_retries_and_ejection_leave_no_phantom_load() {
         );
     }
 }
+
+/// The engine scraper reads every pod's metrics page over the proxy's own client, from every
+/// node: those reads are no request the pod runs, so they never count in the kernel's load.
+/// The pod here hangs, so each read stays open until the scrape timeout (2 s).
+#[tokio::test(flavor = "multi_thread")]
+async fn engine_scrapes_never_count_as_requests_in_flight() {
+    if !bpf_or_skip() {
+        return;
+    }
+    let dir = TempDir::new("ebpf-scrape");
+    let cg = test_cgroup();
+    let pins = TestPins::new(&cg);
+    let hang = flexinfer_tests::backends::hanging().await;
+    // engine auto: the scraper reads the pod's page; no client request goes to it.
+    let models = ModelsFile::new().model(
+        ModelEntry::new("quiet")
+            .routing("prefix")
+            .endpoint(hang.addr),
+    );
+    let proxy = ebpf_proxy(&models, &pins, &cg, &dir).await;
+    // The first read may have started before the proxy joined the test cgroup; the second
+    // (after the first timed out) surely runs inside it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while hang.requests() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no second scrape of the pod within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The read hangs now, on a connection the kernel sees; the pod's load stays 0.
+    for _ in 0..20 {
+        assert_eq!(kernel_load(&pins, hang.addr), 0, "a scrape counted as load");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        kernel_pods(&pins).iter().any(|p| p.addr == hang.addr),
+        "the pod is tracked"
+    );
+    drop(proxy);
+}

@@ -147,10 +147,15 @@ async fn each_reservation_is_consumed_or_expired_exactly_once() {
         assert_eq!(r.status, 200, "{}", r.text());
         *members.entry(r.pod()).or_insert(0) += 1;
     }
+    let live = flexinfer_tests::get(proxy.admin, "/debug/routing")
+        .await
+        .unwrap()
+        .text()
+        .to_owned();
     assert_eq!(
         (members.get("a").copied(), members.get("svc").copied()),
         (Some(10), Some(10)),
-        "the least-loaded group alternates its idle members: {members:?}"
+        "the least-loaded group alternates its idle members: {members:?}; routing view: {live}"
     );
 
     // Every request has its answer, so every reservation has ended; a pick that failed ends

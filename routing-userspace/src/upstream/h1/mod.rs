@@ -49,6 +49,8 @@ pub struct H1Conn {
     pub(crate) served: u64,
     /// Its bit in the node-wide gauge, when the kernel counts it (eBPF).
     pub(crate) track: Option<crate::load::ebpf::ConnTrack>,
+    /// Whether its requests count in flight on the pod (see `UpstreamOptions`).
+    pub(crate) counts_as_load: bool,
 }
 
 impl Drop for H1Conn {
@@ -200,6 +202,7 @@ impl H1Conn {
             write_buf: Vec::with_capacity(1024),
             served: 0,
             track: None,
+            counts_as_load: true,
         }
     }
 
@@ -236,7 +239,7 @@ impl H1Conn {
     ) -> Result<Sent, SendError> {
         let reused = self.served > 0;
         // A request starts here: it counts in flight on the pod, node-wide.
-        if let Some(t) = &self.track {
+        if let Some(t) = self.track.as_ref().filter(|_| self.counts_as_load) {
             t.busy();
         }
         let replay = match body {
