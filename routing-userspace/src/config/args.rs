@@ -598,7 +598,7 @@ pub struct TraceArgs {
     #[arg(
         long,
         env = "OTEL_TRACES_SAMPLER",
-        default_value = "parentbased_always_on"
+        default_value_t = crate::telemetry::sampler::Sampler::DEFAULT.to_string()
     )]
     pub otel_traces_sampler: String,
 

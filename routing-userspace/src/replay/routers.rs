@@ -131,12 +131,9 @@ impl Routers {
         requests: usize,
     ) -> Self {
         let routers = routers.max(1);
-        let every = crate::signals::scrape::interval(
-            routers,
-            reports.scrape_budget,
-            ScrapeConfig::default().min_interval,
-        );
         let defaults = ScrapeConfig::default();
+        let every =
+            crate::signals::scrape::interval(routers, reports.scrape_budget, defaults.min_interval);
         Self {
             nodes: (0..routers)
                 .map(|_| Node::new(strategy, pods, knobs, reports.staleness))
