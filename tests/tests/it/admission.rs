@@ -83,6 +83,14 @@ fn ask(proxy: &Proxy, model: &str, id: &str, headers: &[(&str, &str)]) -> JoinHa
     })
 }
 
+/// One request to model `chat` that `pod` (its only pod, at `maxConcurrency: 1`) holds, so the
+/// model is full from then on; the handle answers once the test releases it.
+async fn fill_the_pod(proxy: &Proxy, pod: &HoldingUpstream) -> JoinHandle<Reply> {
+    let fill = ask(proxy, "chat", "fill", &[]);
+    until("the pod full", || async { pod.in_flight() == 1 }).await;
+    fill
+}
+
 /// [`ask`], then wait until the model's queue holds `depth` requests (so that requests sent
 /// one after another are queued in that order).
 async fn ask_queued(
@@ -239,8 +247,7 @@ async fn a_second_tenant_is_served_before_the_first_ones_backlog() {
     let pods = held(1);
     let models = ModelsFile::new().model(model("chat", &pods, 1));
     let proxy = start_proxy(&models, &[], &[], dir.path()).await;
-    let fill = ask(&proxy, "chat", "fill", &[]);
-    until("the pod full", || async { pods[0].in_flight() == 1 }).await;
+    let fill = fill_the_pod(&proxy, &pods[0]).await;
     let mut a = Vec::new();
     for i in 0..10 {
         let id = format!("a{i}");
@@ -300,8 +307,7 @@ async fn a_tenant_of_weight_two_takes_two_turns_to_the_others_one() {
         report.contains("team-b 2 turns per round (this model); other tenants 1"),
         "{report}"
     );
-    let fill = ask(&proxy, "chat", "fill", &[]);
-    until("the pod full", || async { pods[0].in_flight() == 1 }).await;
+    let fill = fill_the_pod(&proxy, &pods[0]).await;
     let mut tasks = Vec::new();
     let mut depth = 0;
     for (team, n) in [("team-a", 4), ("team-b", 5), ("team-c", 2)] {
@@ -329,8 +335,7 @@ async fn queued_requests_time_out_with_429_and_sheddable_ones_sooner() {
     let pods = held(1);
     let models = ModelsFile::new().model(model("chat", &pods, 1).queue(queue(None, "2s", "300ms")));
     let proxy = start_proxy(&models, &[], &[], dir.path()).await;
-    let fill = ask(&proxy, "chat", "fill", &[]);
-    until("the pod full", || async { pods[0].in_flight() == 1 }).await;
+    let fill = fill_the_pod(&proxy, &pods[0]).await;
     let sent = Instant::now();
     let timed = |id: &str, headers: &[(&str, &str)]| {
         let t = ask(&proxy, "chat", id, headers);
@@ -367,8 +372,7 @@ async fn a_full_queue_sheds_the_sheddable_first_then_answers_queue_full() {
     let models =
         ModelsFile::new().model(model("chat", &pods, 1).queue(queue(Some(2), "30s", "30s")));
     let proxy = start_proxy(&models, &[], &[], dir.path()).await;
-    let fill = ask(&proxy, "chat", "fill", &[]);
-    until("the pod full", || async { pods[0].in_flight() == 1 }).await;
+    let fill = fill_the_pod(&proxy, &pods[0]).await;
     let sheddable = [("x-flexinfer-priority", "-1")];
     let s = ask_queued(&proxy, "chat", "s", &sheddable, 1).await;
     let a = ask_queued(&proxy, "chat", "a", &[], 2).await;
@@ -415,8 +419,7 @@ async fn a_client_that_leaves_while_queued_never_reaches_a_pod() {
     let pods = held(1);
     let models = ModelsFile::new().model(model("chat", &pods, 1));
     let proxy = start_proxy(&models, &[], &[], dir.path()).await;
-    let fill = ask(&proxy, "chat", "fill", &[]);
-    until("the pod full", || async { pods[0].in_flight() == 1 }).await;
+    let fill = fill_the_pod(&proxy, &pods[0]).await;
     let conn = raw_request(proxy.addr, "chat", "gone");
     until("the request queued", || async {
         queued(&proxy, "chat").await == 1
@@ -520,8 +523,7 @@ async fn bad_priority_and_tenant_values_fall_back_and_never_fail() {
     let pods = held(1);
     let models = ModelsFile::new().model(model("chat", &pods, 1));
     let proxy = start_proxy(&models, &[], &[], dir.path()).await;
-    let fill = ask(&proxy, "chat", "fill", &[]);
-    until("the pod full", || async { pods[0].in_flight() == 1 }).await;
+    let fill = fill_the_pod(&proxy, &pods[0]).await;
     let bad = [
         ("x-flexinfer-priority", "abc"),
         ("x-flexinfer-tenant", "bad tenant!"),
@@ -559,8 +561,7 @@ async fn sigterm_with_a_full_queue_answers_every_queued_request_200_or_503() {
     let models = ModelsFile::new().model(model("chat", &pods, 1));
     let flags = ["--shutdown-delay", "0", "--drain-timeout", "6s"];
     let mut proxy = start_proxy(&models, &flags, &[], dir.path()).await;
-    let fill = ask(&proxy, "chat", "fill", &[]);
-    until("the pod full", || async { pods[0].in_flight() == 1 }).await;
+    let fill = fill_the_pod(&proxy, &pods[0]).await;
     let mut queued_tasks = Vec::new();
     for i in 0..5 {
         queued_tasks.push(ask_queued(&proxy, "chat", &format!("q{i}"), &[], i + 1).await);

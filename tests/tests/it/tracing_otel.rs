@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use flexinfer_tests::header_pod::{header_pod, HeaderPod};
-use flexinfer_tests::otlp::{hung_receiver, receiver, Received};
+use flexinfer_tests::otlp::{hung_receiver, receiver, Received, Receiver};
 use flexinfer_tests::*;
 
 const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -122,20 +122,27 @@ async fn the_trace_goes_from_the_client_through_the_proxy_to_the_pod() {
     assert!(attempt.span.end_time_unix_nano <= server.span.end_time_unix_nano);
 }
 
+/// The request started a trace of its own: the proxy's server span has no parent and is not
+/// in the client's trace, the pod got a traceparent of that trace, and no tracestate (a
+/// tracestate without its traceparent does not go on).
+async fn assert_a_new_root_trace(rx: &Receiver, pod: &HeaderPod) {
+    let spans = rx.wait_spans(2).await;
+    let server = by_kind(&spans, SERVER)[0];
+    assert_ne!(server.trace_id(), CLIENT_TRACE);
+    assert_eq!(server.parent_id(), "", "a root span has no parent");
+    let seen = pod.seen();
+    let (trace, _, _) = parse_traceparent(seen[0].traceparent.as_deref().unwrap());
+    assert_eq!(trace, server.trace_id());
+    assert_eq!(seen[0].tracestate, None);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_without_traceparent_starts_a_new_trace() {
     let dir = TempDir::new("otel-root");
     let (rx, pod) = (receiver().await, header_pod().await);
     let proxy = traced_proxy(&dir, &pod, &rx.endpoint(), &[]).await;
     chat(&proxy, &[("tracestate", "orphan=1")]).await;
-    let spans = rx.wait_spans(2).await;
-    let server = by_kind(&spans, SERVER)[0];
-    assert_eq!(server.parent_id(), "", "a root span has no parent");
-    let seen = pod.seen();
-    let (trace, _, _) = parse_traceparent(seen[0].traceparent.as_deref().unwrap());
-    assert_eq!(trace, server.trace_id());
-    // A tracestate without its traceparent does not go on.
-    assert_eq!(seen[0].tracestate, None);
+    assert_a_new_root_trace(&rx, &pod).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -149,15 +156,8 @@ async fn a_malformed_traceparent_is_ignored() {
         &[("traceparent", &upper), ("tracestate", "vendor=abc")],
     )
     .await;
-    let spans = rx.wait_spans(2).await;
-    let server = by_kind(&spans, SERVER)[0];
     // A new trace, as if there had been no traceparent.
-    assert_ne!(server.trace_id(), CLIENT_TRACE);
-    assert_eq!(server.parent_id(), "", "a root span has no parent");
-    let seen = pod.seen();
-    let (trace, _, _) = parse_traceparent(seen[0].traceparent.as_deref().unwrap());
-    assert_eq!(trace, server.trace_id());
-    assert_eq!(seen[0].tracestate, None);
+    assert_a_new_root_trace(&rx, &pod).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
