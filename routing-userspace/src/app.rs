@@ -165,6 +165,9 @@ pub async fn serve(
     let discovery = start_discovery(&settings.discovery, tx, fleet.counter())?;
     if let Some(endpoint) = &settings.trace.endpoint {
         crate::telemetry::check_endpoint(endpoint)?;
+        if let Some(ca) = &settings.trace.ca_certificate {
+            crate::telemetry::transport::check_ca_file(ca)?;
+        }
     }
     // Clients that connect before the table is ready wait in the listen backlog.
     let listener = bind(settings.listen, "proxy").await?;

@@ -296,6 +296,15 @@ pub fn variants() -> Vec<Value> {
         json!({"proxy": {"tracing": {"sampler": "parentbased_traceidratio"}}}),
         json!({"proxy": {"tracing": {"samplerArg": "0.05"}}}),
         json!({"proxy": {"tracing": {"queueSize": 8192}}}),
+        json!({"proxy": {"tracing": {"batchSize": 128}}}),
+        json!({"proxy": {"tracing": {"scheduleDelayMillis": 250}}}),
+        json!({"proxy": {"tracing": {"exportTimeoutMillis": 3000}}}),
+        json!({"proxy": {"tracing": {
+            "endpoint": "https://otel.example.com",
+            "caConfigMap": "otel-ca",
+            "headersSecret": {"name": "otel-auth"},
+        }}}),
+        json!({"proxy": {"ebpf": {"enabled": false}, "tracing": {"caConfigMap": "otel-ca", "caKey": "bundle.pem"}}}),
         json!({"proxy": {
             "adminBindAddress": "0.0.0.0",
             "timeouts": {"connect": "500ms", "firstByte": "2m", "streamIdle": "15s",

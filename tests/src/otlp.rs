@@ -1,7 +1,10 @@
 //! A local OTLP/HTTP traces receiver: decodes each `POST /v1/traces` (protobuf) into the spans
-//! it carries, or, hung, accepts requests and never answers (a collector that stopped).
+//! it carries, or, hung, accepts requests and never answers (a collector that stopped). It can
+//! speak TLS with a certificate from a throwaway CA ([`TestCa`], made by the openssl CLI).
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,6 +19,9 @@ use opentelemetry_proto::tonic::common::v1::{any_value::Value, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use tokio::task::JoinHandle;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::{rustls, TlsAcceptor};
 
 /// A received span with its resource's `service.name`.
 #[derive(Debug, Clone)]
@@ -67,6 +73,9 @@ pub struct Receiver {
     spans: Arc<Mutex<Vec<Received>>>,
     /// Export requests that arrived (answered or not).
     requests: Arc<Mutex<u64>>,
+    /// The `authorization` header of the last export request.
+    authorization: Arc<Mutex<Option<String>>>,
+    tls: bool,
     task: JoinHandle<()>,
 }
 
@@ -79,7 +88,12 @@ impl Drop for Receiver {
 impl Receiver {
     /// Its base URL (`OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    pub fn authorization(&self) -> Option<String> {
+        self.authorization.lock().unwrap().clone()
     }
 
     pub fn spans(&self) -> Vec<Received> {
@@ -110,31 +124,57 @@ impl Receiver {
 
 /// A receiver that decodes and keeps every span.
 pub async fn receiver() -> Receiver {
-    start(false).await
+    start(false, None).await
 }
 
 /// A receiver that reads each export request and never answers.
 pub async fn hung_receiver() -> Receiver {
-    start(true).await
+    start(true, None).await
 }
 
-async fn start(hang: bool) -> Receiver {
+/// A receiver behind TLS, with `ca`'s certificate for 127.0.0.1.
+pub async fn tls_receiver(ca: &TestCa) -> Receiver {
+    start(false, Some(ca.acceptor())).await
+}
+
+/// What every connection's service shares.
+#[derive(Clone)]
+struct Shared {
+    keep: Arc<Mutex<Vec<Received>>>,
+    count: Arc<Mutex<u64>>,
+    authorization: Arc<Mutex<Option<String>>>,
+    hang: bool,
+}
+
+async fn start(hang: bool, tls: Option<TlsAcceptor>) -> Receiver {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let spans = Arc::new(Mutex::new(Vec::new()));
-    let requests = Arc::new(Mutex::new(0));
-    let (keep, count) = (spans.clone(), requests.clone());
+    let shared = Shared {
+        keep: Arc::new(Mutex::new(Vec::new())),
+        count: Arc::new(Mutex::new(0)),
+        authorization: Arc::new(Mutex::new(None)),
+        hang,
+    };
+    let (spans, requests, authorization) = (
+        shared.keep.clone(),
+        shared.count.clone(),
+        shared.authorization.clone(),
+    );
+    let is_tls = tls.is_some();
     let task = tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
-            let (keep, count) = (keep.clone(), count.clone());
-            let svc = service_fn(move |req| {
-                let (keep, count) = (keep.clone(), count.clone());
-                async move { handle(req, keep, count, hang).await }
-            });
+            let shared = shared.clone();
+            let svc = service_fn(move |req| handle(req, shared.clone()));
+            let tls = tls.clone();
             tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
+                let http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let _ = match tls {
+                    None => http.serve_connection(TokioIo::new(s), svc).await,
+                    Some(acceptor) => match acceptor.accept(s).await {
+                        Ok(s) => http.serve_connection(TokioIo::new(s), svc).await,
+                        Err(_) => return,
+                    },
+                };
             });
         }
     });
@@ -142,17 +182,28 @@ async fn start(hang: bool) -> Receiver {
         addr,
         spans,
         requests,
+        authorization,
+        tls: is_tls,
         task,
     }
 }
 
 async fn handle(
     req: Request<Incoming>,
-    keep: Arc<Mutex<Vec<Received>>>,
-    count: Arc<Mutex<u64>>,
-    hang: bool,
+    shared: Shared,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let Shared {
+        keep,
+        count,
+        authorization,
+        hang,
+    } = shared;
     let ok_path = req.uri().path() == "/v1/traces";
+    *authorization.lock().unwrap() = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let ctype = req
         .headers()
         .get("content-type")
@@ -201,4 +252,76 @@ fn flatten(export: ExportTraceServiceRequest) -> Vec<Received> {
         }
     }
     out
+}
+
+/// A throwaway CA and a server certificate it signed for 127.0.0.1 (files in `dir`).
+pub struct TestCa {
+    /// The CA certificate (PEM): what a client must trust.
+    pub ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl TestCa {
+    /// Make one with the openssl CLI (panics, naming the step, when openssl fails).
+    pub fn new(dir: &Path) -> Self {
+        let f = |n: &str| dir.join(n).display().to_string();
+        let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        openssl(&format!(
+            "req -x509 {ec} -keyout {} -out {} -days 2 -subj /CN=flexinfer-test-CA \
+             -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign",
+            f("ca.key"),
+            f("ca.pem")
+        ));
+        openssl(&format!(
+            "req {ec} -keyout {} -out {} -subj /CN=127.0.0.1",
+            f("server.key"),
+            f("server.csr")
+        ));
+        let ext =
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n";
+        std::fs::write(dir.join("server.ext"), ext).unwrap();
+        openssl(&format!(
+            "x509 -req -in {} -CA {} -CAkey {} -extfile {} -out {} -days 2 -set_serial 2",
+            f("server.csr"),
+            f("ca.pem"),
+            f("ca.key"),
+            f("server.ext"),
+            f("server.pem")
+        ));
+        Self {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("server.pem"),
+            key: dir.join("server.key"),
+        }
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        let certs = CertificateDer::pem_file_iter(&self.cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(&self.key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        TlsAcceptor::from(Arc::new(config))
+    }
+}
+
+/// Run openssl with `args` (split on whitespace: the paths here have no spaces).
+fn openssl(args: &str) {
+    let out = Command::new("openssl")
+        .args(args.split_whitespace())
+        .output()
+        .expect("openssl runs (the test command installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

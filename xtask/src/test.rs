@@ -37,6 +37,8 @@ const TEST_PACKAGES: &[&str] = &[
     "podman",
     "runc",
     "debootstrap",
+    // The tracing tests' throwaway CA for the https collector.
+    "openssl",
 ];
 
 /// PyPI packages: kubernetes-validate checks the rendered manifests against the Kubernetes

@@ -589,6 +589,15 @@ pub struct TraceArgs {
     #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")]
     pub otlp_traces_endpoint: Option<String>,
 
+    /// PEM file of the CAs an https collector's certificate may chain to, trusted beside the
+    /// platform's roots.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_CERTIFICATE")]
+    pub otlp_certificate: Option<std::path::PathBuf>,
+
+    /// The same for the traces endpoint (wins over --otlp-certificate).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE")]
+    pub otlp_traces_certificate: Option<std::path::PathBuf>,
+
     /// `service.name` of the spans.
     #[arg(long, env = "OTEL_SERVICE_NAME", default_value = DEFAULT_SERVICE_NAME)]
     pub otel_service_name: String,

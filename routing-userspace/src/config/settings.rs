@@ -189,6 +189,11 @@ pub fn trace_settings(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> TraceSe
         batch_size: a.trace_batch_size.max(1),
         batch_delay: a.trace_batch_delay.0,
         export_timeout: a.trace_export_timeout.0,
+        ca_certificate: [&a.otlp_traces_certificate, &a.otlp_certificate]
+            .into_iter()
+            .flatten()
+            .find(|p| !p.as_os_str().is_empty())
+            .cloned(),
     }
 }
 

@@ -13,10 +13,10 @@ pub mod propagation;
 pub mod sampler;
 pub mod settings;
 pub mod trace;
+pub mod transport;
 
 use std::sync::Arc;
 
-use opentelemetry_http::hyper::HyperClient;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::SpanExporter as _;
 use opentelemetry_sdk::Resource;
@@ -34,6 +34,8 @@ pub enum TraceError {
     Endpoint { endpoint: String, why: String },
     #[error("OTLP exporter: {0}")]
     Exporter(String),
+    #[error("OTLP CA certificate file {path}: {why}")]
+    Certificate { path: String, why: String },
 }
 
 /// Start tracing as `settings` say (`None`: off, no endpoint). Needs a Tokio runtime.
@@ -45,7 +47,7 @@ pub fn start(
         return Ok(None);
     };
     check_endpoint(endpoint)?;
-    let client = HyperClient::with_default_connector(settings.export_timeout, None);
+    let client = transport::client(settings.ca_certificate.as_deref(), settings.export_timeout)?;
     let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(client)
@@ -65,8 +67,8 @@ pub fn start(
     )))
 }
 
-/// The endpoint must be a plain `http://host[:port]/path` URL: the exporter speaks HTTP/1.1
-/// without TLS (a collector beside the proxy, or a node-local agent).
+/// The endpoint must be an `http://` or `https://` URL with a host (HTTP/1.1; TLS for https,
+/// see [`transport`]).
 pub fn check_endpoint(endpoint: &str) -> Result<(), TraceError> {
     let bad = |why: &str| TraceError::Endpoint {
         endpoint: endpoint.to_owned(),
@@ -74,13 +76,8 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), TraceError> {
     };
     let uri: http::Uri = endpoint.parse().map_err(|e| bad(&format!("{e}")))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(bad(
-                "https is not supported (no TLS in the exporter); use http",
-            ))
-        }
-        _ => return Err(bad("expected an http:// URL")),
+        Some("http" | "https") => {}
+        _ => return Err(bad("expected an http:// or https:// URL")),
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err(bad("no host"));
@@ -96,12 +93,8 @@ mod tests {
     fn endpoints_are_checked() {
         assert!(check_endpoint("http://127.0.0.1:4318/v1/traces").is_ok());
         assert!(check_endpoint("http://collector/v1/traces").is_ok());
-        for bad in [
-            "https://c:4318/v1/traces",
-            "c:4318",
-            "not a url",
-            "ftp://c/x",
-        ] {
+        assert!(check_endpoint("https://c:4318/v1/traces").is_ok());
+        for bad in ["c:4318", "https:///v1/traces", "not a url", "ftp://c/x"] {
             assert!(check_endpoint(bad).is_err(), "{bad}");
         }
     }

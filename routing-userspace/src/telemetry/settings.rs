@@ -1,6 +1,7 @@
 //! What tracing runs with: where spans go, which requests are sampled, and the bounds of the
 //! export queue. Off (no exporter, nothing per request) unless an OTLP endpoint is given.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::sampler::Sampler;
@@ -25,6 +26,8 @@ pub struct TraceSettings {
     pub batch_delay: Duration,
     /// One export request, connect to answer; past it the batch counts as dropped.
     pub export_timeout: Duration,
+    /// A PEM file of CAs trusted for an https collector, beside the platform's roots.
+    pub ca_certificate: Option<PathBuf>,
 }
 
 impl TraceSettings {
@@ -38,6 +41,7 @@ impl TraceSettings {
         batch_size: 512,
         batch_delay: Duration::from_secs(5),
         export_timeout: Duration::from_secs(10),
+        ca_certificate: None,
     };
 
     pub fn enabled(&self) -> bool {

@@ -41,8 +41,14 @@ fn env(docs: &[Value]) -> Vec<(String, String)> {
         .unwrap()
         .iter()
         .map(|e| {
+            let secret = &e["valueFrom"]["secretKeyRef"];
             let v = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some(field) => format!("<{field}>"),
+                None if secret.is_object() => format!(
+                    "<secret {}/{}>",
+                    secret["name"].as_str().unwrap(),
+                    secret["key"].as_str().unwrap()
+                ),
                 None => e["value"]
                     .as_str()
                     .unwrap_or_else(|| panic!("env values are strings: {e}"))
@@ -401,6 +407,9 @@ fn defaults_reach_their_env_vars() {
         ("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
         ("OTEL_TRACES_SAMPLER_ARG", ""),
         ("OTEL_BSP_MAX_QUEUE_SIZE", "2048"),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "512"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "5000"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "10000"),
         ("RUST_LOG", "info"),
     ] {
         assert_eq!(env_var(&docs, name).as_deref(), Some(want), "{name}");
@@ -600,6 +609,21 @@ fn every_knob_changes_its_env_var() {
             "OTEL_BSP_MAX_QUEUE_SIZE",
             "8192",
         ),
+        (
+            json!({"proxy": {"tracing": {"batchSize": 128}}}),
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            "128",
+        ),
+        (
+            json!({"proxy": {"tracing": {"scheduleDelayMillis": 250}}}),
+            "OTEL_BSP_SCHEDULE_DELAY",
+            "250",
+        ),
+        (
+            json!({"proxy": {"tracing": {"exportTimeoutMillis": 3000}}}),
+            "OTEL_BSP_EXPORT_TIMEOUT",
+            "3000",
+        ),
     ] {
         let docs = rendered(overrides.clone());
         assert_eq!(
@@ -616,6 +640,68 @@ fn every_knob_changes_its_env_var() {
     // extraEnv is appended.
     let docs = rendered(json!({"proxy": {"extraEnv": [{"name": "EXTRA", "value": "1"}]}}));
     assert_eq!(env_var(&docs, "EXTRA").as_deref(), Some("1"));
+}
+
+#[test]
+fn an_https_collector_gets_its_ca_from_a_configmap_and_its_headers_from_a_secret() {
+    let docs = rendered(json!({"proxy": {"tracing": {
+        "endpoint": "https://otel.example.com",
+        "caConfigMap": "otel-ca",
+        "headersSecret": {"name": "otel-auth"},
+    }}}));
+    let want_ca = "/etc/flexinfer-proxy/otlp-ca/ca.crt";
+    assert_eq!(
+        env_var(&docs, "OTEL_EXPORTER_OTLP_CERTIFICATE").as_deref(),
+        Some(want_ca)
+    );
+    assert_eq!(
+        env_var(&docs, "OTEL_EXPORTER_OTLP_HEADERS").as_deref(),
+        Some("<secret otel-auth/headers>")
+    );
+    let mounts = proxy_container(&docs)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let ca = mounts
+        .iter()
+        .find(|m| m["name"] == "otlp-ca")
+        .expect("CA mount");
+    assert_eq!(ca["mountPath"], "/etc/flexinfer-proxy/otlp-ca");
+    assert_eq!(ca["readOnly"], true);
+    assert!(
+        mounts.iter().any(|m| m["name"] == "bpffs"),
+        "eBPF mounts stay"
+    );
+    let ds = find(&docs, "DaemonSet");
+    let volumes = ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap();
+    let v = volumes
+        .iter()
+        .find(|v| v["name"] == "otlp-ca")
+        .expect("CA volume");
+    assert_eq!(v["configMap"]["name"], "otel-ca");
+    // Without eBPF the CA mount is the only one; without a CA there is no header or mount.
+    let docs = rendered(
+        json!({"proxy": {"ebpf": {"enabled": false}, "tracing": {"caConfigMap": "otel-ca", "caKey": "bundle.pem"}}}),
+    );
+    let mounts = proxy_container(&docs)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    assert_eq!(
+        env_var(&docs, "OTEL_EXPORTER_OTLP_CERTIFICATE").as_deref(),
+        Some("/etc/flexinfer-proxy/otlp-ca/bundle.pem")
+    );
+    let docs = rendered(json!({}));
+    assert_eq!(env_var(&docs, "OTEL_EXPORTER_OTLP_CERTIFICATE"), None);
+    assert_eq!(env_var(&docs, "OTEL_EXPORTER_OTLP_HEADERS"), None);
+    assert!(!proxy_container(&docs)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == "otlp-ca"));
 }
 
 #[test]

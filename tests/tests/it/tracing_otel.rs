@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use flexinfer_tests::header_pod::{header_pod, HeaderPod};
-use flexinfer_tests::otlp::{hung_receiver, receiver, Received, Receiver};
+use flexinfer_tests::otlp::{hung_receiver, receiver, tls_receiver, Received, Receiver, TestCa};
 use flexinfer_tests::*;
 
 const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -237,10 +237,78 @@ async fn a_bad_endpoint_stops_serve_with_a_clear_error() {
         .args(["serve", "--gauge", "userspace", "--config"])
         .arg(&config)
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector:4318")
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("https is not supported"), "{err}");
+    assert!(err.contains("expected an http:// or https:// URL"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ca_file_that_holds_no_certificate_stops_serve_with_a_clear_error() {
+    let dir = TempDir::new("otel-bad-ca");
+    let cfg = ModelsFile::new().model(ModelEntry::new("m").endpoint(loopback(free_port())));
+    let config = dir.path().join("models.yaml");
+    cfg.write_to(&config).unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "this is not a certificate\n").unwrap();
+    let out = std::process::Command::new(proxy_bin())
+        .args(["serve", "--gauge", "userspace", "--config"])
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318")
+        .env("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&ca.display().to_string()), "{err}");
+    assert!(err.contains("no PEM certificate"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_collector_gets_the_spans_over_tls_with_the_configured_headers() {
+    let dir = TempDir::new("otel-tls");
+    let ca = TestCa::new(dir.path());
+    let (rx, pod) = (tls_receiver(&ca).await, header_pod().await);
+    let ca_path = ca.ca.display().to_string();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca_path.as_str()),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20t0ken"),
+    ];
+    let mut proxy = traced_proxy(&dir, &pod, &rx.endpoint(), &env).await;
+    chat(&proxy, &[]).await;
+    let spans = rx.wait_spans(2).await;
+    assert_eq!(by_kind(&spans, SERVER).len(), 1, "{spans:#?}");
+    assert_eq!(by_kind(&spans, CLIENT).len(), 1, "{spans:#?}");
+    assert_eq!(rx.authorization().as_deref(), Some("Bearer t0ken"));
+    stop(&mut proxy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_collector_with_an_untrusted_certificate_gets_nothing_and_drops_are_counted() {
+    let dir = TempDir::new("otel-tls-untrusted");
+    let ca = TestCa::new(dir.path());
+    let (rx, pod) = (tls_receiver(&ca).await, header_pod().await);
+    // No CA file: the platform's roots do not know the test CA.
+    let proxy = traced_proxy(&dir, &pod, &rx.endpoint(), &[]).await;
+    chat(&proxy, &[]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let failed = loop {
+        let m = proxy.metrics().await;
+        let v = metric_value(
+            &m,
+            "flexinfer_proxy_trace_spans_dropped_total",
+            &[("reason", "export_failed")],
+        )
+        .unwrap_or(0.0);
+        if v >= 2.0 || std::time::Instant::now() > deadline {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(failed, 2.0, "both spans of the request fail to export");
+    // (chat asserted the request's 200: export trouble costs requests nothing.)
+    assert_eq!(rx.requests(), 0, "no export request got through TLS");
 }
