@@ -15,9 +15,9 @@
 //! wrk script), `sample` (one measured run), `table`; processes start through
 //! [`crate::bench::peers`].
 //!
-//! The `fx-trace-0` and `fx-trace-1` rows are `fx-userspace` exporting OpenTelemetry traces to
-//! an OTLP/HTTP sink in the upstreams' nginx (on CPU 0, beside wrk), sampling none or every
-//! request; `<tag>-trace-spans.txt` shows what was exported and dropped.
+//! The `fx-trace-0`, `fx-trace-0.1` and `fx-trace-1` rows are `fx-userspace` exporting OpenTelemetry traces to
+//! an OTLP/HTTP sink in the upstreams' nginx (on CPU 0, beside wrk), sampling none, one in ten
+//! (`fx-trace-0.1`) or every request; `<tag>-trace-spans.txt` shows what was exported and dropped.
 //!
 //! The default-flags row runs as root with no `--gauge` flag, so the proxy loads its eBPF gauge;
 //! it attaches to a child cgroup of this harness with a pin dir of its own, both removed after
@@ -56,7 +56,7 @@ pub(crate) struct OverheadBench {
     #[arg(long, default_value_t = 32)]
     pub connections: u32,
     /// Only these configurations and/or cases, comma-separated (configurations: direct, nginx,
-    /// haproxy, smg, fx-userspace, fx-default, fx-trace-0, fx-trace-1; cases: session, prefix,
+    /// haproxy, smg, fx-userspace, fx-default, fx-trace-0, fx-trace-0.1, fx-trace-1; cases: session, prefix,
     /// least-loaded). A kind not named is not filtered.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,

@@ -153,7 +153,11 @@ fn start(target: Target, case: Case, tag: &str, dir: &Path, env: &Env) -> Result
                 &log("smg"),
             )?)
         }
-        Target::FxUserspace | Target::FxDefault | Target::FxTrace0 | Target::FxTrace1 => {
+        Target::FxUserspace
+        | Target::FxDefault
+        | Target::FxTrace0
+        | Target::FxTraceTenth
+        | Target::FxTrace1 => {
             let admin = loopback(free_port());
             stats = Some(admin);
             let gauge = match (&cgroup, &pins) {

@@ -16,11 +16,14 @@ pub(super) enum Target {
     FxDefault,
     /// fx-userspace exporting traces to a local OTLP sink, sampling nothing.
     FxTrace0,
+    /// fx-userspace exporting traces to a local OTLP sink, sampling one request in ten (a
+    /// production setting).
+    FxTraceTenth,
     /// fx-userspace exporting traces to a local OTLP sink, sampling every request.
     FxTrace1,
 }
 
-pub(super) const TARGETS: [Target; 8] = [
+pub(super) const TARGETS: [Target; 9] = [
     Target::Direct,
     Target::Nginx,
     Target::Haproxy,
@@ -28,6 +31,7 @@ pub(super) const TARGETS: [Target; 8] = [
     Target::FxUserspace,
     Target::FxDefault,
     Target::FxTrace0,
+    Target::FxTraceTenth,
     Target::FxTrace1,
 ];
 
@@ -41,6 +45,7 @@ impl Target {
             Target::FxUserspace => "fx-userspace",
             Target::FxDefault => "fx-default",
             Target::FxTrace0 => "fx-trace-0",
+            Target::FxTraceTenth => "fx-trace-0.1",
             Target::FxTrace1 => "fx-trace-1",
         }
     }
@@ -49,6 +54,7 @@ impl Target {
     pub(super) fn trace_ratio(self) -> Option<&'static str> {
         match self {
             Target::FxTrace0 => Some("0"),
+            Target::FxTraceTenth => Some("0.1"),
             Target::FxTrace1 => Some("1.0"),
             _ => None,
         }
@@ -69,7 +75,7 @@ impl Target {
             (Target::FxUserspace, c) => {
                 format!("flexinfer --gauge userspace, routing {}", c.routing())
             }
-            (Target::FxTrace0 | Target::FxTrace1, c) => format!(
+            (Target::FxTrace0 | Target::FxTraceTenth | Target::FxTrace1, c) => format!(
                 "fx-userspace, routing {}, OTLP/HTTP export to a local sink, parentbased_traceidratio {}",
                 c.routing(),
                 self.trace_ratio().unwrap_or_default()
