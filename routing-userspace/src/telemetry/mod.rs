@@ -60,7 +60,8 @@ pub fn start(
         .with_service_name(settings.service_name.clone())
         .build();
     exporter.set_resource(&resource);
-    let (sink, handle) = export::start(exporter, settings, metrics);
+    let (sink, handle) = export::start(exporter, settings, metrics)
+        .map_err(|e| TraceError::Exporter(format!("starting the export thread: {e}")))?;
     Ok(Some((
         Arc::new(Tracer::new(settings.sampler, sink)),
         handle,
