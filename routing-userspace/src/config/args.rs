@@ -370,7 +370,7 @@ pub struct BalanceArgs {
     pub hash: HashBalanceArgs,
 
     /// The bounded-load factor of cache-aware models (its floor is --hash-balance-floor).
-    /// Looser than the rings' because a prefix most pods hold also counts for a pod much less
+    /// Looser than the rings' because a prefix half the pods hold also counts for a pod much less
     /// busy than its holders, so load spreads without a tight bound, and every spill costs the
     /// cache hits of a whole conversation; see docs/routing-quality.md. 0 turns the bound off
     /// for them.
