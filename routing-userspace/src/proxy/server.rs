@@ -189,9 +189,13 @@ where
             ip_header: super::headers::client_ip_header(peer.ip()),
         });
         let service = service_fn(move |req| {
-            let handler = handler.clone();
-            let client = client.clone();
-            async move { Ok::<_, Infallible>(handler(req, client).await) }
+            // Boxed per request: hyper keeps a slot the size of the service future for the
+            // connection's whole life, and the request pipeline's future is ~6.5 KB (its
+            // awaits hold routing, admission and the attempt loop). Boxed, the slot is a
+            // pointer, and the pipeline's memory goes back when the response head is sent,
+            // not when a long stream or a keep-alive connection ends.
+            let pipeline = Box::pin(handler(req, client.clone()));
+            async move { Ok::<_, Infallible>(pipeline.await) }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)
