@@ -12,9 +12,13 @@
 //! current and the previous generation (between one and two windows back). `window = None` keeps
 //! one generation forever. Memory per series is at most two exact sets at `cap` plus two sketches
 //! ([`CardinalityTracker::memory_bound`]), whatever the traffic. Only 64-bit key hashes are kept.
+//! The sets hash those with foldhash (one multiply, seeded per process), not SipHash: this runs
+//! per request, and a per-process seed still keeps crafted keys from piling into one bucket.
 //! Time is passed in (`now`), so the rotation is tested without sleeping.
 
 use std::collections::HashSet;
+
+use foldhash::fast::RandomState;
 use std::time::{Duration, Instant};
 
 const P: u32 = 12;
@@ -68,7 +72,7 @@ impl Hll {
 /// The keys of one window.
 #[derive(Debug, Clone, Default)]
 struct Generation {
-    exact: HashSet<u64>,
+    exact: HashSet<u64, RandomState>,
     /// Present once the exact set overflowed in this generation.
     sketch: Option<Hll>,
     /// Keys of `exact` the previous generation did not hold (for the exact union count).

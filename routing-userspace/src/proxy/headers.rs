@@ -31,9 +31,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             found[i] = true;
         }
     }
-    if found[0] {
-        // `Connection: keep-alive` and the like name only headers removed anyway; anything
-        // else it names goes too.
+    if found[0] && names_other_headers(headers) {
+        // `Connection: keep-alive` and the like name only headers removed anyway (checked
+        // without parsing a name); anything else it names goes too.
         let listed: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
@@ -51,6 +51,21 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+}
+
+/// Whether a `Connection` header lists a name outside the hop-by-hop set.
+fn names_other_headers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .any(|t| {
+            !t.is_empty()
+                && !HOP_BY_HOP
+                    .iter()
+                    .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(t))
+        })
 }
 
 /// The `X-Forwarded-For` value of a client (made once per client connection).
@@ -107,6 +122,27 @@ mod tests {
         strip_hop_by_hop(&mut h);
         let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, vec!["authorization", "x-session-id"]);
+    }
+
+    #[test]
+    fn a_connection_header_naming_only_hop_by_hop_headers_removes_just_those() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("Keep-Alive, ,TE"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["content-type"]);
+        // `close` is an option, and a header of that name goes too.
+        let mut h = HeaderMap::new();
+        h.append("connection", HeaderValue::from_static("keep-alive"));
+        h.append("connection", HeaderValue::from_static("close, X-Trace"));
+        h.insert("close", HeaderValue::from_static("1"));
+        h.insert("x-trace", HeaderValue::from_static("1"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["x-kept"]);
     }
 
     #[test]

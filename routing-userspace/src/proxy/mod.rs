@@ -74,12 +74,14 @@ pub async fn handle(
     );
     // Taken by the phase that reads or forwards it; still here if the request failed first.
     let mut body = Some(body);
-    let answered = if total.is_zero() {
-        pipeline(&shared, parts, &mut body, peer, &mut ctx).await
-    } else {
-        tokio::time::timeout(total, pipeline(&shared, parts, &mut body, peer, &mut ctx))
+    // The request's end, from the clock read that started it (none read again for it).
+    let end = (!total.is_zero()).then(|| tokio::time::Instant::from_std(start + total));
+    let run = pipeline(&shared, parts, &mut body, peer, &mut ctx);
+    let answered = match end {
+        None => run.await,
+        Some(end) => tokio::time::timeout_at(end, run)
             .await
-            .unwrap_or_else(|_| Err(ApiError::request_timeout(total)))
+            .unwrap_or_else(|_| Err(ApiError::request_timeout(total))),
     };
     if let (Err(_), Some(body)) = (&answered, body.take()) {
         // Let a client that sends its whole body before reading get the error (see linger).
@@ -89,7 +91,7 @@ pub async fn handle(
         Ok(Answer::Forwarded(f)) => {
             let deadlines = stream::Deadlines {
                 idle: shared.limits.stream_idle_timeout,
-                end: (!total.is_zero()).then(|| tokio::time::Instant::from_std(start + total)),
+                end,
                 drain: Some(Arc::clone(&shared.drain_cut)),
             };
             let route_header = shared.router.knobs().route_header;

@@ -70,12 +70,16 @@ impl Router {
     }
 
     /// The pods of `m` that are full now, when some are and some are not (then the decision
-    /// passes over them); `None` when none is full, or all are (nothing to prefer).
+    /// passes over them); `None` when none is full, or all are (nothing to prefer). Runs per
+    /// decision, so the flags are allocated only once a pod is full.
     pub(super) fn full_pods(&self, m: &ModelRoute, now: Instant) -> Option<Box<[bool]>> {
-        let full: Box<[bool]> = m.pods.iter().map(|p| self.is_full(m, p, now)).collect();
-        let some = full.iter().any(|&f| f);
-        let all = full.iter().all(|&f| f);
-        (some && !all).then_some(full)
+        let mut full: Option<Box<[bool]>> = None;
+        for (i, pod) in m.pods.iter().enumerate() {
+            if self.is_full(m, pod, now) {
+                full.get_or_insert_with(|| vec![false; m.pods.len()].into_boxed_slice())[i] = true;
+            }
+        }
+        full.filter(|f| !f.iter().all(|&f| f))
     }
 
     /// The proxy-wide rule of when a pod's engine report makes it full.

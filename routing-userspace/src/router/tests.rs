@@ -574,3 +574,29 @@ fn cache_aware_learns_the_pod_health_moved_the_pick_to() {
     assert_eq!(first_pod(&d2), Some(moved));
     assert!(d2.match_depth().unwrap() >= 2, "{:?}", d2.match_depth());
 }
+
+/// The full flags a decision passes over: none while no pod is full, and none once every pod
+/// is (nothing to prefer).
+#[test]
+fn full_pods_are_flagged_only_when_some_but_not_all_are_full() {
+    let mut limited = model("l", Strategy::Default, [1, 2]);
+    limited.service = None;
+    limited.admission.max_concurrency = Some(1);
+    let w = world(vec![limited], Duration::from_secs(10));
+    let Some(Route::Model(m)) = w.table.lookup("l") else {
+        panic!("model l")
+    };
+    assert_eq!(w.router.full_pods(&m, Instant::now()), None);
+    let mut first = w.simple("l", "{}");
+    let a = first.next_attempt().expect("a pod");
+    let _one = first.start_on(a, &w.gauge);
+    let flags = w
+        .router
+        .full_pods(&m, Instant::now())
+        .expect("one of two is full");
+    assert_eq!(flags.iter().filter(|&&f| f).count(), 1);
+    let mut second = w.simple("l", "{}");
+    let b = second.next_attempt().expect("the other pod");
+    let _two = second.start_on(b, &w.gauge);
+    assert_eq!(w.router.full_pods(&m, Instant::now()), None);
+}

@@ -17,8 +17,9 @@
 //! This runs on the token stream, so [`UsageObserver::feed`] does per frame two memmem scans
 //! (for `"usage"` and `"timings"`) and a copy of the last few bytes (a key split across
 //! frames); it allocates only when it finds one of them, and keeps at most [`MAX_CAPTURE`]
-//! bytes of each: the latest `usage` and `timings` objects, copied as they pass. Only
-//! [`UsageObserver::usage`] parses them (serde_json), once, at the end of the body. JSON and
+//! bytes of each: the latest `usage` and `timings` objects, copied as they pass (a run of
+//! bytes at a time). Only [`UsageObserver::usage`] parses them, once, at the end of the body,
+//! into a few integer fields ([`counts`]), not a JSON tree. JSON and
 //! SSE bodies are read alike: the keys are searched for in the bytes, so no event framing is
 //! needed, and a quoted key cannot match inside a JSON string (its quotes would be escaped).
 
@@ -26,12 +27,13 @@ use std::sync::LazyLock;
 
 use http::{header, HeaderMap};
 use memchr::memmem::Finder;
-use serde_json::Value;
+
+use counts::Counts;
+
+mod counts;
 
 /// Largest `usage` or `timings` object kept; a larger one is skipped.
 pub const MAX_CAPTURE: usize = 4096;
-/// Token counts past this are nonsense.
-const MAX_TOKENS: u64 = 1 << 40;
 
 static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
 static TIMINGS_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"timings\""));
@@ -127,20 +129,21 @@ impl UsageObserver {
     /// The usage seen so far (the latest report wins), or `None` when the body carried none
     /// that makes sense.
     pub fn usage(&self) -> Option<Usage> {
-        let usage = object(&self.usage);
-        let timings = object(&self.timings);
-        let u = |path: &[&str]| usage.as_ref().and_then(|v| tokens(v, path));
-        let t = |name: &str| timings.as_ref().and_then(|v| tokens(v, &[name]));
-        let prompt = u(&["prompt_tokens"])
-            .or_else(|| u(&["input_tokens"]))
-            .or_else(|| t("cache_n")?.checked_add(t("prompt_n")?))?;
-        let completion = u(&["completion_tokens"])
-            .or_else(|| u(&["output_tokens"]))
-            .or_else(|| t("predicted_n"))
+        let u = Counts::parse(&self.usage).unwrap_or_default();
+        let t = Counts::parse(&self.timings).unwrap_or_default();
+        let prompt = u
+            .prompt_tokens
+            .or(u.input_tokens)
+            .or_else(|| t.cache_n?.checked_add(t.prompt_n?))?;
+        let completion = u
+            .completion_tokens
+            .or(u.output_tokens)
+            .or(t.predicted_n)
             .unwrap_or(0);
-        let cached = u(&["prompt_tokens_details", "cached_tokens"])
-            .or_else(|| u(&["input_tokens_details", "cached_tokens"]))
-            .or_else(|| t("cache_n"))
+        let cached = u
+            .prompt_cached
+            .or(u.input_cached)
+            .or(t.cache_n)
             .filter(|&c| c <= prompt);
         Some(Usage {
             prompt_tokens: prompt,
@@ -173,44 +176,75 @@ impl UsageObserver {
     /// Copy the object being captured from `frame[at..]`; returns where scanning goes on.
     fn advance(&mut self, frame: &[u8], mut at: usize) -> usize {
         while let Some((key, phase)) = self.capture {
+            if let Phase::Object {
+                depth,
+                in_string,
+                escaped,
+            } = phase
+            {
+                return self.copy_object(key, frame, at, (depth, in_string, escaped));
+            }
             let Some(&b) = frame.get(at) else {
                 return at;
             };
-            let next = match phase {
-                Phase::Colon | Phase::Value if b.is_ascii_whitespace() => Some(phase),
-                Phase::Colon if b == b':' => Some(Phase::Value),
-                Phase::Value if b == b'{' => Some(Phase::Object {
-                    depth: 1,
-                    in_string: false,
-                    escaped: false,
-                }),
-                Phase::Colon | Phase::Value => None,
-                Phase::Object {
-                    depth,
-                    in_string,
-                    escaped,
-                } => object_step(depth, in_string, escaped, b),
-            };
-            if matches!(next, Some(Phase::Object { .. })) {
-                self.scratch.push(b);
-            }
             at += 1;
-            self.capture = match next {
-                Some(Phase::Object { depth: 0, .. }) => {
-                    self.complete(key);
-                    None
+            self.capture = match phase {
+                _ if b.is_ascii_whitespace() => Some((key, phase)),
+                Phase::Colon if b == b':' => Some((key, Phase::Value)),
+                Phase::Value if b == b'{' => {
+                    self.scratch.push(b);
+                    Some((
+                        key,
+                        Phase::Object {
+                            depth: 1,
+                            in_string: false,
+                            escaped: false,
+                        },
+                    ))
                 }
-                Some(_) if self.scratch.len() > MAX_CAPTURE => None,
-                Some(p) => Some((key, p)),
                 // Not an object after all (a string value "usage", `null`, a number): the
                 // byte that said so may start a key, so it is looked at again.
-                None => {
+                _ => {
                     at -= 1;
                     None
                 }
             };
         }
         at
+    }
+
+    /// Inside the object: walk `frame[at..]` until the object closes, grows past
+    /// [`MAX_CAPTURE`] (it is dropped) or the frame ends, then copy the run in one go.
+    fn copy_object(
+        &mut self,
+        key: Key,
+        frame: &[u8],
+        at: usize,
+        (mut depth, mut in_string, mut escaped): (u32, bool, bool),
+    ) -> usize {
+        let room = (MAX_CAPTURE + 1).saturating_sub(self.scratch.len());
+        for (n, &b) in frame[at..].iter().enumerate() {
+            (depth, in_string, escaped) = object_step(depth, in_string, escaped, b);
+            if depth == 0 {
+                self.scratch.extend_from_slice(&frame[at..=at + n]);
+                self.complete(key);
+                self.capture = None;
+                return at + n + 1;
+            }
+            if n + 1 >= room {
+                self.scratch.clear();
+                self.capture = None;
+                return at + n + 1;
+            }
+        }
+        self.scratch.extend_from_slice(&frame[at..]);
+        let phase = Phase::Object {
+            depth,
+            in_string,
+            escaped,
+        };
+        self.capture = Some((key, phase));
+        frame.len()
     }
 
     fn complete(&mut self, key: Key) {
@@ -242,9 +276,11 @@ impl UsageObserver {
     }
 }
 
-/// One byte inside the object: the next phase, with depth 0 once it closed.
-fn object_step(depth: u32, in_string: bool, escaped: bool, b: u8) -> Option<Phase> {
-    let (depth, in_string, escaped) = match (in_string, escaped, b) {
+/// One byte inside the object: the next (depth, in a string, after a backslash), with depth 0
+/// once it closed.
+#[inline]
+fn object_step(depth: u32, in_string: bool, escaped: bool, b: u8) -> (u32, bool, bool) {
+    match (in_string, escaped, b) {
         (true, true, _) => (depth, true, false),
         (true, false, b'\\') => (depth, true, true),
         (true, false, b'"') => (depth, false, false),
@@ -253,12 +289,7 @@ fn object_step(depth: u32, in_string: bool, escaped: bool, b: u8) -> Option<Phas
         (false, _, b'{' | b'[') => (depth + 1, false, false),
         (false, _, b'}' | b']') => (depth - 1, false, false),
         (false, _, _) => (depth, false, false),
-    };
-    Some(Phase::Object {
-        depth,
-        in_string,
-        escaped,
-    })
+    }
 }
 
 /// The first key in `hay`: which, and the index just past it.
@@ -308,23 +339,6 @@ impl<'a> KeyScan<'a> {
         }
         best.map(|(key, start)| (key, start + key.len()))
     }
-}
-
-fn object(bytes: &[u8]) -> Option<Value> {
-    if bytes.is_empty() {
-        return None;
-    }
-    serde_json::from_slice::<Value>(bytes)
-        .ok()
-        .filter(Value::is_object)
-}
-
-/// A token count at `path` in `v`: a whole number, not absurd.
-fn tokens(v: &Value, path: &[&str]) -> Option<u64> {
-    path.iter()
-        .try_fold(v, |v, k| v.get(k))?
-        .as_u64()
-        .filter(|&n| n <= MAX_TOKENS)
 }
 
 #[cfg(test)]

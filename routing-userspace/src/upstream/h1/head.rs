@@ -3,6 +3,8 @@
 //! without copying header values. Pure functions over bytes, so tests and fuzzers can drive
 //! them directly.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
@@ -154,19 +156,29 @@ pub fn parse_response(
     }
 }
 
-/// Where a header's name and value lie in the head's bytes.
+/// Where a header's name and value lie in the head's bytes (offset, length; a head is at most
+/// [`MAX_HEAD`] bytes).
 #[derive(Clone, Copy, Default)]
 struct Span {
-    name: (usize, usize),
-    value: (usize, usize),
+    name: (u32, u32),
+    value: (u32, u32),
 }
+
+/// Header spans kept on the stack; a head with more goes to the heap. Each response starts
+/// these zeroed, so they are few (the header slots httparse fills are not zeroed at all).
+const INLINE_SPANS: usize = 32;
 
 /// One response head (final or interim) split off the front of `buf`, its header values
 /// sharing the head's memory. `Ok(None)`: incomplete.
 fn parse_one(buf: &mut BytesMut) -> Result<Option<(StatusCode, Version, HeaderMap)>, HeadError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut r = httparse::Response::new(&mut fields);
-    let n = match r.parse(buf) {
+    let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut r = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut r,
+        buf,
+        &mut fields,
+    );
+    let n = match parsed {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(HeadError::TooLarge),
         Ok(httparse::Status::Partial) => return Ok(None),
@@ -186,9 +198,17 @@ fn parse_one(buf: &mut BytesMut) -> Result<Option<(StatusCode, Version, HeaderMa
     // Offsets of each name and value, so the values can share the head's memory once it is
     // split off (on the stack: no allocation per response).
     let base = buf.as_ptr() as usize;
-    let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
-    let mut spans = [Span::default(); MAX_HEADERS];
+    // n <= MAX_HEAD, so every offset and length fits.
+    let at = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
     let count = r.headers.len();
+    let mut inline = [Span::default(); INLINE_SPANS];
+    let mut heap = Vec::new();
+    let spans: &mut [Span] = if count <= INLINE_SPANS {
+        &mut inline[..count]
+    } else {
+        heap.resize(count, Span::default());
+        &mut heap
+    };
     for (span, h) in spans.iter_mut().zip(r.headers.iter()) {
         *span = Span {
             name: at(h.name.as_bytes()),
@@ -196,18 +216,22 @@ fn parse_one(buf: &mut BytesMut) -> Result<Option<(StatusCode, Version, HeaderMa
         };
     }
     let head: Bytes = buf.split_to(n).freeze();
-    let mut headers = HeaderMap::with_capacity(count);
-    for span in &spans[..count] {
-        let (start, len) = span.name;
-        let raw = &head[start..start + len];
+    Ok(Some((status, version, header_map(&head, spans)?)))
+}
+
+/// The headers at `spans` of `head`, their values sharing its memory.
+fn header_map(head: &Bytes, spans: &[Span]) -> Result<HeaderMap, HeadError> {
+    let range = |(start, len): (u32, u32)| start as usize..(start + len) as usize;
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    for span in spans {
+        let raw = &head[range(span.name)];
         let name = HeaderName::from_bytes(raw)
             .map_err(|_| HeadError::BadHeader(String::from_utf8_lossy(raw).into_owned()))?;
-        let (start, len) = span.value;
-        let value = HeaderValue::from_maybe_shared(head.slice(start..start + len))
+        let value = HeaderValue::from_maybe_shared(head.slice(range(span.value)))
             .map_err(|_| HeadError::BadHeader(name.to_string()))?;
         headers.append(name, value);
     }
-    Ok(Some((status, version, headers)))
+    Ok(headers)
 }
 
 /// How the body of a response to `request` is delimited (RFC 9112 section 6.3).
@@ -345,6 +369,34 @@ mod tests {
         ));
         let huge = format!("HTTP/1.1 200 OK\r\nX: {}", "a".repeat(MAX_HEAD + 1));
         assert_eq!(parse(&huge).unwrap_err(), HeadError::TooLarge);
+    }
+
+    #[test]
+    fn every_header_is_kept_on_either_side_of_the_inline_spans_and_too_many_fail() {
+        for count in [
+            INLINE_SPANS - 1,
+            INLINE_SPANS,
+            INLINE_SPANS + 1,
+            MAX_HEADERS - 1,
+        ] {
+            let fields: String = (0..count).map(|i| format!("X-H{i}: v{i}\r\n")).collect();
+            let text = format!("HTTP/1.1 200 OK\r\n{fields}Content-Length: 2\r\n\r\nok");
+            let (h, rest) = parse(&text).unwrap().unwrap();
+            assert_eq!(h.headers.len(), count + 1, "{count} headers");
+            assert_eq!(
+                h.headers[format!("x-h{}", count - 1).as_str()],
+                format!("v{}", count - 1)
+            );
+            assert_eq!(
+                (h.framing, rest.as_slice()),
+                (Framing::Length(2), &b"ok"[..])
+            );
+        }
+        let fields: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("X-H{i}: v\r\n"))
+            .collect();
+        let text = format!("HTTP/1.1 200 OK\r\n{fields}\r\n");
+        assert_eq!(parse(&text).unwrap_err(), HeadError::TooLarge);
     }
 
     #[test]
