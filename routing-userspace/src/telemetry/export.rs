@@ -1,10 +1,9 @@
 //! Batched, bounded export: ended spans go into a bounded queue without waiting, and a thread
 //! of its own sends them to the collector in batches.
 //!
-//! The thread (`otlp-export`, with a one-thread runtime) keeps the exporter's work off the
-//! request workers (turning spans into protobuf costs about 1 us each in a `perf` profile of the
-//! overhead bench, so half a millisecond per batch of 512): run as a task there, it would hold
-//! up every request of its worker for that long.
+//! The thread (`otlp-export`, with a one-thread runtime) keeps the exporter's work (turning a
+//! batch into protobuf takes about a millisecond for 512 spans) off the request workers: run as
+//! a task there, it would hold up every request of its worker for that long.
 //!
 //! The request path never waits for the collector: when the queue is full (the collector is
 //! slow, hung or down) a span is dropped and counted, and an export that fails or passes its
