@@ -1,9 +1,5 @@
-//! Batched, bounded export: ended spans go into a bounded queue without waiting, and a thread
-//! of its own sends them to the collector in batches.
-//!
-//! The thread (`otlp-export`, with a one-thread runtime) keeps the exporter's work (turning a
-//! batch into protobuf takes about a millisecond for 512 spans) off the request workers: run as
-//! a task there, it would hold up every request of its worker for that long.
+//! Batched, bounded export: ended spans go into a bounded queue without waiting, and one task
+//! sends them to the collector in batches.
 //!
 //! The request path never waits for the collector: when the queue is full (the collector is
 //! slow, hung or down) a span is dropped and counted, and an export that fails or passes its
@@ -14,7 +10,6 @@ use std::time::Duration;
 
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use tokio::sync::{mpsc, oneshot};
-#[cfg(test)]
 use tokio::task::JoinHandle;
 
 use super::metrics::TraceFamilies;
@@ -45,39 +40,23 @@ impl SpanSink {
     }
 }
 
-/// The export loop, to stop when `serve` ends.
+/// The export task, to stop when `serve` ends.
 pub struct ExportHandle {
     stop: oneshot::Sender<()>,
-    ended: Ended,
-}
-
-/// How the end of the export loop is seen.
-enum Ended {
-    /// Its thread says so (it cannot be aborted; the process exit ends it).
-    Thread(oneshot::Receiver<()>),
-    /// A task of the caller's runtime (the tests').
-    #[cfg(test)]
-    Task(JoinHandle<()>),
+    task: JoinHandle<()>,
 }
 
 impl ExportHandle {
     /// Export what is queued and stop, within `bound` (past it, what is left is lost).
     pub async fn shutdown(self, bound: Duration) {
         let _ = self.stop.send(());
-        let in_time = match self.ended {
-            Ended::Thread(done) => tokio::time::timeout(bound, done).await.is_ok(),
-            #[cfg(test)]
-            Ended::Task(mut task) => {
-                let ok = tokio::time::timeout(bound, &mut task).await.is_ok();
-                task.abort();
-                ok
-            }
-        };
-        if !in_time {
+        let mut task = self.task;
+        if tokio::time::timeout(bound, &mut task).await.is_err() {
             tracing::warn!(
                 ?bound,
                 "trace export did not finish in time; dropping the rest"
             );
+            task.abort();
         }
     }
 }
@@ -90,48 +69,8 @@ struct Batching {
     timeout: Duration,
 }
 
-impl Batching {
-    fn of(settings: &TraceSettings) -> Self {
-        Self {
-            batch_size: settings.batch_size.max(1),
-            delay: settings.batch_delay,
-            timeout: settings.export_timeout,
-        }
-    }
-}
-
-/// Start the export loop with `exporter` on a thread of its own.
+/// Start the export task with `exporter` (needs a Tokio runtime).
 pub fn start<E>(
-    exporter: E,
-    settings: &TraceSettings,
-    metrics: &TraceFamilies,
-) -> std::io::Result<(SpanSink, ExportHandle)>
-where
-    E: SpanExporter + 'static,
-{
-    let (sink, rx) = SpanSink::bounded(settings.queue_size, metrics.queue_full.clone());
-    let (stop_tx, stop_rx) = oneshot::channel();
-    let (done_tx, done_rx) = oneshot::channel();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (batching, metrics) = (Batching::of(settings), metrics.clone());
-    std::thread::Builder::new()
-        .name("otlp-export".into())
-        .spawn(move || {
-            runtime.block_on(run(exporter, rx, stop_rx, batching, metrics));
-            let _ = done_tx.send(());
-        })?;
-    let handle = ExportHandle {
-        stop: stop_tx,
-        ended: Ended::Thread(done_rx),
-    };
-    Ok((sink, handle))
-}
-
-/// The same loop as a task of the current runtime (the tests drive it on paused time).
-#[cfg(test)]
-fn start_task<E>(
     exporter: E,
     settings: &TraceSettings,
     metrics: &TraceFamilies,
@@ -141,11 +80,15 @@ where
 {
     let (sink, rx) = SpanSink::bounded(settings.queue_size, metrics.queue_full.clone());
     let (stop_tx, stop_rx) = oneshot::channel();
-    let batching = Batching::of(settings);
+    let batching = Batching {
+        batch_size: settings.batch_size.max(1),
+        delay: settings.batch_delay,
+        timeout: settings.export_timeout,
+    };
     let task = tokio::spawn(run(exporter, rx, stop_rx, batching, metrics.clone()));
     let handle = ExportHandle {
         stop: stop_tx,
-        ended: Ended::Task(task),
+        task,
     };
     (sink, handle)
 }

@@ -69,7 +69,7 @@ fn settings(queue_size: usize, batch_size: usize) -> TraceSettings {
 async fn spans_go_out_in_batches_and_shutdown_flushes() {
     let rec = Recorder::default();
     let metrics = TraceFamilies::new();
-    let (sink, handle) = start_task(rec.clone(), &settings(16, 2), &metrics);
+    let (sink, handle) = start(rec.clone(), &settings(16, 2), &metrics);
     for n in 1..=5 {
         sink.send(span(n));
     }
@@ -84,7 +84,7 @@ async fn spans_go_out_in_batches_and_shutdown_flushes() {
 async fn a_partial_batch_goes_out_after_the_delay() {
     let rec = Recorder::default();
     let metrics = TraceFamilies::new();
-    let (sink, handle) = start_task(rec.clone(), &settings(16, 10), &metrics);
+    let (sink, handle) = start(rec.clone(), &settings(16, 10), &metrics);
     sink.send(span(7));
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(rec.batches.lock().unwrap().clone(), vec![vec![7]]);
@@ -98,7 +98,7 @@ async fn a_hung_collector_drops_and_counts_instead_of_waiting() {
         ..Recorder::default()
     };
     let metrics = TraceFamilies::new();
-    let (sink, handle) = start_task(rec, &settings(3, 1), &metrics);
+    let (sink, handle) = start(rec, &settings(3, 1), &metrics);
     // The task has not run yet: the queue takes three, the rest are dropped at once.
     for n in 1..=10 {
         sink.send(span(n));
@@ -110,22 +110,4 @@ async fn a_hung_collector_drops_and_counts_instead_of_waiting() {
     // Shutdown is bounded even though every export hangs.
     handle.shutdown(Duration::from_secs(1)).await;
     assert_eq!(metrics.exported.get(), 0);
-}
-
-#[tokio::test]
-async fn the_export_thread_sends_what_is_queued_and_stops_on_shutdown() {
-    let rec = Recorder::default();
-    let metrics = TraceFamilies::new();
-    let (sink, handle) = start(rec.clone(), &settings(16, 2), &metrics).unwrap();
-    for n in 1..=3 {
-        sink.send(span(n));
-    }
-    handle.shutdown(Duration::from_secs(5)).await;
-    let mut ids: Vec<u64> = rec.batches.lock().unwrap().concat();
-    ids.sort();
-    assert_eq!(ids, vec![1, 2, 3]);
-    assert_eq!(metrics.exported.get(), 3);
-    // The loop has ended: the queue's reading end is gone, so a late span is dropped.
-    sink.send(span(4));
-    assert_eq!(metrics.queue_full.get(), 1);
 }
