@@ -1,6 +1,6 @@
 //! A local OTLP/HTTP traces receiver: decodes each `POST /v1/traces` (protobuf) into the spans
 //! it carries, or, hung, accepts requests and never answers (a collector that stopped). It can
-//! speak TLS with a certificate from a throwaway CA ([`TestCa`], made by the openssl CLI).
+//! speak TLS with a certificate from a throwaway CA (`TestCa`, made by the openssl CLI).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -19,7 +19,7 @@
 //! frames); it allocates only when it finds one of them, and keeps at most [`MAX_CAPTURE`]
 //! bytes of each: the latest `usage` and `timings` objects, copied as they pass (a run of
 //! bytes at a time). Only [`UsageObserver::usage`] parses them, once, at the end of the body,
-//! into a few integer fields ([`counts`]), not a JSON tree. JSON and
+//! into a few integer fields (`counts`), not a JSON tree. JSON and
 //! SSE bodies are read alike: the keys are searched for in the bytes, so no event framing is
 //! needed, and a quoted key cannot match inside a JSON string (its quotes would be escaped).
 
