@@ -251,12 +251,14 @@ mod tests {
     #[test]
     fn only_filters_each_kind_it_names() {
         let (t, c) = select(&[]).unwrap();
-        assert_eq!((t.len(), c.len()), (8, 3));
+        assert_eq!((t.len(), c.len()), (TARGETS.len(), 3));
         let (t, c) = select(&["haproxy".into(), "fx-default".into()]).unwrap();
         assert_eq!(t, vec![Target::Haproxy, Target::FxDefault]);
         assert_eq!(c.len(), 3);
         let (t, c) = select(&["prefix".into()]).unwrap();
-        assert_eq!((t.len(), c), (8, vec![Case::Prefix]));
+        assert_eq!((t.len(), c), (TARGETS.len(), vec![Case::Prefix]));
+        let (t, _) = select(&["fx-trace-0.1".into()]).unwrap();
+        assert_eq!(t, vec![Target::FxTraceTenth]);
         assert!(select(&["fx-ebpf".into()]).is_err());
     }
 
@@ -268,6 +270,8 @@ mod tests {
         assert_eq!(f.last().map(String::as_str), Some("1.0"));
         let f = super::sample::trace_flags(Target::FxTrace0, Some(9));
         assert_eq!(f.last().map(String::as_str), Some("0"));
+        let f = super::sample::trace_flags(Target::FxTraceTenth, Some(9));
+        assert_eq!(f.last().map(String::as_str), Some("0.1"));
     }
 
     #[test]
