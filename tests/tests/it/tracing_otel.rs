@@ -54,6 +54,24 @@ fn by_kind(spans: &[Received], kind: i32) -> Vec<&Received> {
 const SERVER: i32 = 2;
 const CLIENT: i32 = 3;
 
+/// The spans dropped for `reason` once `done` holds for them (or after 10 s, whatever they are).
+async fn dropped_when(proxy: &Proxy, reason: &str, done: impl Fn(f64) -> bool) -> f64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = proxy.metrics().await;
+        let v = metric_value(
+            &m,
+            "flexinfer_proxy_trace_spans_dropped_total",
+            &[("reason", reason)],
+        )
+        .unwrap_or(0.0);
+        if done(v) || std::time::Instant::now() > deadline {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Stop the proxy (its export queue is flushed on the way out) and wait for it to exit.
 fn stop(proxy: &mut Proxy) {
     let exited = tokio::task::block_in_place(|| proxy.proc.terminate(Duration::from_secs(10)));
@@ -202,21 +220,7 @@ async fn a_hung_collector_drops_counted_spans_and_requests_still_succeed() {
         chat(&proxy, &[]).await;
     }
     // One export is in flight (hung); the queue holds 4; every other span is dropped.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let dropped = loop {
-        let m = proxy.metrics().await;
-        let v = metric_value(
-            &m,
-            "flexinfer_proxy_trace_spans_dropped_total",
-            &[("reason", "queue_full")],
-        )
-        .unwrap_or(0.0);
-        let arrived = rx.requests() >= 1;
-        if (v >= 54.0 && arrived) || std::time::Instant::now() > deadline {
-            break v;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let dropped = dropped_when(&proxy, "queue_full", |v| v >= 54.0 && rx.requests() >= 1).await;
     assert!(dropped >= 54.0, "dropped {dropped} of 60 spans");
     let m = proxy.metrics().await;
     assert_eq!(
@@ -294,20 +298,7 @@ async fn an_https_collector_with_an_untrusted_certificate_gets_nothing_and_drops
     // No CA file: the platform's roots do not know the test CA.
     let proxy = traced_proxy(&dir, &pod, &rx.endpoint(), &[]).await;
     chat(&proxy, &[]).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let failed = loop {
-        let m = proxy.metrics().await;
-        let v = metric_value(
-            &m,
-            "flexinfer_proxy_trace_spans_dropped_total",
-            &[("reason", "export_failed")],
-        )
-        .unwrap_or(0.0);
-        if v >= 2.0 || std::time::Instant::now() > deadline {
-            break v;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let failed = dropped_when(&proxy, "export_failed", |v| v >= 2.0).await;
     assert_eq!(failed, 2.0, "both spans of the request fail to export");
     // (chat asserted the request's 200: export trouble costs requests nothing.)
     assert_eq!(rx.requests(), 0, "no export request got through TLS");
