@@ -5,11 +5,17 @@
 //! slow, hung or down) a span is dropped and counted, and an export that fails or passes its
 //! timeout drops its batch (counted too). The cost is lost spans under collector trouble,
 //! never slower requests. Shutdown exports what is queued, within a bound.
+//!
+//! Queueing a span wakes nobody: the export task wakes when a batch is full or its delay has
+//! passed. (A channel would wake it for every span, and on the proxy's one core each wake is a
+//! task switch and a timer set up again, per request.)
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 
 use super::metrics::TraceFamilies;
@@ -18,25 +24,72 @@ use super::settings::TraceSettings;
 /// Where ended spans go: the bounded queue in front of the export task.
 #[derive(Debug, Clone)]
 pub struct SpanSink {
-    tx: mpsc::Sender<SpanData>,
+    queue: Arc<SpanQueue>,
+}
+
+/// The spans waiting for export, and the export task's wake-up for a full batch.
+#[derive(Debug)]
+pub(crate) struct SpanQueue {
+    spans: Mutex<VecDeque<SpanData>>,
+    capacity: usize,
+    batch_size: usize,
+    batch_full: Notify,
     queue_full: prometheus::IntCounter,
 }
 
 impl SpanSink {
-    /// A sink in front of a queue of `size` spans, and the queue's reading end.
+    /// A sink in front of a queue of `size` spans whose reader wants batches of `batch_size`,
+    /// and the queue (the reading end).
     pub(crate) fn bounded(
         size: usize,
+        batch_size: usize,
         queue_full: prometheus::IntCounter,
-    ) -> (Self, mpsc::Receiver<SpanData>) {
-        let (tx, rx) = mpsc::channel(size.max(1));
-        (Self { tx, queue_full }, rx)
+    ) -> (Self, Arc<SpanQueue>) {
+        let queue = Arc::new(SpanQueue {
+            spans: Mutex::new(VecDeque::new()),
+            capacity: size.max(1),
+            batch_size: batch_size.clamp(1, size.max(1)),
+            batch_full: Notify::new(),
+            queue_full,
+        });
+        (
+            Self {
+                queue: Arc::clone(&queue),
+            },
+            queue,
+        )
     }
 
-    /// Queue a span, or drop (and count) it when the queue is full or export stopped.
+    /// Queue a span, or drop (and count) it when the queue is full. Wakes the export task
+    /// only when this span completes a batch.
     pub fn send(&self, span: SpanData) {
-        if self.tx.try_send(span).is_err() {
-            self.queue_full.inc();
+        let q = &*self.queue;
+        let mut spans = q.lock();
+        if spans.len() >= q.capacity {
+            drop(spans);
+            q.queue_full.inc();
+            return;
         }
+        spans.push_back(span);
+        let full = spans.len() == q.batch_size;
+        drop(spans);
+        if full {
+            q.batch_full.notify_one();
+        }
+    }
+}
+
+impl SpanQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<SpanData>> {
+        // A panic while holding the lock leaves a queue of whole spans: keep using it.
+        self.spans.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Up to `max` of the oldest queued spans.
+    pub(crate) fn take(&self, max: usize) -> Vec<SpanData> {
+        let mut spans = self.lock();
+        let n = spans.len().min(max);
+        spans.drain(..n).collect()
     }
 }
 
@@ -78,14 +131,18 @@ pub fn start<E>(
 where
     E: SpanExporter + 'static,
 {
-    let (sink, rx) = SpanSink::bounded(settings.queue_size, metrics.queue_full.clone());
+    let (sink, queue) = SpanSink::bounded(
+        settings.queue_size,
+        settings.batch_size,
+        metrics.queue_full.clone(),
+    );
     let (stop_tx, stop_rx) = oneshot::channel();
     let batching = Batching {
-        batch_size: settings.batch_size.max(1),
+        batch_size: queue.batch_size,
         delay: settings.batch_delay,
         timeout: settings.export_timeout,
     };
-    let task = tokio::spawn(run(exporter, rx, stop_rx, batching, metrics.clone()));
+    let task = tokio::spawn(run(exporter, queue, stop_rx, batching, metrics.clone()));
     let handle = ExportHandle {
         stop: stop_tx,
         task,
@@ -95,47 +152,53 @@ where
 
 async fn run<E: SpanExporter>(
     exporter: E,
-    mut rx: mpsc::Receiver<SpanData>,
+    queue: Arc<SpanQueue>,
     mut stop: oneshot::Receiver<()>,
     b: Batching,
     metrics: TraceFamilies,
 ) {
-    let mut batch = Vec::with_capacity(b.batch_size);
     loop {
-        tokio::select! {
-            n = rx.recv_many(&mut batch, b.batch_size) => if n == 0 { break },
-            _ = &mut stop => break,
+        // A queued span waits at most `delay`; a full batch goes at once.
+        let stopping = tokio::select! {
+            _ = tokio::time::sleep(b.delay) => false,
+            _ = queue.batch_full.notified() => false,
+            _ = &mut stop => true,
+        };
+        if stopping {
+            break;
         }
-        // The first span of a batch waits at most `delay` for the rest.
-        let deadline = tokio::time::Instant::now() + b.delay;
-        while batch.len() < b.batch_size {
-            let room = b.batch_size - batch.len();
-            tokio::select! {
-                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = &mut stop => break,
-            }
-        }
-        export(&exporter, &mut batch, b.timeout, &metrics).await;
+        export_queued(&exporter, &queue, b, &metrics).await;
     }
     // Stopping: what is queued goes out, in batches (the caller bounds how long).
-    rx.close();
-    while rx.recv_many(&mut batch, b.batch_size).await > 0 {
-        export(&exporter, &mut batch, b.timeout, &metrics).await;
-    }
+    export_queued(&exporter, &queue, b, &metrics).await;
     let _ = exporter.shutdown();
 }
 
-/// Send one batch (emptying it), bounded by `timeout`; count what came of it.
+/// Send what is queued, a batch at a time.
+async fn export_queued<E: SpanExporter>(
+    exporter: &E,
+    queue: &SpanQueue,
+    b: Batching,
+    metrics: &TraceFamilies,
+) {
+    loop {
+        let batch = queue.take(b.batch_size);
+        if batch.is_empty() {
+            return;
+        }
+        export(exporter, batch, b.timeout, metrics).await;
+    }
+}
+
+/// Send one batch, bounded by `timeout`; count what came of it.
 async fn export<E: SpanExporter>(
     exporter: &E,
-    batch: &mut Vec<SpanData>,
+    batch: Vec<SpanData>,
     timeout: Duration,
     metrics: &TraceFamilies,
 ) {
     let n = batch.len() as u64;
-    let spans = std::mem::replace(batch, Vec::with_capacity(batch.capacity()));
-    match tokio::time::timeout(timeout, exporter.export(spans)).await {
+    match tokio::time::timeout(timeout, exporter.export(batch)).await {
         Ok(Ok(())) => metrics.exported.inc_by(n),
         Ok(Err(e)) => {
             metrics.export_failed.inc_by(n);

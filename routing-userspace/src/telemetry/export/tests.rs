@@ -111,3 +111,30 @@ async fn a_hung_collector_drops_and_counts_instead_of_waiting() {
     handle.shutdown(Duration::from_secs(1)).await;
     assert_eq!(metrics.exported.get(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_full_batch_goes_out_at_once_and_a_partial_one_waits_for_the_delay() {
+    let rec = Recorder::default();
+    let metrics = TraceFamilies::new();
+    let (sink, handle) = start(rec.clone(), &settings(16, 3), &metrics);
+    for n in 1..=4 {
+        sink.send(span(n));
+    }
+    // The third span completed a batch: it goes before the delay, with what came after it.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        rec.batches.lock().unwrap().clone(),
+        vec![vec![1, 2, 3], vec![4]]
+    );
+    sink.send(span(5));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        rec.batches.lock().unwrap().len(),
+        2,
+        "a partial batch waits"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rec.batches.lock().unwrap()[2], vec![5]);
+    handle.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(metrics.exported.get(), 5);
+}

@@ -6,15 +6,15 @@ use http::Method;
 use opentelemetry::trace::{SpanKind, TraceId};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::SpanData;
-use tokio::sync::mpsc;
 
 use super::*;
+use crate::telemetry::export::SpanQueue;
 use crate::telemetry::propagation::{self, TRACEPARENT};
 
 const CLIENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-fn tracer(sampler: &str, arg: Option<&str>) -> (Arc<Tracer>, mpsc::Receiver<SpanData>) {
-    let (sink, rx) = SpanSink::bounded(16, prometheus::IntCounter::new("t", "t").unwrap());
+fn tracer(sampler: &str, arg: Option<&str>) -> (Arc<Tracer>, Arc<SpanQueue>) {
+    let (sink, rx) = SpanSink::bounded(16, 16, prometheus::IntCounter::new("t", "t").unwrap());
     let sampler = Sampler::parse(sampler, arg).unwrap();
     (Arc::new(Tracer::new(sampler, sink)), rx)
 }
@@ -47,7 +47,7 @@ fn off_or_unsampled_leaves_the_headers_alone() {
 
 #[test]
 fn a_sampled_request_gives_the_pod_its_attempt_as_parent() {
-    let (t, mut rx) = tracer("parentbased_always_on", None);
+    let (t, rx) = tracer("parentbased_always_on", None);
     let h = headers(&[("traceparent", CLIENT), ("tracestate", "a=1")]);
     let mut trace = start(Some(&t), &h);
     let client = propagation::parse(CLIENT.as_bytes()).unwrap();
@@ -69,7 +69,7 @@ fn a_sampled_request_gives_the_pod_its_attempt_as_parent() {
     )];
     trace.finish(Instant::now(), Some(200), attrs);
     assert!(!trace.is_sampled(), "finished once");
-    let spans: Vec<SpanData> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+    let spans: Vec<SpanData> = rx.take(usize::MAX);
     assert_eq!(spans.len(), 3);
     let (failed, answered, server) = (&spans[0], &spans[1], &spans[2]);
     assert_eq!(server.span_kind, SpanKind::Server);
@@ -93,7 +93,7 @@ fn a_sampled_request_gives_the_pod_its_attempt_as_parent() {
 
 #[test]
 fn a_new_root_drops_an_orphan_tracestate() {
-    let (t, mut rx) = tracer("always_on", None);
+    let (t, rx) = tracer("always_on", None);
     let h = headers(&[("traceparent", "00-zz"), ("tracestate", "a=1")]);
     let mut trace = start(Some(&t), &h);
     let root = trace.trace_id().unwrap();
@@ -108,7 +108,7 @@ fn a_new_root_drops_an_orphan_tracestate() {
         root
     );
     trace.finish(Instant::now(), None, Vec::new());
-    let spans: Vec<SpanData> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+    let spans: Vec<SpanData> = rx.take(usize::MAX);
     let server = spans.last().unwrap();
     assert_eq!(server.parent_span_id, opentelemetry::trace::SpanId::INVALID);
     // The client went away: an error.
