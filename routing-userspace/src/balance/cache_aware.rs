@@ -10,14 +10,19 @@
 //! to, even through a proxy that never saw them: behind a shared system prompt, every proxy
 //! ties at the prompt and walks from the conversation's first own link. New conversations
 //! spread by that hash; the bound moves a pick only when its pod is full. The walk never starts
-//! inside the first [`TIE_LINKS`] links: while the best match is that short every pod ties, and
-//! a proxy that holds a short shared prefix must walk from the same link as one that holds
-//! nothing yet. A run at least half the pods already hold counts as held by a
-//! pod that is [`IDLE_GAP`] less busy than every holder (one more copy costs one prefill;
-//! without this, pods that never got a shared prompt longer than the tie margin would never
-//! get its conversations, while a document such pods hold stays with them when load is even). With no
-//! match at all the pick is the bounded ring pick of that same link, so proxies that share no
-//! state still place new prefixes alike. Alternates continue the same walk.
+//! inside the first [`walk_from`] links ([`WALK_LINKS`] for a chain of twice that or more,
+//! [`TIE_LINKS`] for a shorter one): a match that short counts as no match, and every pod ties. A proxy of a fleet has seen an
+//! eighth of the traffic with 8 routers: one that holds a shared system prompt nowhere would
+//! otherwise walk from a link inside the prompt (the same link for every conversation behind
+//! it), one that holds it on one pod would send it there, and one that holds it on two would
+//! walk from the link past it, so a conversation's turns scattered (generated rag-chat, 8
+//! routers: 0.92x the limit at max/mean 1.23 with two links; 0.98x at 1.16 with eight).
+//! A run at least half the pods already hold counts as held by a pod that is [`IDLE_GAP`] less
+//! busy than every holder (one more copy costs one prefill; without this, pods that never got
+//! a shared prompt longer than the tie margin would never get its conversations, while a
+//! document such pods hold stays with them when load is even). With no match at all the pick
+//! is the bounded ring pick of that same link, so proxies that share no state still place new
+//! prefixes alike. Alternates continue the same walk.
 //!
 //! Pure: the matched depths come from the index, the loads from the gauge, both read once.
 
@@ -67,6 +72,25 @@ pub struct CacheAwareChoice {
 /// turn is many links long and still decides.
 pub const TIE_LINKS: u32 = 2;
 
+/// Leading links a match must pass to count at all, and where the walk of a tie starts: 8 links
+/// of [`CUT_CHARS`](crate::keys::chain::CUT_CHARS), about 2,000 tokens, longer than most shared
+/// system prompts, so every proxy walks from a link of the conversation's own, whatever it
+/// knows of the prompt (12 links cost the Mooncake conversation trace's short conversations
+/// their earlier turns: 0.94x the limit with 4 and 8 routers). A chain shorter than twice that
+/// walks from [`TIE_LINKS`], so a short conversation's earlier turn still decides, and its
+/// walk link moves once, when it grows past the threshold, not at every turn (half the chain
+/// moved it at every turn: 0.96x with 4 routers on the same trace).
+pub const WALK_LINKS: u32 = 8;
+
+/// The links a match must pass to count, and where a tie walks from, for a chain of `links`
+/// links (see [`WALK_LINKS`]).
+pub fn walk_from(links: usize) -> u32 {
+    match links >= 2 * WALK_LINKS as usize {
+        true => WALK_LINKS,
+        false => TIE_LINKS,
+    }
+}
+
 /// How much less loaded than every holder of the common run a pod must be to count as holding
 /// it (see [`common_depth`]).
 pub const IDLE_GAP: u64 = 2;
@@ -110,9 +134,18 @@ pub fn choose(
         .map(load)
         .min()
         .unwrap_or(0);
-    let depth = |i: usize| match load(i) + IDLE_GAP <= least_busy_holder {
-        true => held(i).max(common),
-        false => held(i),
+    let shallow = walk_from(chain.len());
+    let depth = |i: usize| {
+        let d = match load(i) + IDLE_GAP <= least_busy_holder {
+            true => held(i).max(common),
+            false => held(i),
+        };
+        // A match inside the first links is a shared prompt's, known to some proxies only.
+        if d <= shallow {
+            0
+        } else {
+            d
+        }
     };
     // With c >= 1 some pod is always under the bound; if loads say otherwise, ignore it.
     let limit = bound
@@ -126,10 +159,10 @@ pub fn choose(
             .map(depth)
             .max()
             .unwrap_or(0);
-        // Past the match, but never inside the first TIE_LINKS links: while the best match is
-        // that short every pod ties, and a router that holds a short shared prefix and one
-        // that holds nothing yet must walk from the same link.
-        let tie_at = if best <= TIE_LINKS { TIE_LINKS } else { best };
+        // Past the match, but never inside the first `shallow` links: such a match counts as
+        // none, and a router that holds a shared prompt and one that holds nothing yet must
+        // walk from the same link.
+        let tie_at = if best <= shallow { shallow } else { best };
         let tie_link = chain[(tie_at as usize).min(chain.len().saturating_sub(1))];
         let walk = BoundedWalk::new(ring, tie_link, loads, limit);
         let tied = walk
@@ -306,6 +339,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_shared_prompt_some_routers_know_and_others_do_not_walks_from_the_same_link() {
+        let r = ring(4);
+        // A 6-link system prompt, then 30 links of the conversation's own.
+        for c in 0u64..32 {
+            let mut chain: Vec<u64> = (1..=6).collect();
+            chain.extend((0..30).map(|i| (c * 100 + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+            let expected = r.pick(chain[WALK_LINKS as usize]);
+            // Knows the prompt nowhere, on one pod, on two, on all four: one pick.
+            for depths in [[0, 0, 0, 0], [6, 0, 0, 0], [0, 6, 6, 0], [6; 4]] {
+                let c = choose(&r, &chain, &depths, &[1, 1, 1, 1], Some(10));
+                assert_eq!(c.pick, expected, "{depths:?}");
+            }
+            // A pod that holds an earlier turn (past the prompt) keeps the conversation.
+            let c = choose(&r, &chain, &[6, 20, 6, 0], &[1, 1, 1, 1], Some(10));
+            assert_eq!((c.pick, c.depth), (Some(1), 20));
+        }
+        // A short chain walks from the tie margin, so its earlier turn still decides.
+        assert_eq!(walk_from(2 * WALK_LINKS as usize - 1), TIE_LINKS);
+        assert_eq!(walk_from(3), TIE_LINKS);
+        assert_eq!(walk_from(2 * WALK_LINKS as usize), WALK_LINKS);
+        assert_eq!(walk_from(100), WALK_LINKS);
+        let chain: Vec<u64> = (1..=10).collect();
+        let c = choose(&r, &chain, &[0, 0, 3, 0], &[1, 1, 1, 1], Some(10));
+        assert_eq!((c.pick, c.depth), (Some(2), 3));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -328,7 +388,8 @@ mod tests {
             prop_assert_eq!(c.depth, depths[pick]);
             // A run half the pods hold counts as held by all.
             let common = common_depth(&depths, n);
-            let eff = |i: usize| depths[i].max(common);
+            let shallow = walk_from(chain.len());
+            let eff = |i: usize| Some(depths[i].max(common)).filter(|&d| d > shallow).unwrap_or(0);
             let under: Vec<usize> = (0..n).filter(|&i| loads[i] < bound).collect();
             if !under.is_empty() {
                 prop_assert!(loads[pick] < bound);
