@@ -11,12 +11,13 @@
 //! ties at the prompt and walks from the conversation's first own link. New conversations
 //! spread by that hash; the bound moves a pick only when its pod is full. The walk never starts
 //! inside the first [`walk_from`] links ([`WALK_LINKS`] for a chain of twice that or more,
-//! [`TIE_LINKS`] for a shorter one): a match that short counts as no match, and every pod ties. A proxy of a fleet has seen an
-//! eighth of the traffic with 8 routers: one that holds a shared system prompt nowhere would
-//! otherwise walk from a link inside the prompt (the same link for every conversation behind
-//! it), one that holds it on one pod would send it there, and one that holds it on two would
-//! walk from the link past it, so a conversation's turns scattered (generated rag-chat, 8
-//! routers: 0.92x the limit at max/mean 1.23 with two links; 0.98x at 1.16 with eight).
+//! [`TIE_LINKS`] for a shorter one): a match that short counts as no match, and every pod ties.
+//! A proxy of a fleet has seen an eighth of the traffic with 8 routers: one that holds a shared
+//! system prompt nowhere would otherwise walk from a link inside the prompt (the same link for
+//! every conversation behind it), one that holds it on one pod would send it there, and one
+//! that holds it on two would walk from the link past it, so a conversation's turns scattered
+//! (generated rag-chat, 8 routers: 0.92x the limit at max/mean 1.23 with two links; 0.98x at
+//! 1.16 with eight).
 //! A run at least half the pods already hold counts as held by a pod that is [`IDLE_GAP`] less
 //! busy than every holder (one more copy costs one prefill; without this, pods that never got
 //! a shared prompt longer than the tie margin would never get its conversations, while a
@@ -159,10 +160,10 @@ pub fn choose(
             .map(depth)
             .max()
             .unwrap_or(0);
-        // Past the match, but never inside the first `shallow` links: such a match counts as
-        // none, and a router that holds a shared prompt and one that holds nothing yet must
-        // walk from the same link.
-        let tie_at = if best <= shallow { shallow } else { best };
+        // Past the match, but never inside the first `shallow` links (`depth` counts such a
+        // match as none): a router that holds a shared prompt and one that holds nothing yet
+        // must walk from the same link.
+        let tie_at = best.max(shallow);
         let tie_link = chain[(tie_at as usize).min(chain.len().saturating_sub(1))];
         let walk = BoundedWalk::new(ring, tie_link, loads, limit);
         let tied = walk
