@@ -19,6 +19,7 @@
 //! The files: `install` (xllamacpp, the model, the launcher), `forwarder` (the counting
 //! forwarders), `workload` (prompts and the streaming client), `table`.
 
+mod cpu_cap;
 mod forwarder;
 mod install;
 mod table;
@@ -38,6 +39,7 @@ use flexinfer_test_support::{
 };
 
 use crate::ebpf;
+use cpu_cap::CpuCap;
 use forwarder::counting_forwarder;
 use install::{install_llama, served_model_id, LAUNCHER};
 use table::{table, Row};
@@ -70,10 +72,15 @@ pub(crate) struct RealLlmBench {
     /// keeping its last prompt's KV for the next request that shares it.
     #[arg(long, default_value_t = 2)]
     pub slots: u32,
-    /// hashBalanceFloor of the bounded models (default: --slots; a server runs that many at
-    /// once and queues the rest, where the proxy's default of 4 suits batching servers).
+    /// hashBalanceFloor of the bounded models (default: the proxy's own, 4). At the slot
+    /// count (2) a document's third request spilled whenever its server ran two: each spill
+    /// prefilled the document again (TTFT 6.9 to 7.5 s against 0.3 to 0.5 s for a hit).
     #[arg(long)]
     pub floor: Option<u64>,
+    /// Let the servers share the machine's CPU freely. By default each gets an equal, fixed
+    /// share (cores / servers, a cgroup CPU quota), as each replica has its own accelerator.
+    #[arg(long)]
+    pub uncapped: bool,
     /// Only these routings, comma-separated (default, prefix, prefix-bounded, session-affinity,
     /// cache-aware, cache-aware-3-proxies, smg-cache-aware) and/or workloads (chat-with-doc,
     /// hot-prompt).
@@ -199,6 +206,7 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    warm_up(&fleet, &served_model)?;
     let mut rows = Vec::new();
     for (n, &workload) in workloads.iter().enumerate() {
         for (k, &(label, front)) in routings.iter().enumerate() {
@@ -211,7 +219,9 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
             if front == Front::Smg {
                 wait_for_smg(addrs[0], args)?;
             }
-            let salt = format!("run {salt}-{n}-{k}");
+            // The row first: rows share no prompt prefix but the chat template's, which the
+            // warm-up below put on every server before the first row.
+            let salt = format!("row {n}-{k} of run {salt}");
             let before = fleet.served();
             let run = run_workload(&addrs, model, workload, &salt, args)?;
             let per_server = fleet
@@ -220,12 +230,16 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
                 .zip(&before)
                 .map(|(a, b)| a - b)
                 .collect();
+            out.write(
+                &format!("samples-{}-{label}.tsv", workload.name()),
+                samples_tsv(&run, workload, args),
+            )?;
             let row = Row::new(workload, label, &run, per_server);
             println!("{}", row.markdown());
             rows.push(row);
         }
     }
-    let table = table(&rows, args, &served_model);
+    let table = table(&rows, args, &served_model, fleet.cpu_share);
     out.write("results.md", &table)?;
     if let Ok(r) = http_request(admin, "GET", "/metrics", &[], b"") {
         out.write("proxy-metrics.txt", r.text())?;
@@ -238,21 +252,64 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
     Ok(())
 }
 
-/// The model servers, each behind a counting forwarder.
+/// One short request straight to each server before the first row, so no row meets a server
+/// that has never answered (the first answer of a fresh server ran twice as slow) or slots
+/// that hold nothing (later rows found the chat template cached).
+fn warm_up(fleet: &Fleet, model: &str) -> Result<()> {
+    for (i, front) in fleet.fronts.iter().enumerate() {
+        let body = request_body(model, "Warm-up.", &format!("Say hello to server {i}."), 4);
+        workload::stream_one(*front, 0, &body).with_context(|| format!("warming up server {i}"))?;
+    }
+    Ok(())
+}
+
+/// Each request of a run, in order: its document (chat-with-doc), TTFT, prompt and cached
+/// tokens and the proxy's route header, to see which requests missed the cache and why.
+fn samples_tsv(run: &workload::Run, workload: Workload, args: &RealLlmBench) -> String {
+    let mut samples: Vec<&workload::Sample> = run.samples.iter().collect();
+    samples.sort_by_key(|s| s.index);
+    let mut tsv = String::from("request\tdocument\tttft_s\tprompt_tokens\tcached_tokens\troute\n");
+    for s in samples {
+        let document = match workload {
+            Workload::ChatWithDoc => workload::document(s.index, args).to_string(),
+            Workload::HotPrompt => "-".to_owned(),
+        };
+        tsv.push_str(&format!(
+            "{}\t{document}\t{:.3}\t{}\t{}\t{}\n",
+            s.index,
+            s.ttft.as_secs_f64(),
+            s.prompt_tokens,
+            s.cached_tokens,
+            s.route.as_deref().unwrap_or("-"),
+        ));
+    }
+    tsv
+}
+
+/// The model servers, each behind a counting forwarder and, unless `--uncapped`, in a cgroup
+/// of its own with an equal share of the CPU.
 struct Fleet {
     servers: Vec<(Proc, SocketAddr)>,
     fronts: Vec<SocketAddr>,
     counters: Vec<Arc<AtomicU64>>,
+    /// Dropped after the servers (fields drop in order): a cgroup goes once it is empty.
+    caps: Vec<CpuCap>,
+    /// Cores each server may use, when capped.
+    cpu_share: Option<f64>,
 }
 
 impl Fleet {
     fn start(python: &Path, model: &Path, out: &Path, args: &RealLlmBench) -> Result<Self> {
         let launcher = out.join("serve.py");
         std::fs::write(&launcher, LAUNCHER)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu_share = (!args.uncapped).then(|| cores as f64 / args.servers as f64);
         let mut fleet = Fleet {
             servers: Vec::new(),
             fronts: Vec::new(),
             counters: Vec::new(),
+            caps: Vec::new(),
+            cpu_share,
         };
         for i in 0..args.servers {
             let port = free_port();
@@ -264,6 +321,12 @@ impl Fleet {
                 .arg(args.slots.to_string());
             let log = out.join(format!("llama-{i}.log"));
             let p = Proc::spawn(&format!("llama-{i}"), cmd, &log)?.graceful(Duration::from_secs(5));
+            if let Some(share) = cpu_share {
+                let cap = CpuCap::create(&format!("flexinfer-real-llm-{i}"), share)
+                    .context("capping the servers' CPU (run as root, or pass --uncapped)")?;
+                cap.add(p.pid())?;
+                fleet.caps.push(cap);
+            }
             fleet.servers.push((p, loopback(port)));
         }
         for (p, addr) in &fleet.servers {
@@ -296,8 +359,10 @@ fn start_proxy(
 ) -> Result<(Proc, SocketAddr, SocketAddr)> {
     let models = out.join(format!("{name}-models.yaml"));
     let entry = |name: &str| ModelEntry::new(name).endpoints(fronts);
-    let floor = args.floor.unwrap_or(u64::from(args.slots));
-    let bounded = |name: &str| entry(name).hash_balance_floor(floor);
+    let bounded = |name: &str| match args.floor {
+        Some(floor) => entry(name).hash_balance_floor(floor),
+        None => entry(name),
+    };
     ModelsFile::new()
         .model(entry("llm-default"))
         .model(

@@ -75,11 +75,24 @@ impl Row {
     }
 }
 
-pub(super) fn table(rows: &[Row], args: &RealLlmBench, model: &str) -> String {
+pub(super) fn table(
+    rows: &[Row],
+    args: &RealLlmBench,
+    model: &str,
+    cpu_share: Option<f64>,
+) -> String {
     let mut t = String::new();
+    let cpu = match cpu_share {
+        Some(s) => format!("each capped at {s:.2} of a core"),
+        None => "sharing the machine's cores freely".to_owned(),
+    };
+    let floor = match args.floor {
+        Some(f) => format!("hashBalanceFloor {f}"),
+        None => "the proxy's default floor".to_owned(),
+    };
     let _ = writeln!(
         t,
-        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with hashBalanceFloor {} and the proxy's default factor; `-3-proxies` rows: three proxies in front of the same servers, request i through proxy i mod 3.\n",
+        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on, {cpu}); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with {floor} and the proxy's default factor; `-3-proxies` rows: three proxies in front of the same servers, request i through proxy i mod 3.\n",
         args.servers,
         args.slots,
         args.doc_requests,
@@ -88,7 +101,6 @@ pub(super) fn table(rows: &[Row], args: &RealLlmBench, model: &str) -> String {
         args.hot_requests,
         args.hot_concurrency,
         args.max_tokens,
-        args.floor.unwrap_or(u64::from(args.slots))
     );
     t.push_str("| workload | routing | ok | TTFT p50 (s) | TTFT p95 (s) | cached prompt tokens | requests per server | max/mean | wall (s) |\n");
     t.push_str("|---|---|---:|---:|---:|---:|---|---:|---:|\n");

@@ -13,11 +13,15 @@ use flexinfer_test_support::harness::http::{Conn, Request, Timeouts};
 use super::{RealLlmBench, Workload, PATH};
 
 /// One streamed request as the client saw it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Sample {
+    /// The request's number in the workload.
+    pub index: usize,
     pub ttft: Duration,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
+    /// The proxy's `x-flexinfer-route` (depth and spill), when it sent one.
+    pub route: Option<String>,
 }
 
 pub(super) struct Run {
@@ -71,9 +75,7 @@ fn prompt(workload: Workload, salt: &str, i: usize, args: &RealLlmBench) -> (Str
             format!("User {i} asks: which setting controls routing for team {i}?"),
         ),
         Workload::ChatWithDoc => {
-            // A fixed shuffle, so no routing gets the documents in an order that suits it
-            // (in order, round-robin over 3 servers would give each server 2 of 6 documents).
-            let d = (i.wrapping_mul(2_654_435_761) >> 7) % args.documents.max(1);
+            let d = document(i, args);
             (
                 format!(
                     "[{salt}] You answer using the provided document only. Document {d}: {}",
@@ -85,8 +87,15 @@ fn prompt(workload: Workload, salt: &str, i: usize, args: &RealLlmBench) -> (Str
     }
 }
 
+/// The document request `i` of chat-with-doc asks about: a fixed shuffle, so no routing gets
+/// the documents in an order that suits it (in order, round-robin over 3 servers would give
+/// each server 2 of 6 documents).
+pub(super) fn document(i: usize, args: &RealLlmBench) -> usize {
+    (i.wrapping_mul(2_654_435_761) >> 7) % args.documents.max(1)
+}
+
 /// One streamed exchange: time to the first SSE event, then the usage of the last one.
-fn stream_one(addr: SocketAddr, body: &str) -> Result<Sample> {
+pub(super) fn stream_one(addr: SocketAddr, index: usize, body: &str) -> Result<Sample> {
     let start = Instant::now();
     let t = Timeouts {
         connect: Duration::from_secs(5),
@@ -100,6 +109,7 @@ fn stream_one(addr: SocketAddr, body: &str) -> Result<Sample> {
         let r = conn.reply(head);
         bail!("status {}: {}", r.status, r.text());
     }
+    let route = head.header("x-flexinfer-route").map(str::to_owned);
     let mut events = conn.events(&head);
     let mut ttft = None;
     let (mut prompt_tokens, mut cached_tokens) = (0, 0);
@@ -125,9 +135,11 @@ fn stream_one(addr: SocketAddr, body: &str) -> Result<Sample> {
         bail!("the stream was cut before its end");
     }
     Ok(Sample {
+        index,
         ttft: ttft.context("no SSE event in the answer")?,
         prompt_tokens,
         cached_tokens,
+        route,
     })
 }
 
@@ -163,7 +175,7 @@ pub(super) fn run_workload(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(body) = bodies.get(i) else { break };
-                    got.push(stream_one(addrs[i % addrs.len()], body));
+                    got.push(stream_one(addrs[i % addrs.len()], i, body));
                 }
                 got
             })
