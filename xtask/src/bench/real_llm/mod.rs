@@ -13,11 +13,15 @@
 //! `usage.prompt_tokens_details.cached_tokens`), requests per server and the wall time. Each
 //! run salts its prompts, so no run finds another's prefixes cached. Requests per server are
 //! counted by a small forwarder in front of each server (it counts the completions it passes
-//! back, so every router is counted alike). Everything listens on loopback; outputs go to
-//! `<target>/real-llm/<unix time>/`. It is a benchmark, never a test.
+//! back, so every router is counted alike). Each server runs on an equal, fixed share of the
+//! CPU (`cpu_cap`), as each replica of a real fleet has its own accelerator, and answers one
+//! warm-up request before the first row. Everything listens on loopback; outputs go to
+//! `<target>/real-llm/<unix time>/` (the table, and each request's route and cached tokens in
+//! `samples-*.tsv`). It is a benchmark, never a test.
 //!
 //! The files: `install` (xllamacpp, the model, the launcher), `forwarder` (the counting
-//! forwarders), `workload` (prompts and the streaming client), `table`.
+//! forwarders), `cpu_cap` (the servers' CPU shares), `workload` (prompts and the streaming
+//! client), `table`.
 
 mod cpu_cap;
 mod forwarder;
@@ -43,7 +47,7 @@ use cpu_cap::CpuCap;
 use forwarder::counting_forwarder;
 use install::{install_llama, served_model_id, LAUNCHER};
 use table::{table, Row};
-use workload::{request_body, run_workload};
+use workload::{request_body, run_workload, Run};
 
 #[derive(clap::Args)]
 pub(crate) struct RealLlmBench {
@@ -77,6 +81,11 @@ pub(crate) struct RealLlmBench {
     /// prefilled the document again (TTFT 6.9 to 7.5 s against 0.3 to 0.5 s for a hit).
     #[arg(long)]
     pub floor: Option<u64>,
+    /// Runs of each row, interleaved (every row once, then again), each with its own salt and
+    /// so its own placement of the documents: a row pools its runs' requests and reports the
+    /// mean wall time. One salt moved a row's cached share by 5 points and its wall by a third.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Let the servers share the machine's CPU freely. By default each gets an equal, fixed
     /// share (cores / servers, a cgroup CPU quota), as each replica has its own accelerator.
     #[arg(long)]
@@ -171,6 +180,9 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
     if args.servers == 0 || args.hot_concurrency == 0 || args.doc_concurrency == 0 {
         bail!("--servers and the concurrencies must be positive");
     }
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
     let (routings, workloads) = select(&args.only)?;
     let base = ebpf::target_dir().join("real-llm");
     let out = RunDir::create(&base)?;
@@ -207,9 +219,13 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     warm_up(&fleet, &served_model)?;
-    let mut rows = Vec::new();
-    for (n, &workload) in workloads.iter().enumerate() {
-        for (k, &(label, front)) in routings.iter().enumerate() {
+    let cells: Vec<(Workload, Routing)> = workloads
+        .iter()
+        .flat_map(|&w| routings.iter().map(move |&r| (w, r)))
+        .collect();
+    let mut runs: Vec<Vec<(Run, Vec<u64>)>> = cells.iter().map(|_| Vec::new()).collect();
+    for rep in 0..args.repeat {
+        for (c, &(workload, (label, front))) in cells.iter().enumerate() {
             let smg_addr = || smg_proc.as_ref().map(|s| vec![s.1]).context("smg");
             let (addrs, model) = match front {
                 Front::Proxy(m) => (vec![proxy_addr], m),
@@ -220,25 +236,31 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
                 wait_for_smg(addrs[0], args)?;
             }
             // The row first: rows share no prompt prefix but the chat template's, which the
-            // warm-up below put on every server before the first row.
-            let salt = format!("row {n}-{k} of run {salt}");
+            // warm-up above put on every server before the first row.
+            let salt = format!("row {c}-{rep} of run {salt}");
             let before = fleet.served();
             let run = run_workload(&addrs, model, workload, &salt, args)?;
-            let per_server = fleet
+            let per_server: Vec<u64> = fleet
                 .served()
                 .iter()
                 .zip(&before)
                 .map(|(a, b)| a - b)
                 .collect();
-            out.write(
-                &format!("samples-{}-{label}.tsv", workload.name()),
-                samples_tsv(&run, workload, args),
-            )?;
-            let row = Row::new(workload, label, &run, per_server);
-            println!("{}", row.markdown());
-            rows.push(row);
+            let name = match args.repeat {
+                1 => format!("samples-{}-{label}.tsv", workload.name()),
+                _ => format!("samples-{}-{label}-{rep}.tsv", workload.name()),
+            };
+            out.write(&name, samples_tsv(&run, workload, args))?;
+            runs[c].push((run, per_server));
+            let this_run = std::slice::from_ref(runs[c].last().expect("just pushed"));
+            println!("{}", Row::new(workload, label, this_run).markdown());
         }
     }
+    let rows: Vec<Row> = cells
+        .iter()
+        .zip(&runs)
+        .map(|(&(workload, (label, _)), runs)| Row::new(workload, label, runs))
+        .collect();
     let table = table(&rows, args, &served_model, fleet.cpu_share);
     out.write("results.md", &table)?;
     if let Ok(r) = http_request(admin, "GET", "/metrics", &[], b"") {

@@ -16,24 +16,30 @@ pub(super) struct Row {
     p95: f64,
     cached: f64,
     per_server: Vec<u64>,
-    wall: f64,
+    /// Each run's wall time, in seconds.
+    walls: Vec<f64>,
 }
 
 impl Row {
-    pub(super) fn new(
-        workload: Workload,
-        routing: &'static str,
-        run: &Run,
-        per_server: Vec<u64>,
-    ) -> Self {
-        let ttft = sorted(run.samples.iter().map(|s| s.ttft.as_secs_f64()));
-        let prompt: u64 = run.samples.iter().map(|s| s.prompt_tokens).sum();
-        let cached: u64 = run.samples.iter().map(|s| s.cached_tokens).sum();
+    /// The row of `runs` (each with its requests per server), their requests pooled.
+    pub(super) fn new(workload: Workload, routing: &'static str, runs: &[(Run, Vec<u64>)]) -> Self {
+        let samples = || runs.iter().flat_map(|(r, _)| &r.samples);
+        let ttft = sorted(samples().map(|s| s.ttft.as_secs_f64()));
+        let prompt: u64 = samples().map(|s| s.prompt_tokens).sum();
+        let cached: u64 = samples().map(|s| s.cached_tokens).sum();
+        let servers = runs.iter().map(|(_, p)| p.len()).max().unwrap_or(0);
+        let per_server = (0..servers)
+            .map(|i| {
+                runs.iter()
+                    .map(|(_, p)| p.get(i).copied().unwrap_or(0))
+                    .sum()
+            })
+            .collect();
         Self {
             workload,
             routing,
-            ok: run.samples.len(),
-            failed: run.failed,
+            ok: samples().count(),
+            failed: runs.iter().map(|(r, _)| r.failed).sum(),
             p50: quantile(&ttft, 0.5),
             p95: quantile(&ttft, 0.95),
             cached: if prompt == 0 {
@@ -42,7 +48,7 @@ impl Row {
                 cached as f64 / prompt as f64
             },
             per_server,
-            wall: run.wall.as_secs_f64(),
+            walls: runs.iter().map(|(r, _)| r.wall.as_secs_f64()).collect(),
         }
     }
 
@@ -57,10 +63,22 @@ impl Row {
         }
     }
 
+    /// The mean wall time, and each run's when there are several.
+    fn wall(&self) -> String {
+        let mean = self.walls.iter().sum::<f64>() / self.walls.len().max(1) as f64;
+        match self.walls.len() {
+            0 | 1 => format!("{mean:.1}"),
+            _ => {
+                let each: Vec<String> = self.walls.iter().map(|w| format!("{w:.1}")).collect();
+                format!("{mean:.1} ({})", each.join(" / "))
+            }
+        }
+    }
+
     pub(super) fn markdown(&self) -> String {
         let per: Vec<String> = self.per_server.iter().map(u64::to_string).collect();
         format!(
-            "| {} | {} | {}/{} | {:.2} | {:.2} | {:.1}% | {} | {:.2} | {:.1} |",
+            "| {} | {} | {}/{} | {:.2} | {:.2} | {:.1}% | {} | {:.2} | {} |",
             self.workload.name(),
             self.routing,
             self.ok,
@@ -70,7 +88,7 @@ impl Row {
             self.cached * 100.0,
             per.join(" "),
             self.max_over_mean(),
-            self.wall
+            self.wall()
         )
     }
 }
@@ -86,13 +104,19 @@ pub(super) fn table(
         Some(s) => format!("each capped at {s:.2} of a core"),
         None => "sharing the machine's cores freely".to_owned(),
     };
+    let repeat = match args.repeat {
+        1 => "one run per row".to_owned(),
+        n => format!(
+            "{n} runs per row, interleaved, each with its own salt: requests pooled, requests per server summed, wall time the mean (each run's in brackets)"
+        ),
+    };
     let floor = match args.floor {
         Some(f) => format!("hashBalanceFloor {f}"),
         None => "the proxy's default floor".to_owned(),
     };
     let _ = writeln!(
         t,
-        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on, {cpu}); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with {floor} and the proxy's default factor; `-3-proxies` rows: three proxies in front of the same servers, request i through proxy i mod 3.\n",
+        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on, {cpu}); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with {floor} and the proxy's default factor; `-3-proxies` rows: three proxies in front of the same servers, request i through proxy i mod 3; {repeat}.\n",
         args.servers,
         args.slots,
         args.doc_requests,
@@ -109,4 +133,51 @@ pub(super) fn table(
         t.push('\n');
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::workload::Sample;
+    use super::*;
+
+    fn run(wall_s: u64, cached: &[u64], failed: usize) -> Run {
+        let samples = cached
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| Sample {
+                index: i,
+                ttft: Duration::from_millis(100 * (i as u64 + 1)),
+                prompt_tokens: 100,
+                cached_tokens: c,
+                route: None,
+            })
+            .collect();
+        Run {
+            samples,
+            failed,
+            wall: Duration::from_secs(wall_s),
+        }
+    }
+
+    #[test]
+    fn a_row_pools_its_runs_and_shows_each_wall_time() {
+        let runs = vec![
+            (run(10, &[0, 100], 0), vec![2, 0, 0]),
+            (run(20, &[50, 50], 1), vec![0, 1, 1]),
+        ];
+        let row = Row::new(Workload::ChatWithDoc, "cache-aware", &runs);
+        let md = row.markdown();
+        assert_eq!(
+            md,
+            "| chat-with-doc | cache-aware | 4/5 | 0.10 | 0.20 | 50.0% | 2 1 1 | 1.50 | 15.0 (10.0 / 20.0) |"
+        );
+        let one = Row::new(Workload::HotPrompt, "smg-cache-aware", &runs[..1]);
+        assert!(
+            one.markdown().ends_with("| 2 0 0 | 3.00 | 10.0 |"),
+            "{}",
+            one.markdown()
+        );
+    }
 }
