@@ -1,4 +1,5 @@
-//! Child cgroups of the cgroup2 root for tests and benchmarks that attach BPF programs.
+//! Child cgroups of the cgroup2 root for tests and benchmarks that attach BPF programs (and of
+//! any other hierarchy, for benchmarks that set a controller's limits).
 //!
 //! A sock_ops program on the cgroup2 root would see every TCP connection on the machine, so
 //! tests and benches attach to a fresh child cgroup instead and move only their own processes
@@ -30,7 +31,13 @@ pub struct Cgroup {
 
 impl Cgroup {
     pub fn create(prefix: &str) -> io::Result<Self> {
-        let path = cgroup2_root()?.join(crate::unique_name(prefix));
+        Self::create_under(&cgroup2_root()?, prefix)
+    }
+
+    /// A child cgroup `<root>/<prefix>-<pid>-<n>` of another hierarchy's `root` (a cgroup v1
+    /// controller's mount, say), removed on drop once it is empty.
+    pub fn create_under(root: &Path, prefix: &str) -> io::Result<Self> {
+        let path = root.join(crate::unique_name(prefix));
         std::fs::create_dir(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))?;
         Ok(Self { path })

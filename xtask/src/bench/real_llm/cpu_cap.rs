@@ -8,32 +8,31 @@
 //! speed is its own, whatever the others do.
 //!
 //! The cgroup is a child of the `cpu` controller's hierarchy: cgroup v1's `cpu` mount
-//! (`cpu.cfs_quota_us`), else a cgroup2 mount that offers `cpu` (`cpu.max`). Removed on drop.
+//! (`cpu.cfs_quota_us`), else a cgroup2 mount that offers `cpu` (`cpu.max`). Removed on drop
+//! (by [`Cgroup`]'s own drop).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use flexinfer_test_support::Cgroup;
 
 /// CFS period of the quota.
 const PERIOD_US: u64 = 100_000;
 
 /// A cgroup whose members together get `share` of one core.
 pub(super) struct CpuCap {
-    path: PathBuf,
-    v2: bool,
+    cgroup: Cgroup,
 }
 
 impl CpuCap {
-    /// A new cgroup named `name` (made unique by this process's id) capped at `share` cores.
-    pub(super) fn create(name: &str, share: f64) -> Result<Self> {
+    /// A new cgroup named after `prefix` (and this process) capped at `share` cores.
+    pub(super) fn create(prefix: &str, share: f64) -> Result<Self> {
         if !(share > 0.0 && share.is_finite()) {
             bail!("a CPU share must be a positive number of cores, not {share}");
         }
         let (root, v2) = cpu_hierarchy()?;
-        let path = root.join(format!("{name}-{}", std::process::id()));
-        std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
-        let cap = CpuCap { path, v2 };
+        let cgroup = Cgroup::create_under(&root, prefix)?;
+        let cap = CpuCap { cgroup };
         let quota = ((share * PERIOD_US as f64).round() as u64).max(1_000);
         match v2 {
             true => cap.write("cpu.max", &format!("{quota} {PERIOD_US}"))?,
@@ -47,30 +46,15 @@ impl CpuCap {
 
     /// Move process `pid` (all its threads, and the ones it starts later) into the cgroup.
     pub(super) fn add(&self, pid: u32) -> Result<()> {
-        self.write("cgroup.procs", &pid.to_string())
+        let path = self.cgroup.path().display();
+        self.cgroup
+            .add_pid(pid)
+            .with_context(|| format!("moving process {pid} into {path}"))
     }
 
     fn write(&self, file: &str, value: &str) -> Result<()> {
-        let p = self.path.join(file);
+        let p = self.cgroup.path().join(file);
         std::fs::write(&p, value).with_context(|| format!("writing {value:?} to {}", p.display()))
-    }
-}
-
-impl Drop for CpuCap {
-    fn drop(&mut self) {
-        // The members are stopped by their own guards first; retry while they are reaped.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::remove_dir(&self.path).is_err() {
-            if Instant::now() >= deadline {
-                eprintln!(
-                    "bench real-llm: could not remove cgroup {} (v2: {})",
-                    self.path.display(),
-                    self.v2
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 }
 
@@ -121,11 +105,13 @@ mod tests {
             return;
         }
         let cap = CpuCap::create("flexinfer-xtask-cap-test", 0.5).unwrap();
-        let quota = match cap.v2 {
-            true => std::fs::read_to_string(cap.path.join("cpu.max")).unwrap(),
-            false => std::fs::read_to_string(cap.path.join("cpu.cfs_quota_us")).unwrap(),
+        let dir = cap.cgroup.path().to_path_buf();
+        let v2 = dir.join("cpu.max").exists();
+        let quota = match v2 {
+            true => std::fs::read_to_string(dir.join("cpu.max")).unwrap(),
+            false => std::fs::read_to_string(dir.join("cpu.cfs_quota_us")).unwrap(),
         };
-        let want = match cap.v2 {
+        let want = match v2 {
             true => "50000 100000",
             false => "50000",
         };
@@ -135,15 +121,14 @@ mod tests {
             .spawn()
             .unwrap();
         cap.add(child.id()).unwrap();
-        let procs = std::fs::read_to_string(cap.path.join("cgroup.procs")).unwrap();
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
         assert!(
             procs.lines().any(|l| l.trim() == child.id().to_string()),
             "{procs}"
         );
-        let path = cap.path.clone();
         child.kill().unwrap();
         child.wait().unwrap();
         drop(cap);
-        assert!(!path.exists(), "{} is left", path.display());
+        assert!(!dir.exists(), "{} is left", dir.display());
     }
 }

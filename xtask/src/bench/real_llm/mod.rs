@@ -287,7 +287,7 @@ fn warm_up(fleet: &Fleet, model: &str) -> Result<()> {
 
 /// Each request of a run, in order: its document (chat-with-doc), TTFT, prompt and cached
 /// tokens and the proxy's route header, to see which requests missed the cache and why.
-fn samples_tsv(run: &workload::Run, workload: Workload, args: &RealLlmBench) -> String {
+fn samples_tsv(run: &Run, workload: Workload, args: &RealLlmBench) -> String {
     let mut samples: Vec<&workload::Sample> = run.samples.iter().collect();
     samples.sort_by_key(|s| s.index);
     let mut tsv = String::from("request\tdocument\tttft_s\tprompt_tokens\tcached_tokens\troute\n");
