@@ -10,12 +10,15 @@
 //!
 //! Reported per run: time to first token p50 and p95 (streaming, the first SSE event), the share
 //! of prompt tokens the servers found cached (`timings.cache_n`, else
-//! `usage.prompt_tokens_details.cached_tokens`), requests per server and the wall time. Each
-//! run salts its prompts, so no run finds another's prefixes cached. Requests per server are
+//! `usage.prompt_tokens_details.cached_tokens`), requests per server and the wall time. The
+//! rows are a paired comparison: every row of a run sends the same salted prompts to servers
+//! started afresh for it (empty caches, one warm-up answer each), so every routing meets the
+//! same documents and the same engines, and only its placement differs; each run (`--repeat`)
+//! has its own salt, so no run finds another's prefixes cached. Requests per server are
 //! counted by a small forwarder in front of each server (it counts the completions it passes
 //! back, so every router is counted alike). Each server runs on an equal, fixed share of the
-//! CPU (`cpu_cap`), as each replica of a real fleet has its own accelerator, and answers one
-//! warm-up request before the first row. Everything listens on loopback; outputs go to
+//! CPU (`cpu_cap`), as each replica of a real fleet has its own accelerator. Everything
+//! listens on loopback; outputs go to
 //! `<target>/real-llm/<unix time>/` (the table, and each request's route and cached tokens in
 //! `samples-*.tsv`). It is a benchmark, never a test.
 //!
@@ -30,7 +33,7 @@ mod table;
 mod workload;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -81,11 +84,17 @@ pub(crate) struct RealLlmBench {
     /// prefilled the document again (TTFT 6.9 to 7.5 s against 0.3 to 0.5 s for a hit).
     #[arg(long)]
     pub floor: Option<u64>,
-    /// Runs of each row, interleaved (every row once, then again), each with its own salt and
-    /// so its own placement of the documents: a row pools its runs' requests and reports the
-    /// mean wall time. One salt moved a row's cached share by 5 points and its wall by a third.
+    /// Runs of each row, interleaved (every row once, then again), each run with its own salt
+    /// and so its own placement of the documents: a row pools its runs' requests and reports
+    /// the mean wall time. One salt moved a row's cached share by 5 points and its wall by a
+    /// third.
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
+    /// The salt of the prompts (run r salts with "r of run <salt>"); default: the run's own
+    /// directory name. Another run's salt sends it the same prompts again, to compare a
+    /// setting on the same documents and placements.
+    #[arg(long)]
+    pub salt: Option<String>,
     /// Let the servers share the machine's CPU freely. By default each gets an equal, fixed
     /// share (cores / servers, a cgroup CPU quota), as each replica has its own accelerator.
     #[arg(long)]
@@ -107,7 +116,8 @@ enum Front {
     Proxy(&'static str),
     /// Three flexinfer-proxies in front of the same servers, as a DaemonSet on three nodes
     /// runs them, request i through proxy i mod 3 (each with its own index and loads, the
-    /// servers' metrics pages and answers their shared truth).
+    /// servers' metrics pages and answers their shared truth, `--fleet-size 3` as counting
+    /// the DaemonSet's pods gives it).
     Proxies(&'static str),
     /// smg `--policy cache_aware`.
     Smg,
@@ -195,14 +205,15 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
         None
     };
     let bin = ebpf::release_proxy(!args.no_build, false)?;
-    let fleet = Fleet::start(&python, &model, out.path(), args)?;
-    let served_model = served_model_id(fleet.servers[0].1)?;
-    let (proxy, proxy_addr, admin) = start_proxy(&bin, "proxy", out.path(), &fleet.fronts, args)?;
+    let mut fleet = Fleet::start(&python, &model, out.path(), args)?;
+    let served_model = served_model_id(fleet.servers[0].addr)?;
+    let (proxy, proxy_addr, admin) =
+        start_proxy(&bin, "proxy", out.path(), &fleet.fronts, 1, args)?;
     let proxies = match routings.iter().any(|r| matches!(r.1, Front::Proxies(_))) {
         true => (0..FLEET_PROXIES)
             .map(|i| {
                 let name = format!("proxy-fleet-{i}");
-                start_proxy(&bin, &name, out.path(), &fleet.fronts, args)
+                start_proxy(&bin, &name, out.path(), &fleet.fronts, FLEET_PROXIES, args)
             })
             .collect::<Result<Vec<_>>>()?,
         false => Vec::new(),
@@ -213,12 +224,12 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
         None => None,
     };
     out.stamp(&crate::bench::peers::versions(&[], smg.as_deref()))?;
-    let salt = out
-        .path()
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    warm_up(&fleet, &served_model)?;
+    let salt = args.salt.clone().unwrap_or_else(|| {
+        out.path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
     let cells: Vec<(Workload, Routing)> = workloads
         .iter()
         .flat_map(|&w| routings.iter().map(move |&r| (w, r)))
@@ -232,12 +243,13 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
                 Front::Proxies(m) => (fleet_addrs.clone(), m),
                 Front::Smg => (smg_addr()?, "llm"),
             };
+            // Every row of this run: the same prompts, on servers with nothing cached but the
+            // warm-up's chat template.
+            fleet.restart(&served_model)?;
             if front == Front::Smg {
                 wait_for_smg(addrs[0], args)?;
             }
-            // The row first: rows share no prompt prefix but the chat template's, which the
-            // warm-up above put on every server before the first row.
-            let salt = format!("row {c}-{rep} of run {salt}");
+            let salt = format!("{rep} of run {salt}");
             let before = fleet.served();
             let run = run_workload(&addrs, model, workload, &salt, args)?;
             let per_server: Vec<u64> = fleet
@@ -274,17 +286,6 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
     Ok(())
 }
 
-/// One short request straight to each server before the first row, so no row meets a server
-/// that has never answered (the first answer of a fresh server ran twice as slow) or slots
-/// that hold nothing (later rows found the chat template cached).
-fn warm_up(fleet: &Fleet, model: &str) -> Result<()> {
-    for (i, front) in fleet.fronts.iter().enumerate() {
-        let body = request_body(model, "Warm-up.", &format!("Say hello to server {i}."), 4);
-        workload::stream_one(*front, 0, &body).with_context(|| format!("warming up server {i}"))?;
-    }
-    Ok(())
-}
-
 /// Each request of a run, in order: its document (chat-with-doc), TTFT, prompt and cached
 /// tokens and the proxy's route header, to see which requests missed the cache and why.
 fn samples_tsv(run: &Run, workload: Workload, args: &RealLlmBench) -> String {
@@ -311,13 +312,25 @@ fn samples_tsv(run: &Run, workload: Workload, args: &RealLlmBench) -> String {
 /// The model servers, each behind a counting forwarder and, unless `--uncapped`, in a cgroup
 /// of its own with an equal share of the CPU.
 struct Fleet {
-    servers: Vec<(Proc, SocketAddr)>,
+    servers: Vec<Server>,
     fronts: Vec<SocketAddr>,
     counters: Vec<Arc<AtomicU64>>,
     /// Dropped after the servers (fields drop in order): a cgroup goes once it is empty.
     caps: Vec<CpuCap>,
     /// Cores each server may use, when capped.
     cpu_share: Option<f64>,
+    /// How a server starts: the venv's python, the launcher script, the model, the slots.
+    python: PathBuf,
+    launcher: PathBuf,
+    model: PathBuf,
+    slots: u32,
+    out: PathBuf,
+}
+
+/// One llama.cpp server and the port it keeps across restarts (its forwarder's upstream).
+struct Server {
+    proc: Proc,
+    addr: SocketAddr,
 }
 
 impl Fleet {
@@ -332,33 +345,73 @@ impl Fleet {
             counters: Vec::new(),
             caps: Vec::new(),
             cpu_share,
+            python: python.to_path_buf(),
+            launcher,
+            model: model.to_path_buf(),
+            slots: args.slots,
+            out: out.to_path_buf(),
         };
         for i in 0..args.servers {
-            let port = free_port();
-            let mut cmd = Command::new(python);
-            cmd.arg(&launcher)
-                .arg(model)
-                .arg("127.0.0.1")
-                .arg(port.to_string())
-                .arg(args.slots.to_string());
-            let log = out.join(format!("llama-{i}.log"));
-            let p = Proc::spawn(&format!("llama-{i}"), cmd, &log)?.graceful(Duration::from_secs(5));
             if let Some(share) = cpu_share {
                 let cap = CpuCap::create(&format!("flexinfer-real-llm-{i}"), share)
                     .context("capping the servers' CPU (run as root, or pass --uncapped)")?;
-                cap.add(p.pid())?;
                 fleet.caps.push(cap);
             }
-            fleet.servers.push((p, loopback(port)));
+            let addr = loopback(free_port());
+            let proc = fleet.spawn_server(i, addr)?;
+            fleet.servers.push(Server { proc, addr });
         }
-        for (p, addr) in &fleet.servers {
-            wait_http_ok(*addr, "/health", START_TIMEOUT)
-                .with_context(|| format!("{} did not start:\n{}", p.name(), p.log_text()))?;
-            let (front, count) = counting_forwarder(*addr)?;
+        fleet.wait_healthy()?;
+        for s in &fleet.servers {
+            let (front, count) = counting_forwarder(s.addr)?;
             fleet.fronts.push(front);
             fleet.counters.push(count);
         }
         Ok(fleet)
+    }
+
+    /// Server `i` on `addr`, in its CPU cgroup when capped.
+    fn spawn_server(&self, i: usize, addr: SocketAddr) -> Result<Proc> {
+        let mut cmd = Command::new(&self.python);
+        cmd.arg(&self.launcher)
+            .arg(&self.model)
+            .arg(addr.ip().to_string())
+            .arg(addr.port().to_string())
+            .arg(self.slots.to_string());
+        let log = self.out.join(format!("llama-{i}.log"));
+        let p = Proc::spawn(&format!("llama-{i}"), cmd, &log)?.graceful(Duration::from_secs(5));
+        if let Some(cap) = self.caps.get(i) {
+            cap.add(p.pid())?;
+        }
+        Ok(p)
+    }
+
+    fn wait_healthy(&self) -> Result<()> {
+        for s in &self.servers {
+            wait_http_ok(s.addr, "/health", START_TIMEOUT).with_context(|| {
+                format!("{} did not start:\n{}", s.proc.name(), s.proc.log_text())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Every server stopped and started again on its port (its forwarder and the routers keep
+    /// their addresses), then one short request straight to each: a row meets no prompt a
+    /// row before it left, and no server that has never answered (the first answer of a fresh
+    /// server ran twice as slow) or slots that hold nothing but the chat template.
+    fn restart(&mut self, model: &str) -> Result<()> {
+        for i in 0..self.servers.len() {
+            let addr = self.servers[i].addr;
+            self.servers[i].proc.terminate(Duration::from_secs(5));
+            self.servers[i].proc = self.spawn_server(i, addr)?;
+        }
+        self.wait_healthy()?;
+        for (i, front) in self.fronts.iter().enumerate() {
+            let body = request_body(model, "Warm-up.", &format!("Say hello to server {i}."), 4);
+            workload::stream_one(*front, 0, &body)
+                .with_context(|| format!("warming up server {i}"))?;
+        }
+        Ok(())
     }
 
     /// Completions each server has served so far.
@@ -370,13 +423,14 @@ impl Fleet {
     }
 }
 
-/// flexinfer-proxy `name` with one model per routing over the same fronts: (proxy, listen,
-/// admin).
+/// flexinfer-proxy `name` with one model per routing over the same fronts, one of a fleet of
+/// `fleet_size`: (proxy, listen, admin).
 fn start_proxy(
     bin: &Path,
     name: &str,
     out: &Path,
     fronts: &[SocketAddr],
+    fleet_size: usize,
     args: &RealLlmBench,
 ) -> Result<(Proc, SocketAddr, SocketAddr)> {
     let models = out.join(format!("{name}-models.yaml"));
@@ -403,7 +457,8 @@ fn start_proxy(
         .arg(&models)
         .args(["--listen", &listen.to_string()])
         .args(["--admin-listen", &admin.to_string()])
-        .args(["--gauge", "userspace", "--route-header"]);
+        .args(["--gauge", "userspace", "--route-header"])
+        .args(["--fleet-size", &fleet_size.to_string()]);
     let proxy =
         Proc::spawn(name, cmd, &out.join(format!("{name}.log")))?.graceful(Duration::from_secs(5));
     wait_http_ok(admin, "/readyz", START_TIMEOUT).with_context(|| proxy.log_text())?;

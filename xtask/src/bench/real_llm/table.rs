@@ -105,9 +105,9 @@ pub(super) fn table(
         None => "sharing the machine's cores freely".to_owned(),
     };
     let repeat = match args.repeat {
-        1 => "one run per row".to_owned(),
+        1 => "one run".to_owned(),
         n => format!(
-            "{n} runs per row, interleaved, each with its own salt: requests pooled, requests per server summed, wall time the mean (each run's in brackets)"
+            "{n} runs, interleaved, each with its own salt: a row's requests pooled, requests per server summed, wall time the mean (each run's in brackets)"
         ),
     };
     let floor = match args.floor {
@@ -116,7 +116,7 @@ pub(super) fn table(
     };
     let _ = writeln!(
         t,
-        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on, {cpu}); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with {floor} and the proxy's default factor; `-3-proxies` rows: three proxies in front of the same servers, request i through proxy i mod 3; {repeat}.\n",
+        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on, {cpu}); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with {floor} and the proxy's default factor; `-3-proxies` rows: three proxies in front of the same servers, request i through proxy i mod 3, `--fleet-size 3`; every row of a run sends the same prompts to servers started afresh for it; {repeat}.\n",
         args.servers,
         args.slots,
         args.doc_requests,
