@@ -165,6 +165,8 @@ pub async fn serve(
     let discovery = start_discovery(&settings.discovery, tx, fleet.counter())?;
     if let Some(endpoint) = &settings.trace.endpoint {
         crate::telemetry::check_endpoint(endpoint)?;
+        crate::telemetry::otlp::headers_from_env()
+            .map_err(crate::telemetry::TraceError::Headers)?;
         if let Some(ca) = &settings.trace.ca_certificate {
             crate::telemetry::transport::check_ca_file(ca)?;
         }

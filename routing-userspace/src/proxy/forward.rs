@@ -121,7 +121,7 @@ pub async fn forward(
     let mut last_error = String::from("no target left to try");
     let mut next = d.next_attempt();
     while let Some(a) = next {
-        trace.attempt_started(d.target(a).label(), &mut out.head.headers);
+        trace.attempt_started(|| d.target(a).label_value(), &mut out.head.headers);
         let step = attempt(shared, d, a, &mut out, body, in_flight).await;
         trace.attempt_ended(step.trace_end());
         match step {

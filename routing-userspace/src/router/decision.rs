@@ -111,6 +111,14 @@ impl Target<'_> {
             Target::Service(_) => crate::metrics::handles::SERVICE_TARGET,
         }
     }
+
+    /// [`Target::label`] as a span attribute value (the pod's shared label, no copy).
+    pub fn label_value(&self) -> crate::telemetry::span::Value {
+        match self {
+            Target::Pod(p) => p.label.clone().into(),
+            Target::Service(_) => crate::metrics::handles::SERVICE_TARGET.into(),
+        }
+    }
 }
 
 impl fmt::Display for Target<'_> {

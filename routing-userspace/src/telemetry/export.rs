@@ -11,15 +11,23 @@
 //! task switch and a timer set up again, per request.)
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 
 use super::metrics::TraceFamilies;
 use super::settings::TraceSettings;
+use super::span::EndedSpan;
+
+/// What sends a batch of spans to the collector: OTLP/HTTP in `serve`
+/// ([`super::otlp::OtlpHttpExporter`]), a recorder in tests.
+pub trait Exporter: Send + 'static {
+    /// Send `batch`; an error says why it was lost (the caller counts and logs it).
+    fn export(&mut self, batch: &[EndedSpan]) -> impl Future<Output = Result<(), String>> + Send;
+}
 
 /// Where ended spans go: the bounded queue in front of the export task.
 #[derive(Debug, Clone)]
@@ -30,7 +38,7 @@ pub struct SpanSink {
 /// The spans waiting for export, and the export task's wake-up for a full batch.
 #[derive(Debug)]
 pub(crate) struct SpanQueue {
-    spans: Mutex<VecDeque<SpanData>>,
+    spans: Mutex<VecDeque<EndedSpan>>,
     capacity: usize,
     batch_size: usize,
     batch_full: Notify,
@@ -62,7 +70,7 @@ impl SpanSink {
 
     /// Queue a span, or drop (and count) it when the queue is full. Wakes the export task
     /// only when this span completes a batch.
-    pub fn send(&self, span: SpanData) {
+    pub fn send(&self, span: EndedSpan) {
         let q = &*self.queue;
         let mut spans = q.lock();
         if spans.len() >= q.capacity {
@@ -80,16 +88,19 @@ impl SpanSink {
 }
 
 impl SpanQueue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<SpanData>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<EndedSpan>> {
         // A panic while holding the lock leaves a queue of whole spans: keep using it.
         self.spans.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Up to `max` of the oldest queued spans.
-    pub(crate) fn take(&self, max: usize) -> Vec<SpanData> {
+    /// Up to `max` of the oldest queued spans (the whole queue, without copying, when it
+    /// holds no more).
+    pub(crate) fn take(&self, max: usize) -> Vec<EndedSpan> {
         let mut spans = self.lock();
-        let n = spans.len().min(max);
-        spans.drain(..n).collect()
+        if spans.len() <= max {
+            return Vec::from(std::mem::take(&mut *spans));
+        }
+        spans.drain(..max).collect()
     }
 }
 
@@ -129,7 +140,7 @@ pub fn start<E>(
     metrics: &TraceFamilies,
 ) -> (SpanSink, ExportHandle)
 where
-    E: SpanExporter + 'static,
+    E: Exporter,
 {
     let (sink, queue) = SpanSink::bounded(
         settings.queue_size,
@@ -150,8 +161,8 @@ where
     (sink, handle)
 }
 
-async fn run<E: SpanExporter>(
-    exporter: E,
+async fn run<E: Exporter>(
+    mut exporter: E,
     queue: Arc<SpanQueue>,
     mut stop: oneshot::Receiver<()>,
     b: Batching,
@@ -167,16 +178,15 @@ async fn run<E: SpanExporter>(
         if stopping {
             break;
         }
-        export_queued(&exporter, &queue, b, &metrics).await;
+        export_queued(&mut exporter, &queue, b, &metrics).await;
     }
     // Stopping: what is queued goes out, in batches (the caller bounds how long).
-    export_queued(&exporter, &queue, b, &metrics).await;
-    let _ = exporter.shutdown();
+    export_queued(&mut exporter, &queue, b, &metrics).await;
 }
 
 /// Send what is queued, a batch at a time.
-async fn export_queued<E: SpanExporter>(
-    exporter: &E,
+async fn export_queued<E: Exporter>(
+    exporter: &mut E,
     queue: &SpanQueue,
     b: Batching,
     metrics: &TraceFamilies,
@@ -186,14 +196,14 @@ async fn export_queued<E: SpanExporter>(
         if batch.is_empty() {
             return;
         }
-        export(exporter, batch, b.timeout, metrics).await;
+        export(exporter, &batch, b.timeout, metrics).await;
     }
 }
 
 /// Send one batch, bounded by `timeout`; count what came of it.
-async fn export<E: SpanExporter>(
-    exporter: &E,
-    batch: Vec<SpanData>,
+async fn export<E: Exporter>(
+    exporter: &mut E,
+    batch: &[EndedSpan],
     timeout: Duration,
     metrics: &TraceFamilies,
 ) {

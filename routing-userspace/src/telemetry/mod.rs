@@ -5,26 +5,27 @@
 //! attempt span as its parent; an unsampled one gets the client's headers untouched. Tracing
 //! is off without an endpoint, and a request that is not sampled allocates nothing. Export
 //! ([`export`]) is batched and bounded, so a slow or dead collector loses spans (counted),
-//! never time on requests.
+//! never time on requests; [`otlp`] writes the batches in the OTLP protobuf types.
 
 pub mod export;
 pub mod metrics;
+pub mod otlp;
 pub mod propagation;
 pub mod sampler;
 pub mod settings;
+pub mod span;
 pub mod trace;
 pub mod transport;
 
 use std::sync::Arc;
 
-use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::trace::SpanExporter as _;
 use opentelemetry_sdk::Resource;
 
 pub use export::{ExportHandle, SpanSink};
 pub use metrics::TraceFamilies;
 pub use sampler::Sampler;
 pub use settings::TraceSettings;
+pub use span::Attribute;
 pub use trace::{AttemptEnd, Trace, Tracer};
 
 /// Why tracing could not start.
@@ -34,6 +35,8 @@ pub enum TraceError {
     Endpoint { endpoint: String, why: String },
     #[error("OTLP exporter: {0}")]
     Exporter(String),
+    #[error("OTLP export headers (OTEL_EXPORTER_OTLP_HEADERS): {0}")]
+    Headers(String),
     #[error("OTLP CA certificate file {path}: {why}")]
     Certificate { path: String, why: String },
 }
@@ -46,20 +49,14 @@ pub fn start(
     let Some(endpoint) = &settings.endpoint else {
         return Ok(None);
     };
-    check_endpoint(endpoint)?;
+    let uri = check_endpoint(endpoint)?;
+    let headers = otlp::headers_from_env().map_err(TraceError::Headers)?;
     let client = transport::client(settings.ca_certificate.as_deref(), settings.export_timeout)?;
-    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(client)
-        .with_protocol(Protocol::HttpBinary)
-        .with_endpoint(endpoint.clone())
-        .with_timeout(settings.export_timeout)
-        .build()
-        .map_err(|e| TraceError::Exporter(e.to_string()))?;
+    // The SDK's resource: service.name, the SDK's own attributes and OTEL_RESOURCE_ATTRIBUTES.
     let resource = Resource::builder()
         .with_service_name(settings.service_name.clone())
         .build();
-    exporter.set_resource(&resource);
+    let exporter = otlp::OtlpHttpExporter::new(client, uri, headers, &resource);
     let (sink, handle) = export::start(exporter, settings, metrics);
     Ok(Some((
         Arc::new(Tracer::new(settings.sampler, sink)),
@@ -69,7 +66,7 @@ pub fn start(
 
 /// The endpoint must be an `http://` or `https://` URL with a host (HTTP/1.1; TLS for https,
 /// see [`transport`]).
-pub fn check_endpoint(endpoint: &str) -> Result<(), TraceError> {
+pub fn check_endpoint(endpoint: &str) -> Result<http::Uri, TraceError> {
     let bad = |why: &str| TraceError::Endpoint {
         endpoint: endpoint.to_owned(),
         why: why.to_owned(),
@@ -82,7 +79,7 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), TraceError> {
     if uri.host().is_none_or(str::is_empty) {
         return Err(bad("no host"));
     }
-    Ok(())
+    Ok(uri)
 }
 
 #[cfg(test)]

@@ -3,43 +3,31 @@
 //!
 //! An unsampled request (or any request while tracing is off) holds `Trace(None)`: deciding
 //! that reads one header and allocates nothing. A sampled one keeps its ids and times in one
-//! box and becomes `SpanData` for the export queue when it ends; the SDK's tracer is not used,
-//! so no context or span objects exist for requests nobody will see.
+//! box and becomes an [`EndedSpan`] for the export queue when it ends; the SDK's tracer is not
+//! used, so no context or span objects exist for requests nobody will see.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use http::header::HeaderMap;
 use http::Method;
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use opentelemetry::trace::{SpanId, TraceId, TraceState};
 
 use super::export::SpanSink;
 use super::propagation::{self, TraceParent, TRACESTATE};
 use super::sampler::Sampler;
+use super::span::{Attribute, EndedSpan, SpanKind, Value};
 
 /// What starts traces: the sampler, and where ended spans go.
 #[derive(Debug)]
 pub struct Tracer {
     pub sampler: Sampler,
     sink: SpanSink,
-    scope: InstrumentationScope,
 }
 
 impl Tracer {
     pub fn new(sampler: Sampler, sink: SpanSink) -> Self {
-        let scope = InstrumentationScope::builder("flexinfer-proxy")
-            .with_version(env!("CARGO_PKG_VERSION"))
-            .build();
-        Self {
-            sampler,
-            sink,
-            scope,
-        }
+        Self { sampler, sink }
     }
 }
 
@@ -54,9 +42,11 @@ struct Sampled {
     span_id: SpanId,
     /// The client's span, when the request came with a valid `traceparent`.
     parent: Option<SpanId>,
-    trace_state: TraceState,
+    /// The client's `tracestate`, when it came with a valid `traceparent` and parses.
+    trace_state: Option<Arc<str>>,
     start: Instant,
-    wall: SystemTime,
+    /// `start` in Unix nanoseconds.
+    start_unix_nano: u64,
     method: Method,
     path: String,
     retries: u32,
@@ -69,7 +59,7 @@ struct Sampled {
 struct OpenAttempt {
     span_id: SpanId,
     start: Instant,
-    target: String,
+    target: Value,
     number: u32,
     status: Option<u16>,
 }
@@ -104,10 +94,7 @@ impl Trace {
             return Self(None);
         }
         // tracestate goes on only with the traceparent it belongs to.
-        let trace_state = match parent {
-            Some(_) => incoming_state(headers),
-            None => TraceState::NONE,
-        };
+        let trace_state = parent.and_then(|_| incoming_state(headers));
         Self(Some(Box::new(Sampled {
             tracer: Arc::clone(tracer),
             trace_id,
@@ -115,7 +102,7 @@ impl Trace {
             parent: parent.map(|p| p.parent_id),
             trace_state,
             start,
-            wall: SystemTime::now() - start.elapsed(),
+            start_unix_nano: unix_nano(SystemTime::now()).saturating_sub(nanos(start.elapsed())),
             method: method.clone(),
             path: path.to_owned(),
             retries: 0,
@@ -136,7 +123,8 @@ impl Trace {
     /// An attempt on `target` begins: set the pod's `traceparent` (this attempt's span as
     /// the parent) and keep `tracestate` only when it came with a valid `traceparent`.
     /// Unsampled, the client's headers go on untouched.
-    pub fn attempt_started(&mut self, target: &str, headers: &mut HeaderMap) {
+    /// `target` names the pod (`server.address`); it runs only when the request is sampled.
+    pub fn attempt_started(&mut self, target: impl FnOnce() -> Value, headers: &mut HeaderMap) {
         let Some(s) = self.0.as_deref_mut() else {
             return;
         };
@@ -152,7 +140,7 @@ impl Trace {
         s.open = Some(OpenAttempt {
             span_id,
             start: Instant::now(),
-            target: target.to_owned(),
+            target: target(),
             number: s.attempts,
             status: None,
         });
@@ -191,21 +179,21 @@ impl Trace {
 
     /// End the request at `end` with `status` (`None`: the client left) and the request
     /// span's `attributes`: the open attempt ends with it, both spans go to export.
-    pub fn finish(&mut self, end: Instant, status: Option<u16>, mut attributes: Vec<KeyValue>) {
+    pub fn finish(&mut self, end: Instant, status: Option<u16>, mut attributes: Vec<Attribute>) {
         let Some(mut s) = self.0.take() else { return };
         if let Some(a) = s.open.take() {
             let span = s.attempt_span(a, end, None);
             s.tracer.sink.send(span);
         }
-        attributes.push(KeyValue::new("http.request.method", method_str(&s.method)));
-        attributes.push(KeyValue::new("url.path", s.path.clone()));
-        attributes.push(KeyValue::new("flexinfer.attempts", i64::from(s.attempts)));
+        attributes.push(Attribute::new("http.request.method", method_str(&s.method)));
+        attributes.push(Attribute::new("url.path", std::mem::take(&mut s.path)));
+        attributes.push(Attribute::new("flexinfer.attempts", i64::from(s.attempts)));
         if let Some(code) = status {
-            attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+            attributes.push(Attribute::new("http.response.status_code", i64::from(code)));
         }
         let error = match status {
-            Some(c) if c >= 500 => Some(Status::error(format!("answered {c}"))),
-            None => Some(Status::error("the client went away")),
+            Some(c) if c >= 500 => Some(format!("answered {c}")),
+            None => Some("the client went away".to_owned()),
             _ => None,
         };
         let span = s.span(
@@ -214,39 +202,35 @@ impl Trace {
             SpanKind::Server,
             (s.start, end),
             attributes,
-            error.unwrap_or(Status::Unset),
+            error,
         );
         s.tracer.sink.send(span);
     }
 }
 
 impl Sampled {
-    fn wall(&self, t: Instant) -> SystemTime {
-        self.wall + t.saturating_duration_since(self.start)
+    /// `t` in Unix nanoseconds (the request's wall-clock start plus monotonic time since).
+    fn unix_nano(&self, t: Instant) -> u64 {
+        self.start_unix_nano + nanos(t.saturating_duration_since(self.start))
     }
 
-    fn attempt_span(&self, a: OpenAttempt, end: Instant, error: Option<&str>) -> SpanData {
-        let mut attributes = vec![
-            KeyValue::new("server.address", a.target),
-            KeyValue::new("flexinfer.attempt", i64::from(a.number)),
-        ];
+    fn attempt_span(&self, a: OpenAttempt, end: Instant, error: Option<&str>) -> EndedSpan {
+        let mut attributes = Vec::with_capacity(4);
+        attributes.push(Attribute::new("server.address", a.target));
+        attributes.push(Attribute::new("flexinfer.attempt", i64::from(a.number)));
         if let Some(code) = a.status {
-            attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+            attributes.push(Attribute::new("http.response.status_code", i64::from(code)));
         }
-        let status = match error {
-            Some(e) => {
-                attributes.push(KeyValue::new("error.type", "upstream"));
-                Status::error(e.to_owned())
-            }
-            None => Status::Unset,
-        };
+        if error.is_some() {
+            attributes.push(Attribute::new("error.type", "upstream"));
+        }
         self.span(
             a.span_id,
             self.span_id,
             SpanKind::Client,
             (a.start, end),
             attributes,
-            status,
+            error.map(str::to_owned),
         )
     }
 
@@ -256,36 +240,35 @@ impl Sampled {
         parent: SpanId,
         kind: SpanKind,
         (start, end): (Instant, Instant),
-        attributes: Vec<KeyValue>,
-        status: Status,
-    ) -> SpanData {
-        let context = SpanContext::new(
-            self.trace_id,
+        attributes: Vec<Attribute>,
+        error: Option<String>,
+    ) -> EndedSpan {
+        EndedSpan {
+            trace_id: self.trace_id,
             span_id,
-            TraceFlags::SAMPLED,
-            false,
-            self.trace_state.clone(),
-        );
-        SpanData {
-            span_context: context,
-            parent_span_id: parent,
-            parent_span_is_remote: kind == SpanKind::Server && self.parent.is_some(),
-            span_kind: kind,
+            parent,
+            parent_is_remote: kind == SpanKind::Server && self.parent.is_some(),
+            trace_state: self.trace_state.clone(),
+            kind,
             name: method_str(&self.method),
-            start_time: self.wall(start),
-            end_time: self.wall(end.max(start)),
+            start_unix_nano: self.unix_nano(start),
+            end_unix_nano: self.unix_nano(end.max(start)),
+            error,
             attributes,
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-            status,
-            instrumentation_scope: self.tracer.scope.clone(),
         }
     }
 }
 
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn unix_nano(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, nanos)
+}
+
 /// The span name and `http.request.method`: the method, or `_OTHER` for a non-standard one.
-fn method_str(m: &Method) -> Cow<'static, str> {
+fn method_str(m: &Method) -> &'static str {
     const KNOWN: [Method; 9] = [
         Method::GET,
         Method::POST,
@@ -301,18 +284,17 @@ fn method_str(m: &Method) -> Cow<'static, str> {
         "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE",
     ];
     match KNOWN.iter().position(|k| k == m) {
-        Some(i) => Cow::Borrowed(NAMES[i]),
-        None => Cow::Borrowed("_OTHER"),
+        Some(i) => NAMES[i],
+        None => "_OTHER",
     }
 }
 
-/// The client's `tracestate`, if it parses (one header; entries the W3C format allows).
-fn incoming_state(headers: &HeaderMap) -> TraceState {
-    headers
-        .get(TRACESTATE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(TraceState::NONE)
+/// The client's `tracestate`, if it parses (one header; entries the W3C format allows), in
+/// its header form.
+fn incoming_state(headers: &HeaderMap) -> Option<Arc<str>> {
+    let state: TraceState = headers.get(TRACESTATE)?.to_str().ok()?.parse().ok()?;
+    let header = state.header();
+    (!header.is_empty()).then(|| header.into())
 }
 
 fn new_trace_id() -> TraceId {

@@ -231,9 +231,9 @@ async fn a_hung_collector_drops_counted_spans_and_requests_still_succeed() {
     assert_eq!(pod.seen().len(), 30);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_bad_endpoint_stops_serve_with_a_clear_error() {
-    let dir = TempDir::new("otel-bad");
+/// Start `serve` with `env` set and a models file in `dir`; it must exit with an error, whose
+/// standard error is returned.
+fn serve_refuses(dir: &TempDir, env: &[(&str, &std::ffi::OsStr)]) -> String {
     let cfg = ModelsFile::new().model(ModelEntry::new("m").endpoint(loopback(free_port())));
     let config = dir.path().join("models.yaml");
     cfg.write_to(&config).unwrap();
@@ -241,34 +241,64 @@ async fn a_bad_endpoint_stops_serve_with_a_clear_error() {
         .args(["serve", "--gauge", "userspace", "--config"])
         .arg(&config)
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector:4318")
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_endpoint_stops_serve_with_a_clear_error() {
+    let dir = TempDir::new("otel-bad");
+    let endpoint = (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "ftp://collector:4318".as_ref(),
+    );
+    let err = serve_refuses(&dir, &[endpoint]);
     assert!(err.contains("expected an http:// or https:// URL"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_ca_file_that_holds_no_certificate_stops_serve_with_a_clear_error() {
     let dir = TempDir::new("otel-bad-ca");
-    let cfg = ModelsFile::new().model(ModelEntry::new("m").endpoint(loopback(free_port())));
-    let config = dir.path().join("models.yaml");
-    cfg.write_to(&config).unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, "this is not a certificate\n").unwrap();
-    let out = std::process::Command::new(proxy_bin())
-        .args(["serve", "--gauge", "userspace", "--config"])
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318")
-        .env("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = serve_refuses(
+        &dir,
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "https://127.0.0.1:4318".as_ref(),
+            ),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_os_str()),
+        ],
+    );
     assert!(err.contains(&ca.display().to_string()), "{err}");
     assert!(err.contains("no PEM certificate"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn headers_that_do_not_parse_stop_serve_with_a_clear_error() {
+    let dir = TempDir::new("otel-bad-headers");
+    let err = serve_refuses(
+        &dir,
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://127.0.0.1:4318".as_ref(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer%2".as_ref(),
+            ),
+        ],
+    );
+    assert!(err.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{err}");
+    assert!(
+        err.contains("\"authorization\" is not percent-encoded"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

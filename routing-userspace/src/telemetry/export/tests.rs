@@ -1,36 +1,24 @@
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::InstrumentationScope;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter, SpanLinks};
+use opentelemetry::trace::{SpanId, TraceId};
 
 use super::*;
+use crate::telemetry::span::SpanKind;
 
-fn span(n: u64) -> SpanData {
-    SpanData {
-        span_context: SpanContext::new(
-            TraceId::from(1u128),
-            SpanId::from(n),
-            TraceFlags::SAMPLED,
-            false,
-            TraceState::NONE,
-        ),
-        parent_span_id: SpanId::INVALID,
-        parent_span_is_remote: false,
-        span_kind: SpanKind::Server,
-        name: "POST".into(),
-        start_time: SystemTime::UNIX_EPOCH,
-        end_time: SystemTime::UNIX_EPOCH,
+fn span(n: u64) -> EndedSpan {
+    EndedSpan {
+        trace_id: TraceId::from(1u128),
+        span_id: SpanId::from(n),
+        parent: SpanId::INVALID,
+        parent_is_remote: false,
+        trace_state: None,
+        kind: SpanKind::Server,
+        name: "POST",
+        start_unix_nano: 0,
+        end_unix_nano: 0,
+        error: None,
         attributes: Vec::new(),
-        dropped_attributes_count: 0,
-        events: SpanEvents::default(),
-        links: SpanLinks::default(),
-        status: Status::Unset,
-        instrumentation_scope: InstrumentationScope::default(),
     }
 }
 
@@ -41,14 +29,14 @@ struct Recorder {
     hang: bool,
 }
 
-impl SpanExporter for Recorder {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+impl Exporter for Recorder {
+    async fn export(&mut self, batch: &[EndedSpan]) -> Result<(), String> {
         if self.hang {
             std::future::pending::<()>().await;
         }
         let ids = batch
             .iter()
-            .map(|s| u64::from_be_bytes(s.span_context.span_id().to_bytes()))
+            .map(|s| u64::from_be_bytes(s.span_id.to_bytes()))
             .collect();
         self.batches.lock().unwrap().push(ids);
         Ok(())

@@ -3,13 +3,16 @@ use std::time::Instant;
 
 use http::header::{HeaderMap, HeaderValue};
 use http::Method;
-use opentelemetry::trace::{SpanKind, TraceId};
-use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::SpanData;
+use opentelemetry::trace::{SpanId, TraceId};
 
 use super::*;
 use crate::telemetry::export::SpanQueue;
 use crate::telemetry::propagation::{self, TRACEPARENT};
+use crate::telemetry::span::Value;
+
+fn pod(addr: &'static str) -> impl FnOnce() -> Value {
+    move || Value::Static(addr)
+}
 
 const CLIENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -40,7 +43,7 @@ fn off_or_unsampled_leaves_the_headers_alone() {
     for trace in [&mut off, &mut unsampled] {
         assert!(!trace.is_sampled());
         let mut out = h.clone();
-        trace.attempt_started("10.0.0.1:8000", &mut out);
+        trace.attempt_started(pod("10.0.0.1:8000"), &mut out);
         assert_eq!(out, h);
     }
 }
@@ -53,42 +56,70 @@ fn a_sampled_request_gives_the_pod_its_attempt_as_parent() {
     let client = propagation::parse(CLIENT.as_bytes()).unwrap();
     assert_eq!(trace.trace_id(), Some(client.trace_id));
     let mut out = h.clone();
-    trace.attempt_started("10.0.0.1:8000", &mut out);
+    trace.attempt_started(pod("10.0.0.1:8000"), &mut out);
     trace.attempt_ended(AttemptEnd::Failed {
         status: Some(503),
         error: "10.0.0.1:8000 answered 503",
     });
     trace.retried();
-    trace.attempt_started("10.0.0.2:8000", &mut out);
+    trace.attempt_started(pod("10.0.0.2:8000"), &mut out);
     trace.attempt_ended(AttemptEnd::Answered(200));
     let sent = propagation::parse(out[TRACEPARENT].as_bytes()).unwrap();
     assert_eq!(out["tracestate"], "a=1");
-    let attrs = vec![KeyValue::new(
+    let attrs = vec![Attribute::new(
         "flexinfer.retries",
         i64::from(trace.retries()),
     )];
     trace.finish(Instant::now(), Some(200), attrs);
     assert!(!trace.is_sampled(), "finished once");
-    let spans: Vec<SpanData> = rx.take(usize::MAX);
+    let spans: Vec<EndedSpan> = rx.take(usize::MAX);
     assert_eq!(spans.len(), 3);
     let (failed, answered, server) = (&spans[0], &spans[1], &spans[2]);
-    assert_eq!(server.span_kind, SpanKind::Server);
-    assert_eq!(server.parent_span_id, client.parent_id);
-    assert!(server.parent_span_is_remote);
+    assert_eq!(server.kind, SpanKind::Server);
+    assert_eq!(server.parent, client.parent_id);
+    assert!(server.parent_is_remote);
+    assert_eq!(server.trace_state.as_deref(), Some("a=1"));
     for a in [failed, answered] {
-        assert_eq!(a.span_kind, SpanKind::Client);
-        assert_eq!(a.parent_span_id, server.span_context.span_id());
-        assert_eq!(a.span_context.trace_id(), client.trace_id);
+        assert_eq!(a.kind, SpanKind::Client);
+        assert_eq!(a.parent, server.span_id);
+        assert_eq!(a.trace_id, client.trace_id);
+        assert!(!a.parent_is_remote);
     }
     // The pod's parent is the attempt that reached it.
-    assert_eq!(sent.parent_id, answered.span_context.span_id());
-    assert!(matches!(failed.status, Status::Error { .. }));
-    assert_eq!(answered.status, Status::Unset);
-    let retries = server
-        .attributes
-        .iter()
-        .find(|kv| kv.key.as_str() == "flexinfer.retries");
-    assert_eq!(retries.map(|kv| kv.value.to_string()).as_deref(), Some("1"));
+    assert_eq!(sent.parent_id, answered.span_id);
+    assert_eq!(failed.error.as_deref(), Some("10.0.0.1:8000 answered 503"));
+    assert_eq!(
+        failed.attribute("error.type"),
+        Some(&Value::Static("upstream"))
+    );
+    assert_eq!(
+        failed.attribute("http.response.status_code"),
+        Some(&Value::Int(503))
+    );
+    assert_eq!(answered.error, None);
+    assert_eq!(
+        answered.attribute("server.address"),
+        Some(&Value::Static("10.0.0.2:8000"))
+    );
+    assert_eq!(
+        answered.attribute("flexinfer.attempt"),
+        Some(&Value::Int(2))
+    );
+    assert_eq!(server.attribute("flexinfer.retries"), Some(&Value::Int(1)));
+    assert_eq!(server.attribute("flexinfer.attempts"), Some(&Value::Int(2)));
+    assert_eq!(
+        server.attribute("url.path"),
+        Some(&Value::Owned("/v1/chat/completions".into()))
+    );
+    assert_eq!(server.name, "POST");
+    for s in &spans {
+        assert!(
+            s.start_unix_nano > 0 && s.start_unix_nano <= s.end_unix_nano,
+            "{s:?}"
+        );
+    }
+    assert!(server.start_unix_nano <= failed.start_unix_nano);
+    assert!(answered.end_unix_nano <= server.end_unix_nano);
 }
 
 #[test]
@@ -99,7 +130,7 @@ fn a_new_root_drops_an_orphan_tracestate() {
     let root = trace.trace_id().unwrap();
     assert_ne!(root, TraceId::INVALID);
     let mut out = h.clone();
-    trace.attempt_started("10.0.0.1:8000", &mut out);
+    trace.attempt_started(pod("10.0.0.1:8000"), &mut out);
     assert!(out.get("tracestate").is_none());
     assert_eq!(
         propagation::parse(out[TRACEPARENT].as_bytes())
@@ -108,9 +139,11 @@ fn a_new_root_drops_an_orphan_tracestate() {
         root
     );
     trace.finish(Instant::now(), None, Vec::new());
-    let spans: Vec<SpanData> = rx.take(usize::MAX);
+    let spans: Vec<EndedSpan> = rx.take(usize::MAX);
     let server = spans.last().unwrap();
-    assert_eq!(server.parent_span_id, opentelemetry::trace::SpanId::INVALID);
+    assert_eq!(server.parent, SpanId::INVALID);
+    assert_eq!(server.trace_state, None);
+    assert!(!server.parent_is_remote);
     // The client went away: an error.
-    assert!(matches!(server.status, Status::Error { .. }));
+    assert_eq!(server.error.as_deref(), Some("the client went away"));
 }

@@ -1,0 +1,314 @@
+//! OTLP/HTTP (protobuf) export: ended spans written into the OTLP message types of the
+//! opentelemetry-proto crate, encoded by prost and POSTed to the collector.
+//!
+//! Why not the opentelemetry-otlp exporter: it takes the SDK's `SpanData`, and turning each
+//! into the protobuf types (a new string for every attribute key and value, a map lookup per
+//! span to group by scope) was most of what tracing cost a proxy that samples every request.
+//! Here one request message lives as long as the exporter: every batch overwrites its spans in
+//! place, so after the first batches an export allocates only the body it sends. The message
+//! types, their encoding and the wire format (`application/x-protobuf` POST, a 2xx answer,
+//! partial success in the answer's body) are the OTLP crates' and the specification's.
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, USER_AGENT};
+use opentelemetry_http::HttpClient;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{
+    span, status, ResourceSpans, ScopeSpans, Span, SpanFlags, Status,
+};
+use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
+use prost::Message;
+
+use super::export::Exporter;
+use super::span::{Attribute, EndedSpan, SpanKind, Value};
+
+/// The instrumentation scope of every span.
+const SCOPE_NAME: &str = "flexinfer-proxy";
+/// W3C trace flags of an exported span: sampled.
+const SAMPLED: u32 = 0x01;
+
+/// One export request, reused batch after batch.
+#[derive(Debug)]
+pub struct Encoder {
+    request: ExportTraceServiceRequest,
+    /// Spans of an earlier, larger batch, kept for the next one.
+    spare: Vec<Span>,
+    /// How large the last body was (the next one starts at that capacity).
+    last_len: usize,
+}
+
+impl Encoder {
+    /// An encoder whose spans carry `resource` (service name, SDK and `OTEL_RESOURCE_ATTRIBUTES`).
+    pub fn new(resource: &opentelemetry_sdk::Resource) -> Self {
+        let resource = ResourceAttributesWithSchema::from(resource);
+        let scope = InstrumentationScope {
+            name: SCOPE_NAME.to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            ..Default::default()
+        };
+        let request = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: resource.attributes.0,
+                    ..Default::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(scope),
+                    spans: Vec::new(),
+                    schema_url: String::new(),
+                }],
+                schema_url: resource.schema_url.unwrap_or_default(),
+            }],
+        };
+        Self {
+            request,
+            spare: Vec::new(),
+            last_len: 0,
+        }
+    }
+
+    /// `batch` as the body of one export request.
+    pub fn encode(&mut self, batch: &[EndedSpan]) -> Bytes {
+        let spans = &mut self.request.resource_spans[0].scope_spans[0].spans;
+        while spans.len() > batch.len() {
+            self.spare.extend(spans.pop());
+        }
+        while spans.len() < batch.len() {
+            spans.push(self.spare.pop().unwrap_or_default());
+        }
+        for (out, span) in spans.iter_mut().zip(batch) {
+            write_span(out, span);
+        }
+        let mut body = Vec::with_capacity(self.last_len);
+        self.request
+            .encode(&mut body)
+            .expect("a Vec grows to fit the message");
+        self.last_len = body.len();
+        Bytes::from(body)
+    }
+
+    /// The request as it stands after the last [`Encoder::encode`] (tests).
+    #[cfg(test)]
+    pub fn request(&self) -> &ExportTraceServiceRequest {
+        &self.request
+    }
+}
+
+/// Overwrite `out` with `span`, reusing its buffers.
+fn write_span(out: &mut Span, span: &EndedSpan) {
+    set_bytes(&mut out.trace_id, &span.trace_id.to_bytes());
+    set_bytes(&mut out.span_id, &span.span_id.to_bytes());
+    if span.parent == opentelemetry::trace::SpanId::INVALID {
+        out.parent_span_id.clear();
+    } else {
+        set_bytes(&mut out.parent_span_id, &span.parent.to_bytes());
+    }
+    set_str(
+        &mut out.trace_state,
+        span.trace_state.as_deref().unwrap_or(""),
+    );
+    let mut flags = SAMPLED | SpanFlags::ContextHasIsRemoteMask as u32;
+    if span.parent_is_remote {
+        flags |= SpanFlags::ContextIsRemoteMask as u32;
+    }
+    out.flags = flags;
+    set_str(&mut out.name, span.name);
+    out.kind = match span.kind {
+        SpanKind::Server => span::SpanKind::Server,
+        SpanKind::Client => span::SpanKind::Client,
+    } as i32;
+    out.start_time_unix_nano = span.start_unix_nano;
+    out.end_time_unix_nano = span.end_unix_nano;
+    write_attributes(&mut out.attributes, &span.attributes);
+    out.dropped_attributes_count = 0;
+    out.events.clear();
+    out.dropped_events_count = 0;
+    out.links.clear();
+    out.dropped_links_count = 0;
+    let status = out.status.get_or_insert_with(Status::default);
+    match &span.error {
+        Some(message) => {
+            status.code = status::StatusCode::Error as i32;
+            set_str(&mut status.message, message);
+        }
+        None => {
+            status.code = status::StatusCode::Unset as i32;
+            status.message.clear();
+        }
+    }
+}
+
+fn write_attributes(out: &mut Vec<KeyValue>, attributes: &[Attribute]) {
+    out.truncate(attributes.len());
+    for (i, a) in attributes.iter().enumerate() {
+        if i == out.len() {
+            out.push(KeyValue::default());
+        }
+        let kv = &mut out[i];
+        if kv.key != a.key {
+            set_str(&mut kv.key, a.key);
+        }
+        let value = &mut kv.value.get_or_insert_with(AnyValue::default).value;
+        match &a.value {
+            Value::Static(s) => set_string_value(value, s),
+            Value::Shared(s) => set_string_value(value, s),
+            Value::Owned(s) => set_string_value(value, s),
+            Value::Int(n) => *value = Some(any_value::Value::IntValue(*n)),
+            Value::Float(x) => *value = Some(any_value::Value::DoubleValue(*x)),
+            Value::Bool(b) => *value = Some(any_value::Value::BoolValue(*b)),
+        }
+    }
+}
+
+fn set_string_value(value: &mut Option<any_value::Value>, s: &str) {
+    match value {
+        Some(any_value::Value::StringValue(old)) => set_str(old, s),
+        _ => *value = Some(any_value::Value::StringValue(s.to_owned())),
+    }
+}
+
+fn set_str(out: &mut String, s: &str) {
+    out.clear();
+    out.push_str(s);
+}
+
+fn set_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.clear();
+    out.extend_from_slice(b);
+}
+
+/// Sends encoded batches to the collector's traces URL over `client`.
+#[derive(Debug)]
+pub struct OtlpHttpExporter<C> {
+    client: C,
+    endpoint: http::Uri,
+    headers: HeaderMap,
+    encoder: Encoder,
+}
+
+impl<C: HttpClient + 'static> OtlpHttpExporter<C> {
+    /// An exporter to `endpoint` with `headers` on every request (`OTEL_EXPORTER_OTLP_HEADERS`)
+    /// and `resource` on every span.
+    pub fn new(
+        client: C,
+        endpoint: http::Uri,
+        headers: HeaderMap,
+        resource: &opentelemetry_sdk::Resource,
+    ) -> Self {
+        Self {
+            client,
+            endpoint,
+            headers,
+            encoder: Encoder::new(resource),
+        }
+    }
+}
+
+impl<C> Exporter for OtlpHttpExporter<C>
+where
+    C: HttpClient + Send + Sync + 'static,
+{
+    async fn export(&mut self, batch: &[EndedSpan]) -> Result<(), String> {
+        let body = self.encoder.encode(batch);
+        let mut request = http::Request::post(self.endpoint.clone())
+            .body(body)
+            .map_err(|e| format!("building the export request: {e}"))?;
+        let headers = request.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        headers.insert(
+            USER_AGENT,
+            HeaderValue::from_static(concat!("flexinfer-proxy/", env!("CARGO_PKG_VERSION"))),
+        );
+        for (k, v) in &self.headers {
+            headers.insert(k.clone(), v.clone());
+        }
+        let response = self
+            .client
+            .send_bytes(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(format!("the collector answered {status}"));
+        }
+        log_partial_success(response.body());
+        Ok(())
+    }
+}
+
+/// A collector that took the request but rejected some spans says so in the body.
+fn log_partial_success(body: &[u8]) {
+    let Ok(response) = ExportTraceServiceResponse::decode(body) else {
+        return;
+    };
+    if let Some(p) = response.partial_success {
+        if p.rejected_spans > 0 || !p.error_message.is_empty() {
+            tracing::warn!(
+                rejected_spans = p.rejected_spans,
+                message = %p.error_message,
+                "the OTLP collector rejected spans"
+            );
+        }
+    }
+}
+
+/// The headers of `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else of `OTEL_EXPORTER_OTLP_HEADERS`:
+/// `key=value` pairs separated by commas, values percent-encoded (W3C Baggage style, as the
+/// OTLP exporter specification says). A pair that is not `key=value`, or whose name or value
+/// is not a valid header, is an error that names it.
+pub fn headers_from_env() -> Result<HeaderMap, String> {
+    let raw = std::env::var("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_HEADERS"))
+        .unwrap_or_default();
+    parse_headers(&raw)
+}
+
+/// Parse `key=value,key2=value2` (see [`headers_from_env`]).
+pub fn parse_headers(raw: &str) -> Result<HeaderMap, String> {
+    let mut headers = HeaderMap::new();
+    for pair in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(format!("header {pair:?} is not key=value"));
+        };
+        let key = key.trim();
+        let name = HeaderName::from_bytes(key.as_bytes())
+            .map_err(|_| format!("{key:?} is not a header name"))?;
+        let decoded = percent_decode(value.trim())
+            .ok_or_else(|| format!("the value of {key:?} is not percent-encoded UTF-8"))?;
+        let value = HeaderValue::from_str(&decoded)
+            .map_err(|_| format!("the value of {key:?} is not a valid header value"))?;
+        headers.insert(name, value);
+    }
+    Ok(headers)
+}
+
+/// `%XX` escapes decoded; `None` for a cut or non-hex escape, or bytes that are not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests;

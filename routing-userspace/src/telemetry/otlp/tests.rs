@@ -1,0 +1,210 @@
+use std::sync::Arc;
+
+use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+
+use super::*;
+
+fn resource() -> opentelemetry_sdk::Resource {
+    opentelemetry_sdk::Resource::builder()
+        .with_service_name("svc-under-test")
+        .build()
+}
+
+fn server(n: u64) -> EndedSpan {
+    EndedSpan {
+        trace_id: TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736_u128),
+        span_id: SpanId::from(n),
+        parent: SpanId::from(0x00f0_67aa_0ba9_02b7),
+        parent_is_remote: true,
+        trace_state: Some(Arc::from("vendor=abc")),
+        kind: SpanKind::Server,
+        name: "POST",
+        start_unix_nano: 1_000 + n,
+        end_unix_nano: 2_000 + n,
+        error: None,
+        attributes: vec![
+            Attribute::new("gen_ai.request.model", Arc::<str>::from("m")),
+            Attribute::new("flexinfer.strategy", "prefix"),
+            Attribute::new("url.path", String::from("/v1/chat/completions")),
+            Attribute::new("flexinfer.retries", 0i64),
+            Attribute::new("flexinfer.queue_wait_seconds", 0.25),
+            Attribute::new("flexinfer.spill", false),
+        ],
+    }
+}
+
+fn attempt(n: u64, parent: u64) -> EndedSpan {
+    EndedSpan {
+        span_id: SpanId::from(n),
+        parent: SpanId::from(parent),
+        parent_is_remote: false,
+        trace_state: None,
+        kind: SpanKind::Client,
+        error: Some("10.0.0.1:8000 answered 503".into()),
+        attributes: vec![
+            Attribute::new("server.address", "10.0.0.1:8000"),
+            Attribute::new("error.type", "upstream"),
+        ],
+        ..server(n)
+    }
+}
+
+/// Decode a body as a collector would, and return its spans.
+fn decode(body: &[u8]) -> (ExportTraceServiceRequest, Vec<Span>) {
+    let req = ExportTraceServiceRequest::decode(body).expect("a valid OTLP request");
+    assert_eq!(req.resource_spans.len(), 1);
+    let scopes = &req.resource_spans[0].scope_spans;
+    assert_eq!(scopes.len(), 1);
+    let spans = scopes[0].spans.clone();
+    (req, spans)
+}
+
+fn attrs(s: &Span) -> Vec<(String, Option<Any>)> {
+    s.attributes
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone().and_then(|v| v.value)))
+        .collect()
+}
+
+#[test]
+fn a_batch_is_an_otlp_request_with_the_resource_scope_and_every_field() {
+    let mut e = Encoder::new(&resource());
+    let (req, spans) = decode(&e.encode(&[attempt(2, 1), server(1)]));
+    let rs = &req.resource_spans[0];
+    let service = rs
+        .resource
+        .as_ref()
+        .unwrap()
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "service.name");
+    assert_eq!(
+        service.and_then(|kv| kv.value.clone()?.value),
+        Some(Any::StringValue("svc-under-test".into()))
+    );
+    let scope = rs.scope_spans[0].scope.as_ref().unwrap();
+    assert_eq!(scope.name, "flexinfer-proxy");
+    assert_eq!(scope.version, env!("CARGO_PKG_VERSION"));
+
+    let (a, s) = (&spans[0], &spans[1]);
+    assert_eq!(s.trace_id, hex("4bf92f3577b34da6a3ce929d0e0e4736"));
+    assert_eq!(s.span_id, 1u64.to_be_bytes());
+    assert_eq!(s.parent_span_id, hex("00f067aa0ba902b7"));
+    assert_eq!(s.trace_state, "vendor=abc");
+    // sampled, and "the parent is remote" is known and true
+    assert_eq!(s.flags, 0x301);
+    assert_eq!(s.kind, span::SpanKind::Server as i32);
+    assert_eq!(s.name, "POST");
+    assert_eq!(
+        (s.start_time_unix_nano, s.end_time_unix_nano),
+        (1_001, 2_001)
+    );
+    assert_eq!(
+        s.status.as_ref().unwrap().code,
+        status::StatusCode::Unset as i32
+    );
+    assert_eq!(
+        attrs(s),
+        vec![
+            (
+                "gen_ai.request.model".into(),
+                Some(Any::StringValue("m".into()))
+            ),
+            (
+                "flexinfer.strategy".into(),
+                Some(Any::StringValue("prefix".into()))
+            ),
+            (
+                "url.path".into(),
+                Some(Any::StringValue("/v1/chat/completions".into()))
+            ),
+            ("flexinfer.retries".into(), Some(Any::IntValue(0))),
+            (
+                "flexinfer.queue_wait_seconds".into(),
+                Some(Any::DoubleValue(0.25))
+            ),
+            ("flexinfer.spill".into(), Some(Any::BoolValue(false))),
+        ]
+    );
+
+    assert_eq!(a.parent_span_id, 1u64.to_be_bytes());
+    assert_eq!(a.trace_state, "");
+    assert_eq!(a.flags, 0x101, "a local parent");
+    assert_eq!(a.kind, span::SpanKind::Client as i32);
+    let st = a.status.as_ref().unwrap();
+    assert_eq!(st.code, status::StatusCode::Error as i32);
+    assert_eq!(st.message, "10.0.0.1:8000 answered 503");
+}
+
+#[test]
+fn a_root_span_has_no_parent_bytes() {
+    let mut e = Encoder::new(&resource());
+    let root = EndedSpan {
+        parent: SpanId::INVALID,
+        parent_is_remote: false,
+        trace_state: None,
+        ..server(5)
+    };
+    let (_, spans) = decode(&e.encode(&[root]));
+    assert!(spans[0].parent_span_id.is_empty());
+    assert_eq!(spans[0].flags, 0x101);
+}
+
+/// Reused spans and attributes never leak into the next batch: every batch decodes exactly as
+/// a fresh encoder would write it, whatever came before.
+#[test]
+fn reused_buffers_leave_nothing_of_earlier_batches() {
+    let r = resource();
+    let mut reused = Encoder::new(&r);
+    let other = EndedSpan {
+        attributes: vec![
+            Attribute::new("flexinfer.strategy", 7i64),
+            Attribute::new("gen_ai.request.model", true),
+        ],
+        error: Some("x".into()),
+        ..server(9)
+    };
+    let batches: Vec<Vec<EndedSpan>> = vec![
+        vec![server(1), attempt(2, 1), server(3)],
+        vec![attempt(4, 3)],
+        vec![other.clone(), server(6)],
+        vec![],
+        vec![server(7), other, attempt(8, 7), server(10)],
+        vec![server(11)],
+    ];
+    for batch in &batches {
+        let fresh = Encoder::new(&r).encode(batch);
+        let body = reused.encode(batch);
+        assert_eq!(decode(&body).0, decode(&fresh).0);
+        assert_eq!(body, fresh, "the same bytes");
+        assert_eq!(decode(&body).1.len(), batch.len());
+    }
+}
+
+#[test]
+fn headers_are_key_value_pairs_with_percent_encoded_values() {
+    let h = parse_headers("authorization=Bearer%20t0ken, x-tenant = a%2Cb ,,").unwrap();
+    assert_eq!(h.len(), 2);
+    assert_eq!(h["authorization"], "Bearer t0ken");
+    assert_eq!(h["x-tenant"], "a,b");
+    assert!(parse_headers("").unwrap().is_empty());
+    for (bad, names) in [
+        ("novalue", "novalue"),
+        ("bad name=1", "bad name"),
+        ("k=%zz", "\"k\""),
+        ("k=%2", "\"k\""),
+        ("k=%+1", "\"k\""),
+        ("k=%0A", "\"k\""),
+    ] {
+        let e = parse_headers(bad).unwrap_err();
+        assert!(e.contains(names), "{bad}: {e}");
+    }
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
