@@ -93,14 +93,23 @@ impl SpanQueue {
         self.spans.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Up to `max` of the oldest queued spans (the whole queue, without copying, when it
-    /// holds no more).
-    pub(crate) fn take(&self, max: usize) -> Vec<EndedSpan> {
+    /// Up to `max` of the oldest queued spans, or none while fewer than `min` are queued (the
+    /// whole queue, without copying, when it holds no more than `max`).
+    pub(crate) fn take_at_least(&self, min: usize, max: usize) -> Vec<EndedSpan> {
         let mut spans = self.lock();
+        if spans.len() < min.max(1) {
+            return Vec::new();
+        }
         if spans.len() <= max {
             return Vec::from(std::mem::take(&mut *spans));
         }
         spans.drain(..max).collect()
+    }
+
+    /// Up to `max` of the oldest queued spans.
+    #[cfg(test)]
+    pub(crate) fn take(&self, max: usize) -> Vec<EndedSpan> {
+        self.take_at_least(1, max)
     }
 }
 
@@ -168,31 +177,37 @@ async fn run<E: Exporter>(
     b: Batching,
     metrics: TraceFamilies,
 ) {
+    // A full batch goes at once; a partial one waits for the flush, which comes `delay` after
+    // the last one. (Sending whatever is queued after every export would, under steady load,
+    // send the few spans that came in during the last export: many small requests, each
+    // paying a request's cost, instead of full batches.)
+    let mut flush_at = tokio::time::Instant::now() + b.delay;
     loop {
-        // A queued span waits at most `delay`; a full batch goes at once.
-        let stopping = tokio::select! {
-            _ = tokio::time::sleep(b.delay) => false,
+        let partial_too = tokio::select! {
+            _ = tokio::time::sleep_until(flush_at) => true,
             _ = queue.batch_full.notified() => false,
-            _ = &mut stop => true,
+            _ = &mut stop => break,
         };
-        if stopping {
-            break;
+        export_queued(&mut exporter, &queue, b, partial_too, &metrics).await;
+        if partial_too {
+            flush_at = tokio::time::Instant::now() + b.delay;
         }
-        export_queued(&mut exporter, &queue, b, &metrics).await;
     }
     // Stopping: what is queued goes out, in batches (the caller bounds how long).
-    export_queued(&mut exporter, &queue, b, &metrics).await;
+    export_queued(&mut exporter, &queue, b, true, &metrics).await;
 }
 
-/// Send what is queued, a batch at a time.
+/// Send what is queued, a batch at a time: full batches, and with `partial_too` the rest.
 async fn export_queued<E: Exporter>(
     exporter: &mut E,
     queue: &SpanQueue,
     b: Batching,
+    partial_too: bool,
     metrics: &TraceFamilies,
 ) {
     loop {
-        let batch = queue.take(b.batch_size);
+        let min = if partial_too { 1 } else { b.batch_size };
+        let batch = queue.take_at_least(min, b.batch_size);
         if batch.is_empty() {
             return;
         }

@@ -5,8 +5,8 @@
 //! its traces twin) names: the usual case in a cluster is a collector with a certificate from
 //! the cluster's own CA. A CA file that cannot be read, or holds no certificate, stops `serve`
 //! with the path and the reason; silently exporting nowhere would be worse. Headers
-//! (`OTEL_EXPORTER_OTLP_HEADERS`, e.g. an API key) are the exporter's own business: it reads
-//! the standard variables itself.
+//! (`OTEL_EXPORTER_OTLP_HEADERS`, e.g. an API key) go on each request
+//! ([`super::otlp::headers_from_env`]).
 
 use std::path::Path;
 use std::sync::Arc;

@@ -22,11 +22,13 @@ fn span(n: u64) -> EndedSpan {
     }
 }
 
-/// Records each batch's span ids; `hang` never answers.
+/// Records each batch's span ids; `hang` never answers, `export_time` is how long an export
+/// takes.
 #[derive(Debug, Clone, Default)]
 struct Recorder {
     batches: Arc<Mutex<Vec<Vec<u64>>>>,
     hang: bool,
+    export_time: Duration,
 }
 
 impl Exporter for Recorder {
@@ -34,6 +36,7 @@ impl Exporter for Recorder {
         if self.hang {
             std::future::pending::<()>().await;
         }
+        tokio::time::sleep(self.export_time).await;
         let ids = batch
             .iter()
             .map(|s| u64::from_be_bytes(s.span_id.to_bytes()))
@@ -108,21 +111,45 @@ async fn a_full_batch_goes_out_at_once_and_a_partial_one_waits_for_the_delay() {
     for n in 1..=4 {
         sink.send(span(n));
     }
-    // The third span completed a batch: it goes before the delay, with what came after it.
+    // The third span completed a batch: it goes before the delay; the fourth waits.
     tokio::time::sleep(Duration::from_millis(1)).await;
-    assert_eq!(
-        rec.batches.lock().unwrap().clone(),
-        vec![vec![1, 2, 3], vec![4]]
-    );
+    assert_eq!(rec.batches.lock().unwrap().clone(), vec![vec![1, 2, 3]]);
     sink.send(span(5));
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         rec.batches.lock().unwrap().len(),
-        2,
+        1,
         "a partial batch waits"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(rec.batches.lock().unwrap()[2], vec![5]);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(rec.batches.lock().unwrap()[1], vec![4, 5]);
     handle.shutdown(Duration::from_secs(1)).await;
     assert_eq!(metrics.exported.get(), 5);
+}
+
+/// Under steady load, the spans that arrive while a batch is being sent wait for their own
+/// batch to fill: requests to the collector stay full instead of carrying a few spans each.
+#[tokio::test(start_paused = true)]
+async fn spans_that_arrive_during_an_export_wait_for_a_full_batch() {
+    let rec = Recorder {
+        export_time: Duration::from_millis(2),
+        ..Recorder::default()
+    };
+    let metrics = TraceFamilies::new();
+    let (sink, handle) = start(rec.clone(), &settings(64, 4), &metrics);
+    // One span a millisecond for 30 ms: a batch fills in 4 ms, an export takes 2.
+    for n in 1..=30 {
+        sink.send(span(n));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let sizes: Vec<usize> = rec.batches.lock().unwrap().iter().map(Vec::len).collect();
+    assert!(
+        !sizes.is_empty() && sizes.iter().all(|&n| n == 4),
+        "{sizes:?}"
+    );
+    // The rest goes with the flush, after the delay.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let all: Vec<u64> = rec.batches.lock().unwrap().concat();
+    assert_eq!(all, (1..=30).collect::<Vec<_>>());
+    handle.shutdown(Duration::from_secs(1)).await;
 }
