@@ -37,7 +37,7 @@ pub struct SpanSink {
 
 /// The spans waiting for export, and the export task's wake-up for a full batch.
 #[derive(Debug)]
-pub(crate) struct SpanQueue {
+pub struct SpanQueue {
     spans: Mutex<VecDeque<EndedSpan>>,
     capacity: usize,
     batch_size: usize,
@@ -48,7 +48,7 @@ pub(crate) struct SpanQueue {
 impl SpanSink {
     /// A sink in front of a queue of `size` spans whose reader wants batches of `batch_size`,
     /// and the queue (the reading end).
-    pub(crate) fn bounded(
+    pub fn bounded(
         size: usize,
         batch_size: usize,
         queue_full: prometheus::IntCounter,
@@ -95,7 +95,7 @@ impl SpanQueue {
 
     /// Up to `max` of the oldest queued spans, or none while fewer than `min` are queued (the
     /// whole queue, without copying, when it holds no more than `max`).
-    pub(crate) fn take_at_least(&self, min: usize, max: usize) -> Vec<EndedSpan> {
+    pub fn take_at_least(&self, min: usize, max: usize) -> Vec<EndedSpan> {
         let mut spans = self.lock();
         if spans.len() < min.max(1) {
             return Vec::new();

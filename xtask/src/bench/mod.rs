@@ -33,6 +33,9 @@ pub(crate) enum Group {
     Signals,
     /// The admission cost when no queue forms: classify, admit and release a permit.
     Admission,
+    /// What a sampled request costs in tracing: its two spans on the request path, and their
+    /// share of an OTLP export batch's encoding.
+    Trace,
     /// Tenant fairness when the fleet is full: two pods with maxConcurrency 2 and a 0.5 s
     /// backend, tenant A keeping 40 requests in flight, tenant B one every 200 ms; B's wait
     /// against the service time, answers by status, the most any pod held.
@@ -63,9 +66,10 @@ pub(crate) fn run(args: &Bench) -> Result<()> {
         Group::Route => ("routing-userspace", "route"),
         Group::Signals => ("routing-userspace", "signals"),
         Group::Admission => ("routing-userspace", "admission"),
+        Group::Trace => ("routing-userspace", "trace"),
     };
     // The gauge and route benches read the embedded object, so build it first.
-    if !matches!(args.group, Group::Signals | Group::Admission) {
+    if !matches!(args.group, Group::Signals | Group::Admission | Group::Trace) {
         crate::ebpf::build()?;
     }
     let status = Command::new("cargo")

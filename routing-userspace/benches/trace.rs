@@ -1,0 +1,97 @@
+//! What a sampled request costs in tracing, in two parts that add up: its spans on the request
+//! path (start, one attempt, the server span's attributes, both spans queued), and the export
+//! task's encoding of them into an OTLP request (per span, in batches of the default 512).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Instant;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use http::{HeaderMap, Method};
+use routing_userspace::telemetry::otlp::Encoder;
+use routing_userspace::telemetry::span::{EndedSpan, Value};
+use routing_userspace::telemetry::{AttemptEnd, Attribute, Sampler, SpanSink, Trace, Tracer};
+
+/// The server span's attributes of a routed request, as the request path builds them.
+fn request_attributes(model: &Arc<str>, pod: &Arc<str>) -> Vec<Attribute> {
+    let mut a = Vec::with_capacity(18);
+    a.push(Attribute::new("gen_ai.request.model", Arc::clone(model)));
+    a.push(Attribute::new("flexinfer.model", Arc::clone(model)));
+    a.push(Attribute::new("flexinfer.strategy", "session-affinity"));
+    a.push(Attribute::new("flexinfer.key_source", "session-header"));
+    a.push(Attribute::new("flexinfer.outcome", "pod"));
+    a.push(Attribute::new("flexinfer.spill", false));
+    a.push(Attribute::new("flexinfer.pod", Arc::clone(pod)));
+    a.push(Attribute::new("flexinfer.retries", 0i64));
+    a.push(Attribute::new("flexinfer.queue_wait_seconds", 0.0));
+    a.push(Attribute::new("flexinfer.ttft_seconds", 0.000_412));
+    a.push(Attribute::new("gen_ai.usage.input_tokens", 12i64));
+    a.push(Attribute::new("gen_ai.usage.output_tokens", 3i64));
+    a
+}
+
+/// The spans of one sampled request, as the export queue receives them.
+fn one_request(tracer: &Arc<Tracer>, model: &Arc<str>, pod: &Arc<str>) {
+    let mut headers = HeaderMap::new();
+    let mut trace = Trace::start(
+        Some(tracer),
+        &headers,
+        &Method::POST,
+        "/v1/chat/completions",
+        Instant::now(),
+    );
+    trace.attempt_started(|| Value::Shared(Arc::clone(pod)), &mut headers);
+    trace.attempt_ended(AttemptEnd::Answered(200));
+    trace.finish(Instant::now(), Some(200), request_attributes(model, pod));
+}
+
+fn trace(c: &mut Criterion) {
+    let model: Arc<str> = Arc::from("llama-3.1-8b");
+    let pod: Arc<str> = Arc::from("10.42.3.17:8000");
+    let mut g = c.benchmark_group("trace");
+    // Per request: 64 of them per iteration, the queue emptied (untimed) before each.
+    g.throughput(Throughput::Elements(64));
+    g.bench_function(
+        "request path/start, attempt, finish (2 spans queued)",
+        |b| {
+            let (sink, queue) =
+                SpanSink::bounded(4096, 512, prometheus::IntCounter::new("q", "q").unwrap());
+            let tracer = Arc::new(Tracer::new(
+                Sampler::parse("always_on", None).unwrap(),
+                sink,
+            ));
+            b.iter_batched(
+                || drop(queue.take_at_least(1, usize::MAX)),
+                |()| {
+                    for _ in 0..64 {
+                        one_request(&tracer, &model, &pod);
+                    }
+                },
+                BatchSize::SmallInput,
+            );
+        },
+    );
+    // A batch of the spans those requests queue: server and attempt spans, alternating.
+    let (sink, queue) =
+        SpanSink::bounded(4096, 512, prometheus::IntCounter::new("q", "q").unwrap());
+    let tracer = Arc::new(Tracer::new(
+        Sampler::parse("always_on", None).unwrap(),
+        sink,
+    ));
+    for _ in 0..256 {
+        one_request(&tracer, &model, &pod);
+    }
+    let batch: Vec<EndedSpan> = queue.take_at_least(1, usize::MAX);
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name("flexinfer-proxy")
+        .build();
+    let mut encoder = Encoder::new(&resource);
+    g.throughput(Throughput::Elements(batch.len() as u64));
+    g.bench_function("export/encode a batch of 512 spans (per span)", |b| {
+        b.iter(|| black_box(encoder.encode(black_box(&batch))))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, trace);
+criterion_main!(benches);
