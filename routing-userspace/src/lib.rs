@@ -22,6 +22,7 @@ pub mod ebpf;
 pub mod keys;
 pub mod load;
 pub mod metrics;
+pub mod percent;
 pub mod proxy;
 pub mod replay;
 pub mod router;

@@ -113,7 +113,7 @@ pub fn split_model_path(path: &str) -> Option<(Cow<'_, str>, &str)> {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let name = percent_decode(name)?;
+    let name = crate::percent::decode(name)?;
     (!name.is_empty()).then_some((name, tail))
 }
 
@@ -121,27 +121,6 @@ pub fn split_model_path(path: &str) -> Option<(Cow<'_, str>, &str)> {
 pub fn header_model(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(HEADER_MODEL_ID)?.to_str().ok()?.trim();
     (!v.is_empty()).then_some(v)
-}
-
-/// Decode `%XX` escapes; `None` on a broken escape or non-UTF-8 result.
-fn percent_decode(s: &str) -> Option<Cow<'_, str>> {
-    if !s.contains('%') {
-        return Some(Cow::Borrowed(s));
-    }
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok().map(Cow::Owned)
 }
 
 #[cfg(test)]

@@ -280,34 +280,13 @@ pub fn parse_headers(raw: &str) -> Result<HeaderMap, String> {
         let key = key.trim();
         let name = HeaderName::from_bytes(key.as_bytes())
             .map_err(|_| format!("{key:?} is not a header name"))?;
-        let decoded = percent_decode(value.trim())
+        let decoded = crate::percent::decode(value.trim())
             .ok_or_else(|| format!("the value of {key:?} is not percent-encoded UTF-8"))?;
         let value = HeaderValue::from_str(&decoded)
             .map_err(|_| format!("the value of {key:?} is not a valid header value"))?;
         headers.insert(name, value);
     }
     Ok(headers)
-}
-
-/// `%XX` escapes decoded; `None` for a cut or non-hex escape, or bytes that are not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3)?;
-            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                return None;
-            }
-            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
