@@ -57,7 +57,8 @@ pub fn start(
         .with_service_name(settings.service_name.clone())
         .build();
     let exporter = otlp::OtlpHttpExporter::new(client, uri, headers, &resource);
-    let (sink, handle) = export::start(exporter, settings, metrics);
+    let (sink, handle) = export::start(exporter, settings, metrics)
+        .map_err(|e| TraceError::Exporter(format!("starting the export thread: {e}")))?;
     Ok(Some((
         Arc::new(Tracer::new(settings.sampler, sink)),
         handle,

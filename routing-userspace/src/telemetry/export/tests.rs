@@ -60,7 +60,7 @@ fn settings(queue_size: usize, batch_size: usize) -> TraceSettings {
 async fn spans_go_out_in_batches_and_shutdown_flushes() {
     let rec = Recorder::default();
     let metrics = TraceFamilies::new();
-    let (sink, handle) = start(rec.clone(), &settings(16, 2), &metrics);
+    let (sink, handle) = start_task(rec.clone(), &settings(16, 2), &metrics);
     for n in 1..=5 {
         sink.send(span(n));
     }
@@ -75,7 +75,7 @@ async fn spans_go_out_in_batches_and_shutdown_flushes() {
 async fn a_partial_batch_goes_out_after_the_delay() {
     let rec = Recorder::default();
     let metrics = TraceFamilies::new();
-    let (sink, handle) = start(rec.clone(), &settings(16, 10), &metrics);
+    let (sink, handle) = start_task(rec.clone(), &settings(16, 10), &metrics);
     sink.send(span(7));
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(rec.batches.lock().unwrap().clone(), vec![vec![7]]);
@@ -89,7 +89,7 @@ async fn a_hung_collector_drops_and_counts_instead_of_waiting() {
         ..Recorder::default()
     };
     let metrics = TraceFamilies::new();
-    let (sink, handle) = start(rec, &settings(3, 1), &metrics);
+    let (sink, handle) = start_task(rec, &settings(3, 1), &metrics);
     // The task has not run yet: the queue takes three, the rest are dropped at once.
     for n in 1..=10 {
         sink.send(span(n));
@@ -107,7 +107,7 @@ async fn a_hung_collector_drops_and_counts_instead_of_waiting() {
 async fn a_full_batch_goes_out_at_once_and_a_partial_one_waits_for_the_delay() {
     let rec = Recorder::default();
     let metrics = TraceFamilies::new();
-    let (sink, handle) = start(rec.clone(), &settings(16, 3), &metrics);
+    let (sink, handle) = start_task(rec.clone(), &settings(16, 3), &metrics);
     for n in 1..=4 {
         sink.send(span(n));
     }
@@ -136,7 +136,7 @@ async fn spans_that_arrive_during_an_export_wait_for_a_full_batch() {
         ..Recorder::default()
     };
     let metrics = TraceFamilies::new();
-    let (sink, handle) = start(rec.clone(), &settings(64, 4), &metrics);
+    let (sink, handle) = start_task(rec.clone(), &settings(64, 4), &metrics);
     // One span a millisecond for 30 ms: a batch fills in 4 ms, an export takes 2.
     for n in 1..=30 {
         sink.send(span(n));
@@ -152,4 +152,19 @@ async fn spans_that_arrive_during_an_export_wait_for_a_full_batch() {
     let all: Vec<u64> = rec.batches.lock().unwrap().concat();
     assert_eq!(all, (1..=30).collect::<Vec<_>>());
     handle.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn the_export_thread_sends_what_is_queued_and_stops_on_shutdown() {
+    let rec = Recorder::default();
+    let metrics = TraceFamilies::new();
+    let (sink, handle) = start(rec.clone(), &settings(16, 2), &metrics).unwrap();
+    for n in 1..=3 {
+        sink.send(span(n));
+    }
+    handle.shutdown(Duration::from_secs(5)).await;
+    let mut ids: Vec<u64> = rec.batches.lock().unwrap().concat();
+    ids.sort();
+    assert_eq!(ids, vec![1, 2, 3]);
+    assert_eq!(metrics.exported.get(), 3);
 }
