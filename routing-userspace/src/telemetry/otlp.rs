@@ -90,12 +90,6 @@ impl Encoder {
         self.last_len = body.len();
         Bytes::from(body)
     }
-
-    /// The request as it stands after the last [`Encoder::encode`] (tests).
-    #[cfg(test)]
-    pub fn request(&self) -> &ExportTraceServiceRequest {
-        &self.request
-    }
 }
 
 /// Overwrite `out` with `span`, reusing its buffers.

@@ -27,18 +27,6 @@ pub enum Value {
     Bool(bool),
 }
 
-impl Value {
-    /// The value as a collector shows it (tests and `Debug` readers).
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Value::Static(s) => Some(s),
-            Value::Shared(s) => Some(s),
-            Value::Owned(s) => Some(s),
-            _ => None,
-        }
-    }
-}
-
 impl From<&'static str> for Value {
     fn from(s: &'static str) -> Self {
         Value::Static(s)
