@@ -11,7 +11,9 @@
 //!   being consumed (the request went elsewhere, failed, or its client left).
 //!
 //! Both ends are counted per model, so `reserved = consumed + expired + pending` holds at every
-//! moment. A TTL of zero disables the ledger. Time is passed in (`now`), never read here.
+//! moment. The hand-over errs high, never low: the real count rises before the reservation
+//! ends, and the eBPF gauge counts a new connection from its handshake, so between the
+//! handshake and the request's start (one task wake-up) the pod counts twice. A TTL of zero disables the ledger. Time is passed in (`now`), never read here.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

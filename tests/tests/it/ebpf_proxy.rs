@@ -301,9 +301,14 @@ async fn on_the_ebpf_gauge_reservations_spread_a_burst_and_are_consumed_when_req
         "the eBPF gauge keeps upstream connections pooled"
     );
     let hits = burst(proxy.addr, "chat", 50).await;
+    // An even share is 13 at most. A new connection counts in the kernel from its handshake,
+    // and its reservation until the request starts on it a moment later: a pick in between
+    // sees that pod one higher (the safe side of the hand-over, never neither), so a loaded
+    // machine can move one request of the burst elsewhere. The exact spread of a burst is the
+    // ledger's unit tests' (router::tests); here, that the burst spreads over the real gauge.
     assert!(
-        hits.values().all(|&n| n <= 13),
-        "at most 13 per pod: {hits:?}"
+        hits.len() == 4 && hits.values().all(|&n| n <= 14),
+        "every pod, at most one over an even share of 13: {hits:?}"
     );
     // Every reservation was replaced by its request (marked busy when it started), none left.
     assert_eq!(pending_reservations(proxy.admin).await, 0);
