@@ -3,6 +3,13 @@
 //! Each client connection is served by hyper (HTTP/1.1, or h2c), with a deadline for reading
 //! each request's head (slowloris), a bounded head buffer, and a cap on open connections: past
 //! it, a new connection gets an OpenAI-shaped 503 with `Retry-After` and is closed.
+//!
+//! The protocol is told from the connection's first bytes, peeked, not read: a connection that
+//! does not open with the HTTP/2 preface goes straight to hyper's HTTP/1 server. (hyper-util's
+//! auto connection reads the first bytes itself and hands them back through a rewind buffer,
+//! so HTTP/1's first read returns only those bytes and its read buffer grows to 16 KiB, held
+//! for the connection's life: 8 KiB more per open stream.) The first byte must come within the
+//! header-read timeout too, so a client that connects and sends nothing is closed.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -13,12 +20,14 @@ use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 use super::errors::ApiError;
 
@@ -96,21 +105,74 @@ async fn refuse(mut stream: TcpStream) {
     .await;
 }
 
-/// hyper's connection builder (HTTP/1.1 and h2c) for `opts`.
-fn connection_builder(opts: &ServeOptions) -> Builder<TokioExecutor> {
-    let mut builder = Builder::new(TokioExecutor::new());
-    let mut h1 = builder.http1();
-    // Head and body (or chunk framing and data) go out as one buffer with one `send`, not a
-    // `writev` of several: 14.7 against 15.2 us of CPU per request, 3% more requests per second
-    // (`cargo xtask bench overhead --only haproxy,fx-userspace,session`). The copy it costs is
-    // small next to a model's time for the bodies it copies.
-    h1.timer(TokioTimer::new())
-        .writev(false)
-        .max_buf_size((opts.max_head_bytes + 16 * 1024).max(8192));
-    h1.header_read_timeout(
-        (!opts.header_read_timeout.is_zero()).then_some(opts.header_read_timeout),
-    );
-    builder
+/// The first bytes of every HTTP/2 connection with prior knowledge (h2c), RFC 9113 section 3.4.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// What a connection's first bytes say it speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    /// The bytes so far are a beginning of the HTTP/2 preface: hyper-util's auto connection
+    /// reads on and decides.
+    Undecided,
+    Http2,
+}
+
+/// The protocol of a connection that opened with `first` (nothing: the client closed, which
+/// HTTP/1 then reads).
+fn protocol_of(first: &[u8]) -> Protocol {
+    if first.starts_with(H2_PREFACE) {
+        Protocol::Http2
+    } else if !first.is_empty() && H2_PREFACE.starts_with(first) {
+        Protocol::Undecided
+    } else {
+        Protocol::Http1
+    }
+}
+
+/// Wait for the connection's first bytes (within `timeout`, unless zero) and tell its protocol
+/// from them, leaving them in the socket.
+async fn sniff(stream: &TcpStream, timeout: Duration) -> std::io::Result<Protocol> {
+    let mut first = [0u8; H2_PREFACE.len()];
+    let peek = stream.peek(&mut first);
+    let n = if timeout.is_zero() {
+        peek.await?
+    } else {
+        tokio::time::timeout(timeout, peek)
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??
+    };
+    Ok(protocol_of(&first[..n]))
+}
+
+/// hyper's connection builders for `opts`: HTTP/1.1 alone, and HTTP/1.1 or h2c (auto) for the
+/// connections whose first bytes did not decide.
+struct Builders {
+    http1: http1::Builder,
+    auto: Builder<TokioExecutor>,
+}
+
+/// Head and body (or chunk framing and data) go out as one buffer with one `send`, not a
+/// `writev` of several: 14.7 against 15.2 us of CPU per request, 3% more requests per second
+/// (`cargo xtask bench overhead --only haproxy,fx-userspace,session`). The copy it costs is small
+/// next to a model's time for the bodies it copies.
+macro_rules! http1_settings {
+    ($h1:expr, $opts:expr) => {
+        $h1.timer(TokioTimer::new())
+            .writev(false)
+            .max_buf_size(($opts.max_head_bytes + 16 * 1024).max(8192))
+            .header_read_timeout(
+                (!$opts.header_read_timeout.is_zero()).then_some($opts.header_read_timeout),
+            )
+    };
+}
+
+fn connection_builders(opts: &ServeOptions) -> Builders {
+    let mut http1 = http1::Builder::new();
+    http1_settings!(http1, opts);
+    let mut auto = Builder::new(TokioExecutor::new());
+    http1_settings!(auto.http1(), opts);
+    Builders { http1, auto }
 }
 
 /// Connections refused past the limit: one warning per ten seconds of them, not one each.
@@ -158,7 +220,9 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
-    let builder = Arc::new(connection_builder(&opts));
+    let builders = Arc::new(connection_builders(&opts));
+    // Set when the loop stops: a connection still waiting for its first byte closes.
+    let (stopped, stopping) = watch::channel(false);
     let open = Arc::new(AtomicUsize::new(0));
     let mut refusals = Refusals::default();
     tokio::pin!(shutdown);
@@ -197,18 +261,39 @@ where
             let pipeline = Box::pin(handler(req, client.clone()));
             async move { Ok::<_, Infallible>(pipeline.await) }
         });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let builders = Arc::clone(&builders);
+        let watcher = graceful.watcher();
+        let mut stopping = stopping.clone();
+        let first_byte_timeout = opts.header_read_timeout;
         tokio::spawn(async move {
             let _guard = guard;
-            if let Err(e) = conn.await {
+            let protocol = tokio::select! {
+                p = sniff(&stream, first_byte_timeout) => p,
+                _ = stopping.wait_for(|&stopped| stopped) => return,
+            };
+            let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match protocol {
+                Ok(Protocol::Http1) => {
+                    let conn = builders
+                        .http1
+                        .serve_connection(TokioIo::new(stream), service);
+                    watcher.watch(conn).await.map_err(Into::into)
+                }
+                Ok(Protocol::Undecided | Protocol::Http2) => {
+                    let conn = builders
+                        .auto
+                        .serve_connection(TokioIo::new(stream), service)
+                        .into_owned();
+                    watcher.watch(conn).await
+                }
+                Err(e) => Err(e.into()),
+            };
+            if let Err(e) = ended {
                 tracing::debug!(peer = %peer, error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
+    let _ = stopped.send(true);
     Ok(tokio::select! {
         _ = graceful.shutdown() => {
             tracing::info!(listener = opts.name, "all connections drained");
@@ -219,4 +304,135 @@ where
             Drained::TimedOut
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper::client::conn::{http1 as client1, http2 as client2};
+    use tokio::sync::oneshot;
+
+    /// `serve` on a loopback port with a handler that answers the request's HTTP version; the
+    /// sender stops it, the handle says how the drain ended.
+    async fn serving(
+        opts: ServeOptions,
+    ) -> (
+        SocketAddr,
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<Drained>>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handler = |req: Request<Incoming>, _peer: Arc<Peer>| async move {
+            Response::new(Full::new(Bytes::from(format!("{:?}", req.version()))))
+        };
+        let served = tokio::spawn(serve(
+            listener,
+            handler,
+            async move {
+                let _ = stopped.await;
+            },
+            opts,
+        ));
+        (addr, stop, served)
+    }
+
+    fn get(addr: SocketAddr) -> Request<Full<Bytes>> {
+        Request::get(format!("http://{addr}/"))
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn serves_http1_and_h2c_on_one_port() {
+        let (addr, stop, served) = serving(ServeOptions::default()).await;
+        let io = TokioIo::new(TcpStream::connect(addr).await.unwrap());
+        let (mut h1, conn) = client1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let resp = h1.send_request(get(addr)).await.unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "HTTP/1.1");
+
+        let io = TokioIo::new(TcpStream::connect(addr).await.unwrap());
+        let (mut h2, conn) = client2::handshake(TokioExecutor::new(), io).await.unwrap();
+        tokio::spawn(conn);
+        let resp = h2.send_request(get(addr)).await.unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "HTTP/2.0");
+        drop((h1, h2));
+        stop.send(()).unwrap();
+        assert_eq!(served.await.unwrap().unwrap(), Drained::All);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_nothing_is_closed_at_the_header_read_timeout() {
+        let opts = ServeOptions {
+            header_read_timeout: Duration::from_millis(200),
+            ..ServeOptions::default()
+        };
+        let (addr, stop, served) = serving(opts).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf))
+            .await
+            .expect("closed within the test's patience")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "closed without an answer");
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        stop.send(()).unwrap();
+        assert_eq!(served.await.unwrap().unwrap(), Drained::All);
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_does_not_hold_up_the_drain() {
+        let opts = ServeOptions {
+            drain: Duration::from_secs(30),
+            ..ServeOptions::default()
+        };
+        let (addr, stop, served) = serving(opts).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        // Accepted (and waiting for its first byte) before the stop.
+        let io = TokioIo::new(TcpStream::connect(addr).await.unwrap());
+        let (mut h1, conn) = client1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        h1.send_request(get(addr)).await.unwrap();
+        stop.send(()).unwrap();
+        let drained = tokio::time::timeout(Duration::from_secs(10), served)
+            .await
+            .expect("the drain did not wait for the silent connection")
+            .unwrap()
+            .unwrap();
+        assert_eq!(drained, Drained::All);
+        let mut buf = [0u8; 8];
+        assert_eq!(silent.read(&mut buf).await.unwrap_or(0), 0, "closed");
+    }
+
+    #[test]
+    fn the_first_bytes_tell_http2_from_http1() {
+        assert_eq!(protocol_of(H2_PREFACE), Protocol::Http2);
+        assert_eq!(
+            protocol_of(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04"),
+            Protocol::Http2
+        );
+        assert_eq!(protocol_of(b"PRI * HTTP/2"), Protocol::Undecided);
+        assert_eq!(protocol_of(b"P"), Protocol::Undecided);
+        assert_eq!(
+            protocol_of(b"POST /v1/chat/completions HTTP/1.1\r\n"),
+            Protocol::Http1
+        );
+        assert_eq!(protocol_of(b"GET / HTTP/1.1\r\n"), Protocol::Http1);
+        assert_eq!(
+            protocol_of(b"PRI * HTTP/1.1\r\n\r\nSM\r\n\r\n"),
+            Protocol::Http1
+        );
+        assert_eq!(
+            protocol_of(b""),
+            Protocol::Http1,
+            "a closed connection: HTTP/1 reads the end"
+        );
+    }
 }
