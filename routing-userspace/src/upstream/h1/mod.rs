@@ -32,7 +32,9 @@ pub use response::UpstreamBody;
 const INLINE_BODY: usize = 32 * 1024;
 /// A connection's first read buffer, and its growth step while reads come in small: an SSE
 /// event is a few hundred bytes, and every open stream holds one buffer.
-const READ_MIN: usize = 4 * 1024;
+const READ_MIN: usize = 2 * 1024;
+/// Room made for a request head in the write buffer (more when it grows past it).
+const HEAD_ROOM: usize = 1024;
 /// The largest growth step, reached by doubling while reads fill all the room they had (bulk
 /// bodies).
 const READ_MAX: usize = 64 * 1024;
@@ -199,11 +201,20 @@ impl H1Conn {
             io,
             read_buf: BytesMut::with_capacity(READ_MIN),
             read_step: READ_MIN,
-            write_buf: Vec::with_capacity(1024),
+            write_buf: Vec::new(),
             served: 0,
             track: None,
             counts_as_load: true,
         }
+    }
+
+    /// An empty write buffer with room for a request head and `body` bytes after it. The
+    /// buffer is let go once the response head is in (see [`Self::respond`]): a pooled or
+    /// streaming connection would otherwise hold the largest request it ever wrote, up to
+    /// [`INLINE_BODY`] past the head.
+    fn start_write(&mut self, body: usize) {
+        self.write_buf.clear();
+        self.write_buf.reserve(HEAD_ROOM + body);
     }
 
     /// Room for the next read: the growth step when less than a quarter of it is left. Returns
@@ -272,13 +283,13 @@ impl H1Conn {
         // A body sent again after a streamed first attempt has no length header yet.
         let has_length = head.headers.contains_key(http::header::CONTENT_LENGTH);
         let length = bytes.as_ref().filter(|_| !has_length).map(|b| b.len());
-        self.write_buf.clear();
+        let inline = bytes.as_ref().is_some_and(|b| b.len() <= INLINE_BODY);
+        self.start_write(bytes.as_ref().filter(|_| inline).map_or(0, |b| b.len()));
         head::encode_request(
             &mut self.write_buf,
             head,
             head::BodyFraming::of(length, false),
         );
-        let inline = bytes.as_ref().is_some_and(|b| b.len() <= INLINE_BODY);
         if let (true, Some(b)) = (inline, &bytes) {
             self.write_buf.extend_from_slice(b);
         }
@@ -302,7 +313,7 @@ impl H1Conn {
         reused: bool,
     ) -> Result<Option<UpBody>, SendError> {
         let chunked = !head.headers.contains_key(http::header::CONTENT_LENGTH);
-        self.write_buf.clear();
+        self.start_write(0);
         head::encode_request(
             &mut self.write_buf,
             head,
@@ -391,6 +402,7 @@ impl H1Conn {
         release: Option<response::Release>,
     ) -> Response<UpstreamBody> {
         self.served += 1;
+        self.write_buf = Vec::new();
         let ResponseHead {
             status,
             headers,

@@ -365,3 +365,36 @@ async fn a_streamed_body_without_length_goes_out_chunked() {
     }
     assert_eq!(got, b"abcde");
 }
+
+#[tokio::test]
+async fn a_pooled_connection_keeps_no_write_buffer_after_a_large_request() {
+    let (addr, mut seen) = server(vec![vec![
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    ]])
+    .await;
+    let pool = Arc::new(Pool::new(8, Duration::from_secs(10)));
+    let key = PoolKey::Addr(addr);
+    let body = Bytes::from(vec![b'x'; 30 * 1024]);
+    let r = conn(addr)
+        .await
+        .send(
+            &parts(Method::POST, Some(body.len())),
+            UpBody::bytes(body.clone()),
+            Some(Release {
+                pool: pool.clone(),
+                key: key.clone(),
+            }),
+        )
+        .await
+        .unwrap()
+        .response;
+    assert_eq!(body_of(r).await.unwrap(), b"ok");
+    assert_eq!(seen.recv().await.unwrap().2, body, "head and body went out");
+    let pooled = pool.take(&key).expect("back in the pool");
+    assert_eq!(
+        pooled.write_buf.capacity(),
+        0,
+        "the 30 KiB request is not held while the connection waits"
+    );
+    assert!(pooled.read_buf.capacity() <= 2 * READ_MIN);
+}
