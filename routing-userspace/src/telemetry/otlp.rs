@@ -180,6 +180,8 @@ fn set_bytes(out: &mut Vec<u8>, b: &[u8]) {
 pub struct OtlpHttpExporter<C> {
     client: C,
     endpoint: http::Uri,
+    /// Every export request's headers: the content type, the user agent, then the
+    /// operator's (which win over the first two).
     headers: HeaderMap,
     encoder: Encoder,
 }
@@ -193,10 +195,20 @@ impl<C: HttpClient + 'static> OtlpHttpExporter<C> {
         headers: HeaderMap,
         resource: &opentelemetry_sdk::Resource,
     ) -> Self {
+        let mut all = HeaderMap::with_capacity(2 + headers.len());
+        all.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        all.insert(
+            USER_AGENT,
+            HeaderValue::from_static(concat!("flexinfer-proxy/", env!("CARGO_PKG_VERSION"))),
+        );
+        all.extend(headers);
         Self {
             client,
             endpoint,
-            headers,
+            headers: all,
             encoder: Encoder::new(resource),
         }
     }
@@ -211,18 +223,7 @@ where
         let mut request = http::Request::post(self.endpoint.clone())
             .body(body)
             .map_err(|e| format!("building the export request: {e}"))?;
-        let headers = request.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/x-protobuf"),
-        );
-        headers.insert(
-            USER_AGENT,
-            HeaderValue::from_static(concat!("flexinfer-proxy/", env!("CARGO_PKG_VERSION"))),
-        );
-        for (k, v) in &self.headers {
-            headers.insert(k.clone(), v.clone());
-        }
+        *request.headers_mut() = self.headers.clone();
         let response = self
             .client
             .send_bytes(request)
