@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use http::{HeaderMap, Method};
+use routing_userspace::telemetry::export::SpanQueue;
 use routing_userspace::telemetry::otlp::Encoder;
 use routing_userspace::telemetry::span::{EndedSpan, Value};
 use routing_userspace::telemetry::{AttemptEnd, Attribute, Sampler, SpanSink, Trace, Tracer};
@@ -45,6 +46,14 @@ fn one_request(tracer: &Arc<Tracer>, model: &Arc<str>, pod: &Arc<str>) {
     trace.finish(Instant::now(), Some(200), request_attributes(model, pod));
 }
 
+/// A tracer that samples every request, and the queue its spans go to.
+fn sampling_everything() -> (Arc<Tracer>, Arc<SpanQueue>) {
+    let (sink, queue) =
+        SpanSink::bounded(4096, 512, prometheus::IntCounter::new("q", "q").unwrap());
+    let tracer = Tracer::new(Sampler::parse("always_on", None).unwrap(), sink);
+    (Arc::new(tracer), queue)
+}
+
 fn trace(c: &mut Criterion) {
     let model: Arc<str> = Arc::from("llama-3.1-8b");
     let pod: Arc<str> = Arc::from("10.42.3.17:8000");
@@ -54,12 +63,7 @@ fn trace(c: &mut Criterion) {
     g.bench_function(
         "request path/start, attempt, finish (2 spans queued)",
         |b| {
-            let (sink, queue) =
-                SpanSink::bounded(4096, 512, prometheus::IntCounter::new("q", "q").unwrap());
-            let tracer = Arc::new(Tracer::new(
-                Sampler::parse("always_on", None).unwrap(),
-                sink,
-            ));
+            let (tracer, queue) = sampling_everything();
             b.iter_batched(
                 || drop(queue.take_at_least(1, usize::MAX)),
                 |()| {
@@ -72,12 +76,7 @@ fn trace(c: &mut Criterion) {
         },
     );
     // A batch of the spans those requests queue: server and attempt spans, alternating.
-    let (sink, queue) =
-        SpanSink::bounded(4096, 512, prometheus::IntCounter::new("q", "q").unwrap());
-    let tracer = Arc::new(Tracer::new(
-        Sampler::parse("always_on", None).unwrap(),
-        sink,
-    ));
+    let (tracer, queue) = sampling_everything();
     for _ in 0..256 {
         one_request(&tracer, &model, &pod);
     }
