@@ -67,6 +67,10 @@ fn signals(c: &mut Criterion) {
     g.bench_function("store/load (two fresh reports)", |b| {
         b.iter(|| black_box(store.load(black_box(7), black_box(2), t0)))
     });
+    g.bench_function("store/load (two reports, 1 s old)", |b| {
+        let later = t0 + Duration::from_secs(1);
+        b.iter(|| black_box(store.load(black_box(7), black_box(2), later)))
+    });
     g.bench_function("store/load (no report)", |b| {
         b.iter(|| black_box(store.load(black_box(8), black_box(2), t0)))
     });

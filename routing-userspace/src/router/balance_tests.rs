@@ -188,7 +188,7 @@ fn cache_aware_models_start_from_their_own_factor() {
         "--cache-aware-balance-factor, the proxy's floor"
     );
     assert_eq!(got("own"), (1100, 2), "a model's annotation wins");
-    assert_eq!(got("ring"), (1200, 4), "rings keep --hash-balance-factor");
+    assert_eq!(got("ring"), (1150, 4), "rings keep --hash-balance-factor");
     let w = World::new(
         vec![model("s", Strategy::SessionAffinity, 1..4)],
         RoutingKnobs::default(),

@@ -42,7 +42,7 @@ impl RoutingKnobs {
         label_group_mode: LabelGroupMode::RoundRobin,
         max_pod_attempts: 3,
         hash_balance: HashBalance {
-            factor_milli: 1200,
+            factor_milli: 1150,
             floor: 4,
         },
         cache_aware_factor_milli: 1600,

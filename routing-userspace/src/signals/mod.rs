@@ -9,7 +9,8 @@
 //! - [`usage`]: the token counts (cached prompt tokens included) in each response body.
 //!
 //! [`store`] keeps the last report of each pod and turns it, with the requests this node
-//! started since, into the load a pick reads. Everything from a pod is untrusted input: capped
+//! started since and what [`others`] predicts of the other nodes' part, into the load a pick
+//! reads. Everything from a pod is untrusted input: capped
 //! in size, checked for sane numbers ([`report`]), and at worst it changes only that pod's
 //! signal. Nothing here runs on the request path except header and body reads that cost a
 //! memchr-class scan, and the store's few atomic loads and adds.
@@ -18,6 +19,7 @@ pub mod engine_metrics;
 pub mod fleet;
 pub mod metrics;
 pub mod orca;
+pub mod others;
 pub mod report;
 pub mod scrape;
 pub mod settings;

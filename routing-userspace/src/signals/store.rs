@@ -1,14 +1,15 @@
 //! The per-pod signal store: the last engine load report of each pod, per source, so a pick
 //! can read the pod's whole load.
 //!
-//! A pod's load is `max(node in flight, running + waiting at the report + what this process
-//! added since)` over its fresh reports: the node-local count alone sees only this node's share
-//! of the pod (about 1/N of it with N proxies), the engine's count sees everyone's but ages,
-//! and the change in this process's own requests on the pod since the report (its count then,
-//! against its count now) covers its own part of that ageing, in both directions: requests it
-//! started since add, requests of its own that ended since take away. Other nodes' changes
-//! since the report are invisible here until the next one; a report past its freshness stands
-//! for nothing, and the estimate is never below the node-local count.
+//! A pod's load is `max(node in flight, this process's requests on it now + the other nodes'
+//! part)` over its fresh reports: the node-local count alone sees only this node's share of
+//! the pod (about 1/N of it with N proxies), the engine's count sees everyone's but ages. A
+//! report's count minus this process's requests on the pod when it was asked for is what the
+//! other nodes had then; [`super::others`] predicts it forward (the sample while young, the
+//! pod's running average of samples as it ages), and this process's own requests are counted
+//! as they are now, in both directions: requests it started since add, requests of its own
+//! that ended since take away. A report past its freshness stands for nothing, and the
+//! estimate is never below the node-local count.
 //!
 //! Each pod keeps one report per [`Source`]: vLLM's in-band report has no running count, so it
 //! must not replace the scraped one that has. Reads are on the pick path, so they are a few
@@ -16,9 +17,9 @@
 //! a write that races another write is dropped, the other is as fresh), no lock, no clock read
 //! (`now` is passed in). Pods are addressed by their gauge [`Slot`].
 //!
-//! The default freshness, [`DEFAULT_STALENESS`] = 30 s. A report plus this process's own change
-//! since stays an unbiased estimate as it ages: only the other nodes' changes since are
-//! missing, and they go both ways (they start requests and theirs end). The node-local count
+//! The default freshness, [`DEFAULT_STALENESS`] = 30 s. The estimate stays unbiased as a
+//! report ages: only the other nodes' changes since are unseen, and they go both ways (they
+//! start requests and theirs end). The node-local count
 //! alone, what stands once the report is dropped, under-counts by the fleet's size. So a report
 //! counts as long as it is the best view there is, and the newest report replaces it: a pod
 //! that answers this node refreshes it with every response, one that does not is scraped (see
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::others::{self, NO_MEAN};
 use super::report::{EngineReport, Source};
 use crate::load::userspace::UserspaceGauge;
 use crate::load::{LoadGauge, Slot, MAX_SLOTS};
@@ -80,18 +82,30 @@ impl Snap {
         now_ns < self.fresh_until_ns
     }
 
-    /// The engine's load at the report, moved by how this process's own requests on the pod
-    /// changed since (`local` now against then); `None` without a request count.
-    fn estimate(&self, local: u64) -> Option<u64> {
-        if self.running.is_none() && self.waiting.is_none() {
-            return None;
-        }
-        let engine = self.running.unwrap_or(0) + self.waiting.unwrap_or(0);
-        Some(match local.checked_sub(self.local_at) {
-            Some(more) => engine.saturating_add(more),
-            None => engine.saturating_sub(self.local_at - local),
-        })
+    /// The pod's load now: this process's requests on it (`local`) and the other nodes'
+    /// part, predicted from this report's sample of it and the pod's running average `mean`;
+    /// `None` without a request count.
+    fn estimate(&self, local: u64, mean: u64, now_ns: u64) -> Option<u64> {
+        let others = self.others()?;
+        let age = now_ns.saturating_sub(self.at_ns);
+        Some(local.saturating_add(others::predict(others, mean, age)))
     }
+
+    /// The other nodes' requests on the pod at the report: its count less this process's
+    /// then.
+    fn others(&self) -> Option<u64> {
+        others_at(self.running, self.waiting, self.local_at)
+    }
+}
+
+/// A report's count less this process's requests on the pod when it was asked for; `None`
+/// without a count.
+fn others_at(running: Option<u64>, waiting: Option<u64>, local_at: u64) -> Option<u64> {
+    if running.is_none() && waiting.is_none() {
+        return None;
+    }
+    let engine = running.unwrap_or(0).saturating_add(waiting.unwrap_or(0));
+    Some(engine.saturating_sub(local_at))
 }
 
 fn opt(v: u64) -> Option<u64> {
@@ -150,11 +164,23 @@ impl Record {
 }
 
 /// Everything kept for one pod, on its own cache lines.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 #[repr(align(64))]
 struct PodSignals {
     /// By [`Source::index`].
     reports: [Record; 2],
+    /// The running average of the other nodes' part over the reports with a running count,
+    /// thousandths of a request ([`NO_MEAN`] before the first).
+    others_mean: AtomicU64,
+}
+
+impl Default for PodSignals {
+    fn default() -> Self {
+        Self {
+            reports: Default::default(),
+            others_mean: AtomicU64::new(NO_MEAN),
+        }
+    }
 }
 
 /// When and against which count a report was asked for (see [`SignalStore::stamp`]).
@@ -222,6 +248,14 @@ impl SignalStore {
             return;
         }
         let valid = u64::try_from(valid_for.as_nanos()).unwrap_or(ABSENT);
+        // A report with no running count (vLLM's in-band one) is no sample of the whole load.
+        if report.running.is_some() {
+            if let Some(sample) = others_at(report.running, report.waiting, stamp.local) {
+                let _ = p
+                    .others_mean
+                    .fetch_update(Relaxed, Relaxed, |m| Some(others::next_mean(m, sample)));
+            }
+        }
         let _ = p.reports[stamp.source.index()].write([
             report.running.unwrap_or(ABSENT),
             report.waiting.unwrap_or(ABSENT),
@@ -232,8 +266,9 @@ impl SignalStore {
         ]);
     }
 
-    /// The pod's load: `max(node_in_flight, running + waiting + what this process added since)`
-    /// from its newest fresh report with a running count, else `node_in_flight`. The newest,
+    /// The pod's load: `max(node_in_flight, this process's requests on it + the other nodes'
+    /// part predicted from its newest fresh report with a running count)`, else
+    /// `node_in_flight`. The newest,
     /// not the highest: an older report describes a state the newer one replaced. (A report
     /// without a running count, such as vLLM's in-band one, says only what waits.)
     #[inline]
@@ -243,15 +278,14 @@ impl SignalStore {
         };
         let now_ns = self.ns(now);
         let local = self.local.active(slot);
-        let [a, b] = [&p.reports[0], &p.reports[1]].map(|r| {
-            r.read()
-                .filter(|s| s.fresh(now_ns) && s.running.is_some())
-                .and_then(|s| Some((s.at_ns, s.estimate(local)?)))
-        });
+        let [a, b] = [&p.reports[0], &p.reports[1]]
+            .map(|r| r.read().filter(|s| s.fresh(now_ns) && s.running.is_some()));
         let newest = match (a, b) {
-            (Some(a), Some(b)) => Some(if a.0 >= b.0 { a.1 } else { b.1 }),
-            (a, b) => a.or(b).map(|(_, e)| e),
+            (Some(a), Some(b)) => Some(if a.at_ns >= b.at_ns { a } else { b }),
+            (a, b) => a.or(b),
         };
+        let mean = p.others_mean.load(Relaxed);
+        let newest = newest.and_then(|s| s.estimate(local, mean, now_ns));
         newest.map_or(node_in_flight, |e| e.max(node_in_flight))
     }
 
@@ -321,8 +355,10 @@ impl SignalStore {
                 in_flight_here_then: s.local_at,
             })
         };
+        let mean = p.others_mean.load(Relaxed);
         Some(SignalView {
             in_flight_here: local,
+            others_average: (mean != NO_MEAN).then(|| mean as f64 / 1000.0),
             inband: view(Source::InBand),
             scrape: view(Source::Scrape),
         })
@@ -337,6 +373,7 @@ impl SignalStore {
                     std::hint::spin_loop();
                 }
             }
+            p.others_mean.store(NO_MEAN, Relaxed);
         }
     }
 }
@@ -346,6 +383,9 @@ impl SignalStore {
 pub struct SignalView {
     /// This process's requests in flight on the pod.
     pub in_flight_here: u64,
+    /// The running average of the other nodes' requests on the pod over its reports (what an
+    /// aged report's sample gives way to), requests.
+    pub others_average: Option<f64>,
     pub inband: Option<ReportView>,
     pub scrape: Option<ReportView>,
 }

@@ -208,16 +208,40 @@ fn the_newest_report_with_a_running_count_is_the_load() {
     assert_eq!(store.load(S, 1, t0 + secs(1.0)), 12);
     // A newer in-band report says the pod drained: it replaces the higher, older one.
     store.report(S, &counts(Some(2), Some(0)), Source::InBand, t0 + secs(1.0));
-    assert_eq!(store.load(S, 1, t0 + secs(2.0)), 2);
+    assert_eq!(store.load(S, 1, t0 + secs(1.0)), 2);
+    // As it ages, the other nodes' part it sampled gives way to the pod's average over its
+    // reports (12, then 2: 9.5): after 1 s, 0.6 of the way is left (4.9).
+    assert_eq!(store.load(S, 1, t0 + secs(2.0)), 5);
+    assert_eq!(store.snapshot(S, t0).unwrap().others_average, Some(9.5));
     // A report with no running count (vLLM's in-band) says nothing of the load.
     store.report(S, &counts(None, Some(0)), Source::InBand, t0 + secs(3.0));
     assert_eq!(
         store.load(S, 1, t0 + secs(4.0)),
-        12,
-        "the scraped one stands"
+        10,
+        "the scraped one stands, 4 s old: 12 most of the way to 9.5 (10.0)"
     );
+    assert_eq!(store.snapshot(S, t0).unwrap().others_average, Some(9.5));
     // Never below this node's own count.
     assert_eq!(store.load(S, 20, t0 + secs(4.0)), 20);
+}
+
+#[test]
+fn this_processs_own_requests_are_counted_as_they_are_now_however_old_the_report() {
+    let (store, local) = store_with(secs(30.0));
+    let t0 = Instant::now();
+    // Two reports: others had 6, then 2 (average 5).
+    let mine = local.enter(S);
+    store.report(S, &counts(Some(7), None), Source::InBand, t0);
+    store.report(S, &counts(Some(3), None), Source::InBand, t0);
+    assert_eq!(store.load(S, 0, t0), 3, "1 of mine + 2 of the others");
+    drop(mine);
+    assert_eq!(store.load(S, 0, t0), 2, "mine ended: the others' 2");
+    let _three = [local.enter(S), local.enter(S), local.enter(S)];
+    assert_eq!(
+        store.load(S, 0, t0 + secs(28.0)),
+        3 + 5,
+        "the others' average, nearly"
+    );
 }
 
 #[test]
@@ -229,6 +253,7 @@ fn reset_forgets_the_previous_pod() {
     store.record(S, &counts(Some(5), Some(5)), stamp, secs(5.0));
     store.reset(S);
     assert_eq!(store.load(S, 1, t0), 1);
+    assert_eq!(store.snapshot(S, t0).unwrap().others_average, None);
     assert!(!store.is_full(S, t0, 0, 0.0));
     let v = store.snapshot(S, t0).unwrap();
     assert_eq!((v.inband, v.scrape), (None, None));
@@ -245,6 +270,7 @@ fn snapshot_shows_ages_and_this_processs_requests() {
         store.snapshot(S, t0),
         Some(SignalView {
             in_flight_here: 0,
+            others_average: None,
             inband: None,
             scrape: None
         })
