@@ -169,7 +169,7 @@ fn the_help_shows_each_default_as_a_flag_takes_it() {
         "[default: 5m]",
         "[default: 10m]",
         "[default: 16MiB]",
-        "[default: 1.2]",
+        "[default: 1.15]",
         "[default: 1.5]",
         "[default: round-robin]",
         "[default: /sys/fs/bpf/flexinfer]",
