@@ -11,17 +11,18 @@
 //!
 //! So the prediction leans on the sample while it is young and on the pod's usual level as it
 //! ages, as for any quantity that reverts to its mean: `others(age) = mean + (sample - mean) *
-//! exp(-age / T)` (the exponential approximated, see [`decay`]), with `T` = [`MEMORY_NS`] and the mean a running average of the samples (each
-//! new one weighs [`SAMPLE_WEIGHT`]). One node alone has no others: its samples are 0 and so is
-//! the prediction. The fleet replays measured it (docs/routing-quality.md has the tables); `T`
-//! from 1 to 4 s, a `T / (T + age)` decay instead of the exponential and weights from 1/10 to
-//! 1/4 gave the same within the replays' noise, reading the last sample alone clearly less.
+//! exp(-age / T)` (the exponential approximated, see [`decay`]), with `T` = [`MEMORY_NS`] and
+//! the mean a running average of the samples (each new one weighs [`SAMPLE_WEIGHT`]). One node
+//! alone has no others: its samples are 0 and so is the prediction. The fleet replays measured
+//! it (docs/routing-quality.md has the tables); `T` from 1 to 4 s, a `T / (T + age)` decay
+//! instead of the exponential and weights from 1/10 to 1/2 gave the same within the replays'
+//! noise, reading the last sample alone clearly less.
 //!
 //! The average is kept in thousandths of a request; the prediction is a few multiplies and a
 //! division per pod of a bounded pick.
 
 /// How fast a sample's deviation from the pod's usual level is forgotten: after this long,
-/// `1/e` of it is left. About an LLM request's time in a pod: other nodes' requests start and
+/// 0.4 of it is left (`1/e` for the exponential). About an LLM request's time in a pod: other nodes' requests start and
 /// end at that pace.
 pub const MEMORY_NS: u64 = 2_000_000_000;
 
