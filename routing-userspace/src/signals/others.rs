@@ -11,7 +11,7 @@
 //!
 //! So the prediction leans on the sample while it is young and on the pod's usual level as it
 //! ages, as for any quantity that reverts to its mean: `others(age) = mean + (sample - mean) *
-//! exp(-age / T)` (the exponential approximated, see [`decay`]), with `T` = [`MEMORY_NS`] and
+//! exp(-age / T)` (the exponential approximated, see `decay`), with `T` = [`MEMORY_NS`] and
 //! the mean a running average of the samples (each new one weighs [`SAMPLE_WEIGHT`]). One node
 //! alone has no others: its samples are 0 and so is the prediction. The fleet replays measured
 //! it (docs/routing-quality.md has the tables); `T` from 1 to 4 s, a `T / (T + age)` decay
