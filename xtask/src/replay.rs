@@ -13,7 +13,8 @@ use xtask::paths::{target_dir, workspace_root};
 pub(crate) struct Replay {
     /// Print docs/routing-quality.md's fleet tables, stamped with the commit: the Mooncake
     /// conversation trace (../shared/data/mooncake) and a generated rag-chat trace, the first
-    /// 1,500 requests of each, 32 in flight, through 1, 4 and 8 routers.
+    /// 1,500 requests of each, 32 in flight, through 1, 4 and 8 routers, over 4 pods and then
+    /// over 8.
     #[arg(long)]
     pub fleets: bool,
 
@@ -67,20 +68,24 @@ fn fleets(bin: &Path) -> Result<()> {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
     println!("commit {commit}\n");
-    for trace in [conversation, rag_chat] {
-        let trace = trace.to_string_lossy().into_owned();
-        let fixed = [
-            "--requests",
-            "1500",
-            "--in-flight",
-            "32",
-            "--routers",
-            "1,4,8",
-        ];
-        let mut args = vec!["--trace", trace.as_str()];
-        args.extend(fixed);
-        replay(bin, &args)?;
-        println!();
+    for pods in ["4", "8"] {
+        for trace in [&conversation, &rag_chat] {
+            let trace = trace.to_string_lossy().into_owned();
+            let fixed = [
+                "--pods",
+                pods,
+                "--requests",
+                "1500",
+                "--in-flight",
+                "32",
+                "--routers",
+                "1,4,8",
+            ];
+            let mut args = vec!["--trace", trace.as_str()];
+            args.extend(fixed);
+            replay(bin, &args)?;
+            println!();
+        }
     }
     Ok(())
 }
