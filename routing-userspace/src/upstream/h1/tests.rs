@@ -112,6 +112,22 @@ async fn body_of(r: http::Response<UpstreamBody>) -> Result<Vec<u8>, BodyError> 
     Ok(r.into_body().collect().await?.to_bytes().to_vec())
 }
 
+/// A pool for connections to `addr`, and its key there.
+fn pool_for(addr: std::net::SocketAddr) -> (Arc<Pool>, PoolKey) {
+    (
+        Arc::new(Pool::new(8, Duration::from_secs(10))),
+        PoolKey::Addr(addr),
+    )
+}
+
+/// What `send` needs to hand a connection read to its end back to `pool`.
+fn release(pool: &Arc<Pool>, key: &PoolKey) -> Option<Release> {
+    Some(Release {
+        pool: pool.clone(),
+        key: key.clone(),
+    })
+}
+
 #[tokio::test]
 async fn reads_length_and_chunked_bodies_and_reuses_the_connection() {
     let (addr, mut seen) = server(vec![
@@ -124,20 +140,13 @@ async fn reads_length_and_chunked_bodies_and_reuses_the_connection() {
         ],
     ])
     .await;
-    let pool = Arc::new(Pool::new(8, Duration::from_secs(10)));
-    let key = PoolKey::Addr(addr);
-    let release = || {
-        Some(Release {
-            pool: pool.clone(),
-            key: key.clone(),
-        })
-    };
+    let (pool, key) = pool_for(addr);
     let r = conn(addr)
         .await
         .send(
             &parts(Method::POST, Some(2)),
             UpBody::bytes(Bytes::from_static(b"{}")),
-            release(),
+            release(&pool, &key),
         )
         .await
         .unwrap()
@@ -151,7 +160,7 @@ async fn reads_length_and_chunked_bodies_and_reuses_the_connection() {
         .send(
             &parts(Method::GET, None),
             UpBody::bytes(Bytes::new()),
-            release(),
+            release(&pool, &key),
         )
         .await
         .unwrap()
@@ -175,17 +184,13 @@ async fn close_delimited_and_connection_close_are_not_pooled() {
         b"<close>",
     ]])
     .await;
-    let pool = Arc::new(Pool::new(8, Duration::from_secs(10)));
-    let release = Some(Release {
-        pool: pool.clone(),
-        key: PoolKey::Addr(addr),
-    });
+    let (pool, key) = pool_for(addr);
     let r = conn(addr)
         .await
         .send(
             &parts(Method::GET, None),
             UpBody::bytes(Bytes::new()),
-            release,
+            release(&pool, &key),
         )
         .await
         .unwrap()
@@ -201,17 +206,13 @@ async fn a_pooled_connection_its_server_closed_is_skipped_or_hands_the_request_b
         b"<close>",
     ]])
     .await;
-    let pool = Arc::new(Pool::new(8, Duration::from_secs(10)));
-    let key = PoolKey::Addr(addr);
+    let (pool, key) = pool_for(addr);
     let r = conn(addr)
         .await
         .send(
             &parts(Method::POST, Some(1)),
             UpBody::bytes(Bytes::from_static(b"a")),
-            Some(Release {
-                pool: pool.clone(),
-                key: key.clone(),
-            }),
+            release(&pool, &key),
         )
         .await
         .unwrap()
@@ -262,20 +263,13 @@ async fn empty_bodies_and_interim_responses() {
         vec![b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"],
     ])
     .await;
-    let pool = Arc::new(Pool::new(8, Duration::from_secs(10)));
-    let key = PoolKey::Addr(addr);
-    let release = || {
-        Some(Release {
-            pool: pool.clone(),
-            key: key.clone(),
-        })
-    };
+    let (pool, key) = pool_for(addr);
     let r = conn(addr)
         .await
         .send(
             &parts(Method::DELETE, None),
             UpBody::bytes(Bytes::new()),
-            release(),
+            release(&pool, &key),
         )
         .await
         .unwrap()
@@ -289,7 +283,7 @@ async fn empty_bodies_and_interim_responses() {
         .send(
             &parts(Method::GET, None),
             UpBody::bytes(Bytes::new()),
-            release(),
+            release(&pool, &key),
         )
         .await
         .unwrap()
@@ -372,18 +366,14 @@ async fn a_pooled_connection_keeps_no_write_buffer_after_a_large_request() {
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
     ]])
     .await;
-    let pool = Arc::new(Pool::new(8, Duration::from_secs(10)));
-    let key = PoolKey::Addr(addr);
+    let (pool, key) = pool_for(addr);
     let body = Bytes::from(vec![b'x'; 30 * 1024]);
     let r = conn(addr)
         .await
         .send(
             &parts(Method::POST, Some(body.len())),
             UpBody::bytes(body.clone()),
-            Some(Release {
-                pool: pool.clone(),
-                key: key.clone(),
-            }),
+            release(&pool, &key),
         )
         .await
         .unwrap()
