@@ -96,6 +96,7 @@ fn fleet_view(shared: &Shared) -> Value {
     json!({
         "proxies": f.proxies(),
         "source": f.source().as_str(),
+        "alone": shared.router.routes_alone(),
         "engine_scrape_interval_seconds": f.scrape_interval().map(|d| d.as_secs_f64()),
     })
 }

@@ -248,6 +248,7 @@ fn shared_state(settings: &Settings, fleet: Fleet) -> Result<Shared, ServeError>
         .map(|cfg| start_scraper(cfg, &signals, fleet.shared(), hook.clone()));
     let mut router = Router::with_signals(gauge, signals, settings.routing, settings.ejection);
     router.set_full_when(settings.admission.full_when);
+    router.set_fleet(fleet.shared());
     let admission = Admission::new(settings.admission, metrics.admission.clone());
     let mut shared = Shared::new(
         router,

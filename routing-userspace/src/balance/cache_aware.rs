@@ -25,6 +25,15 @@
 //! is the bounded ring pick of that same link, so proxies that share no state still place new
 //! prefixes alike. Alternates continue the same walk.
 //!
+//! A proxy that routes alone (a fleet of one) knows where every prefix went, so it also keeps
+//! the pods' cached content even: among tied pods it passes over those that would then hold
+//! more than [`HELD_FACTOR`] times the mean of the index's entries (see [`under_held_bound`]).
+//! A few documents over a few pods then land evenly (six over three: two each), where the hash
+//! alone often puts three on one pod, more than an engine with two slots keeps. A fleet cannot
+//! agree on that (each proxy's index holds its own share of the traffic: with the rule, the
+//! conversation trace fell from 0.99x to 0.59x the limit with 4 routers), so its proxies keep
+//! the hash.
+//!
 //! Pure: the matched depths come from the index, the loads from the gauge, both read once.
 
 use super::bounded::BoundedWalk;
@@ -96,6 +105,20 @@ pub fn walk_from(links: usize) -> u32 {
 /// it (see [`common_depth`]).
 pub const IDLE_GAP: u64 = 2;
 
+/// How much more than the mean of the index's entries a pod may hold (with the request's new
+/// links) and still take a tie, when the proxy routes alone: 1.25, as a fraction. Replay, one
+/// router, 32 settings (the conversation trace and three generated rag-chat traces, 4 and 8
+/// pods, 16 to 48 in flight): hits 0.616 against the hash alone's 0.616, max/mean 1.136
+/// against 1.142; 1.1 cost the conversation trace 2% of its hits, 1.5 moved little.
+pub const HELD_FACTOR: (u64, u64) = (5, 4);
+
+/// Whether a pod that would hold `held` of the index's `total` entries over `n` pods is under
+/// the bound of [`HELD_FACTOR`] times the mean.
+pub fn under_held_bound(held: u64, total: u64, n: usize) -> bool {
+    let (num, den) = HELD_FACTOR;
+    u128::from(held) * u128::from(den) * n as u128 <= u128::from(total) * u128::from(num)
+}
+
 /// The longest run held by at least half of the `n` pods, and by two at least (with two pods,
 /// by both): a prefix that half the pods already hold counts as held by all, since one more
 /// copy costs one prefill and keeps the other pods from starving (a shared prompt longer than
@@ -116,13 +139,15 @@ pub fn common_depth(depths: &[u32], n: usize) -> u32 {
 
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
 /// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
-/// hash-balance bound (`None` = off).
+/// hash-balance bound (`None` = off), `entries[i]` the index's entries for member `i` when the
+/// proxy routes alone (`None` in a fleet: ties go by the walk alone).
 pub fn choose(
     ring: &Ring,
     chain: &[u64],
     depths: &[u32],
     loads: &[u64],
     bound: Option<u64>,
+    entries: Option<&[u64]>,
 ) -> CacheAwareChoice {
     let n = ring.members();
     let common = common_depth(&depths[..n.min(depths.len())], n);
@@ -166,14 +191,27 @@ pub fn choose(
         let tie_at = best.max(shallow);
         let tie_link = chain[(tie_at as usize).min(chain.len().saturating_sub(1))];
         let walk = BoundedWalk::new(ring, tie_link, loads, limit);
-        let tied = walk
-            .clone()
-            .iter(ring)
-            .filter(|&i| eligible(i) && depth(i) + TIE_LINKS >= best);
+        let tied = || {
+            walk.clone()
+                .iter(ring)
+                .filter(|&i| eligible(i) && depth(i) + TIE_LINKS >= best)
+        };
         // The first tied pod in the walk of that link: a function of the request alone, so
         // proxies that share nothing pick alike (with no match at all, the bounded ring pick
         // of that link).
-        let pick = tied.take(1).next();
+        let pick = match entries {
+            None => tied().next(),
+            // Alone: the first tied pod that stays under the held bound with this chain's new
+            // links, else the tied pod that holds least.
+            Some(entries) => {
+                let count = |i: usize| entries.get(i).copied().unwrap_or(0);
+                let adds = |i: usize| (chain.len() as u64).saturating_sub(u64::from(held(i)));
+                let total: u64 = (0..n).map(count).sum();
+                tied()
+                    .find(|&i| under_held_bound(count(i) + adds(i), total + adds(i), n))
+                    .or_else(|| tied().min_by_key(|&i| count(i)))
+            }
+        };
         (pick, best, walk)
     };
     let (pick, _, walk) = best_under(limit);
@@ -240,11 +278,11 @@ mod tests {
             .find(|&h| r.pick(h) == Some(3))
             .expect("some link walks to pod 3 first");
         let chain = [1, 2, 3, 4, 5, 6, next];
-        let c = choose(&r, &chain, &[6, 6, 6, 0], &[3, 3, 3, 0], Some(10));
+        let c = choose(&r, &chain, &[6, 6, 6, 0], &[3, 3, 3, 0], Some(10), None);
         assert_eq!((c.pick, c.depth), (Some(3), 0));
         // ... but only while every holder is busier by IDLE_GAP: a document most pods hold
         // stays with them when the pod without it is about as busy.
-        let c = choose(&r, &chain, &[6, 6, 6, 0], &[1, 2, 1, 0], Some(10));
+        let c = choose(&r, &chain, &[6, 6, 6, 0], &[1, 2, 1, 0], Some(10), None);
         assert!(matches!(c.pick, Some(0..=2)), "{:?}", c.pick);
         assert_eq!(c.depth, 6);
     }
@@ -260,7 +298,7 @@ mod tests {
             chains
                 .iter()
                 .map(|chain| {
-                    choose(&r, chain, &[6, 6, 0, 0], &loads, Some(12))
+                    choose(&r, chain, &[6, 6, 0, 0], &loads, Some(12), None)
                         .pick
                         .unwrap()
                 })
@@ -271,7 +309,7 @@ mod tests {
         // Load about even: they stay with the holders.
         assert_eq!(picks([5, 4, 3, 5]), [0, 1].into_iter().collect());
         // One holder only is that pod's own run (an earlier turn): it keeps it.
-        let c = choose(&r, &chains[0], &[6, 0, 0, 0], &[5, 0, 0, 0], Some(12));
+        let c = choose(&r, &chains[0], &[6, 0, 0, 0], &[5, 0, 0, 0], Some(12), None);
         assert_eq!((c.pick, c.depth), (Some(0), 6));
     }
 
@@ -279,13 +317,13 @@ mod tests {
     fn no_match_is_the_bounded_ring_pick_of_the_link_past_the_tie_margin() {
         let r = ring(5);
         let chain = [11, 22, 33, 44];
-        let c = choose(&r, &chain, &[0; 5], &[0; 5], Some(2));
+        let c = choose(&r, &chain, &[0; 5], &[0; 5], Some(2), None);
         assert_eq!(c.pick, r.pick(33));
         assert_eq!(c.depth, 0);
         assert_eq!(c.spilled_from, None);
         assert_eq!(all(&r, c), r.walk(33).collect::<Vec<_>>());
         // A chain that short: its last link.
-        let c = choose(&r, &[11, 22], &[0; 5], &[0; 5], Some(2));
+        let c = choose(&r, &[11, 22], &[0; 5], &[0; 5], Some(2), None);
         assert_eq!(c.pick, r.pick(22));
     }
 
@@ -294,10 +332,10 @@ mod tests {
         let r = ring(4);
         let chain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
         let depths = [1, 9, 5, 1];
-        let c = choose(&r, &chain, &depths, &[0; 4], Some(5));
+        let c = choose(&r, &chain, &depths, &[0; 4], Some(5), None);
         assert_eq!((c.pick, c.depth, c.spilled_from), (Some(1), 9, None));
         // Pod 1 at the bound: pod 2 holds the next longest run.
-        let c = choose(&r, &chain, &depths, &[0, 5, 0, 0], Some(5));
+        let c = choose(&r, &chain, &depths, &[0, 5, 0, 0], Some(5), None);
         assert_eq!((c.pick, c.depth, c.spilled_from), (Some(2), 5, Some(1)));
         let order = all(&r, c);
         assert_eq!(order[0], 2);
@@ -312,7 +350,7 @@ mod tests {
         let r = ring(6);
         // Every pod holds the shared first two links; the third decides.
         let chain = [7, 8, 0xfeed_beef, 9];
-        let c = choose(&r, &chain, &[2; 6], &[0; 6], None);
+        let c = choose(&r, &chain, &[2; 6], &[0; 6], None, None);
         assert_eq!(c.pick, r.pick(0xfeed_beef));
         assert_eq!(c.depth, 2);
         // Loads under the bound change nothing: tied holders go by the walk, and with no match
@@ -320,13 +358,13 @@ mod tests {
         // and a proxy that has seen the shared prefix and one that has not, pick alike).
         for loads in [[3, 1, 2, 3, 3, 3], [0, 9, 0, 2, 7, 1], [5; 6]] {
             for shared in [0, 1, 2] {
-                let c = choose(&r, &chain, &[shared; 6], &loads, Some(10));
+                let c = choose(&r, &chain, &[shared; 6], &loads, Some(10), None);
                 assert_eq!(c.pick, r.pick(0xfeed_beef), "{loads:?} {shared}");
             }
         }
         // Past the margin the walk starts past the match.
         let long = [7, 8, 9, 10, 0xabc, 11];
-        let c = choose(&r, &long, &[4; 6], &[0; 6], None);
+        let c = choose(&r, &long, &[4; 6], &[0; 6], None, None);
         assert_eq!(c.pick, r.pick(0xabc));
         // A pod lacking only a short shared prefix ties with those that hold it, so it is not
         // starved of new conversations: the walk decides.
@@ -335,7 +373,7 @@ mod tests {
             let mut depths = [2; 6];
             let skipped = r.pick(hash).unwrap();
             depths[skipped] = 0;
-            let c = choose(&r, &chain, &depths, &[0; 6], None);
+            let c = choose(&r, &chain, &depths, &[0; 6], None, None);
             assert_eq!(c.pick, Some(skipped), "{hash:x}");
         }
     }
@@ -350,11 +388,11 @@ mod tests {
             let expected = r.pick(chain[WALK_LINKS as usize]);
             // Knows the prompt nowhere, on one pod, on two, on all four: one pick.
             for depths in [[0, 0, 0, 0], [6, 0, 0, 0], [0, 6, 6, 0], [6; 4]] {
-                let c = choose(&r, &chain, &depths, &[1, 1, 1, 1], Some(10));
+                let c = choose(&r, &chain, &depths, &[1, 1, 1, 1], Some(10), None);
                 assert_eq!(c.pick, expected, "{depths:?}");
             }
             // A pod that holds an earlier turn (past the prompt) keeps the conversation.
-            let c = choose(&r, &chain, &[6, 20, 6, 0], &[1, 1, 1, 1], Some(10));
+            let c = choose(&r, &chain, &[6, 20, 6, 0], &[1, 1, 1, 1], Some(10), None);
             assert_eq!((c.pick, c.depth), (Some(1), 20));
         }
         // A short chain walks from the tie margin, so its earlier turn still decides.
@@ -363,8 +401,100 @@ mod tests {
         assert_eq!(walk_from(2 * WALK_LINKS as usize), WALK_LINKS);
         assert_eq!(walk_from(100), WALK_LINKS);
         let chain: Vec<u64> = (1..=10).collect();
-        let c = choose(&r, &chain, &[0, 0, 3, 0], &[1, 1, 1, 1], Some(10));
+        let c = choose(&r, &chain, &[0, 0, 3, 0], &[1, 1, 1, 1], Some(10), None);
         assert_eq!((c.pick, c.depth), (Some(2), 3));
+    }
+
+    #[test]
+    fn the_held_bound_is_a_quarter_over_the_mean() {
+        assert!(under_held_bound(0, 0, 4), "an empty index bounds nothing");
+        // 16 entries over 4 pods: a mean of 4, a bound of 5.
+        assert!(under_held_bound(5, 16, 4));
+        assert!(!under_held_bound(6, 16, 4));
+        assert!(under_held_bound(u64::MAX, u64::MAX, 1), "no overflow");
+    }
+
+    #[test]
+    fn alone_a_tie_passes_over_pods_that_would_hold_more_than_their_share() {
+        let r = ring(3);
+        let doc = |d: u64| -> [u64; 3] {
+            let h = d.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            [h, h ^ 1, h ^ 2]
+        };
+        let docs: Vec<[u64; 3]> = (1u64..200).map(doc).collect();
+        let picks = |entries: Option<&[u64]>| -> Vec<usize> {
+            docs.iter()
+                .map(|d| choose(&r, d, &[0; 3], &[0; 3], Some(4), entries))
+                .map(|c| c.pick.unwrap())
+                .collect()
+        };
+        let fleet = picks(None);
+        assert!(fleet.contains(&0));
+        // Pod 0 holds three documents' links, pods 1 and 2 one each: with a new document's
+        // three links pod 0 would hold over 1.25x the mean (12 x 3 > 1.25 x 18), so no new
+        // document goes there; the others take theirs by the walk, as a fleet's proxies would.
+        let alone = picks(Some(&[9, 3, 3]));
+        assert!(!alone.contains(&0));
+        for (a, f) in alone.iter().zip(&fleet) {
+            if *f != 0 {
+                assert_eq!(a, f, "a pod under the bound keeps the walk's pick");
+            }
+        }
+        // Content about even: the walk alone decides.
+        assert_eq!(picks(Some(&[30, 30, 30])), fleet);
+        // A pod that holds the request's run keeps it, however much else it holds.
+        let c = choose(
+            &r,
+            &docs[0],
+            &[3, 0, 0],
+            &[0; 3],
+            Some(4),
+            Some(&[30, 1, 1]),
+        );
+        assert_eq!((c.pick, c.depth), (Some(0), 3));
+        // Every tied pod over the bound: the one that holds least (pod 2 is at the load bound,
+        // no candidate).
+        let c = choose(
+            &r,
+            &docs[0],
+            &[3, 3, 0],
+            &[0, 0, 9],
+            Some(4),
+            Some(&[12, 10, 0]),
+        );
+        assert_eq!(c.pick, Some(1));
+    }
+
+    #[test]
+    fn alone_six_documents_land_two_on_each_of_three_pods_whatever_their_hashes() {
+        let r = ring(3);
+        let mut lumpy = 0;
+        for set in 0u64..64 {
+            let docs: Vec<Vec<u64>> = (0..6u64)
+                .map(|d| {
+                    let h = (set * 100 + d + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    (0..3).map(|l| h ^ l).collect()
+                })
+                .collect();
+            // Each document's first request, in order; the index learns its links on the pick.
+            let place = |alone: bool| -> [usize; 3] {
+                let mut entries = [0u64; 3];
+                let mut docs_on = [0usize; 3];
+                for d in &docs {
+                    let c = choose(&r, d, &[0; 3], &[0; 3], None, alone.then_some(&entries[..]));
+                    let p = c.pick.unwrap();
+                    entries[p] += d.len() as u64;
+                    docs_on[p] += 1;
+                }
+                docs_on
+            };
+            assert_eq!(place(true), [2, 2, 2], "set {set}");
+            if place(false).iter().any(|&k| k > 2) {
+                lumpy += 1;
+            }
+        }
+        // The walk alone (a fleet's rule) puts three or more on one pod most of the time.
+        assert!(lumpy > 32, "{lumpy} of 64 sets lumpy by the hash");
     }
 
     proptest! {
@@ -380,11 +510,14 @@ mod tests {
             raw_depths in proptest::collection::vec(0u32..16, 12),
             raw_loads in proptest::collection::vec(0u64..6, 12),
             bound in 1u64..6,
+            raw_entries in proptest::option::of(proptest::collection::vec(0u64..100, 12)),
         ) {
             let r = ring(n);
             let depths: Vec<u32> = raw_depths[..n].iter().map(|&d| d.min(chain.len() as u32)).collect();
             let loads = &raw_loads[..n];
-            let c = choose(&r, &chain, &depths, loads, Some(bound));
+            // Alone (with the index's entries) or in a fleet: the same guarantees.
+            let entries = raw_entries.as_ref().map(|e| &e[..n]);
+            let c = choose(&r, &chain, &depths, loads, Some(bound), entries);
             let pick = c.pick.unwrap();
             prop_assert_eq!(c.depth, depths[pick]);
             // A run half the pods hold counts as held by all.

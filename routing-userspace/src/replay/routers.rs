@@ -6,6 +6,7 @@
 //! over the nodes send it. Each answer's usage (its cached prompt tokens) goes back to the
 //! router that sent it, as the proxy reads it off the response stream.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -134,9 +135,15 @@ impl Routers {
         let defaults = ScrapeConfig::default();
         let every =
             crate::signals::scrape::interval(routers, reports.scrape_budget, defaults.min_interval);
+        // Every node knows the fleet's size, as discovery counts it in a cluster.
+        let fleet = Arc::new(AtomicUsize::new(routers));
         Self {
             nodes: (0..routers)
-                .map(|_| Node::new(strategy, pods, knobs, reports.staleness))
+                .map(|_| {
+                    let mut node = Node::new(strategy, pods, knobs, reports.staleness);
+                    node.router.set_fleet(Arc::clone(&fleet));
+                    node
+                })
                 .collect(),
             strategy,
             block_tokens: chat.block_tokens() as u64,

@@ -1,7 +1,8 @@
 //! Routers that share nothing agree: two routers with empty indexes that see the same requests,
 //! in any order that keeps each conversation's turns in order, send every request to the same
 //! pod (as the proxies of a DaemonSet must, each seeing its own interleaving of the fleet's
-//! traffic). Loads stay at zero here, so only the request decides.
+//! traffic). Loads stay at zero here, so only the request decides. (A router alone may also
+//! read its index's content per pod: see `alone_*` in `balance::cache_aware`.)
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -36,7 +37,8 @@ fn picks(system: &str, order: &[(usize, usize)]) -> BTreeMap<(usize, usize), Soc
     let w = World::new(
         vec![model("ca", Strategy::CacheAware, [1, 2, 3, 4])],
         RoutingKnobs::default(),
-    );
+    )
+    .in_fleet(2);
     order
         .iter()
         .map(|&(c, t)| {

@@ -15,6 +15,7 @@ const DEFAULT_HASH_BALANCE: HashBalance = RoutingKnobs::DEFAULT.hash_balance;
 use crate::discovery::{ModelSet, ModelSpec, Update};
 use crate::load::userspace::InFlight;
 use crate::metrics::Metrics;
+use crate::signals::Usage;
 use crate::table::RoutingTable;
 use crate::vocab::{KeySource, LabelGroupMode, Outcome, Strategy};
 
@@ -303,11 +304,13 @@ fn cache_aware_without_a_match_picks_alike_in_any_router() {
     let a = world(
         vec![model("m", Strategy::CacheAware, 1..9)],
         DEFAULT_HASH_BALANCE,
-    );
+    )
+    .in_fleet(2);
     let b = world(
         vec![model("m", Strategy::CacheAware, 1..9)],
         DEFAULT_HASH_BALANCE,
-    );
+    )
+    .in_fleet(2);
     // Router `a` has seen other traffic; `b` has seen nothing. New prefixes land alike.
     for i in 0..30 {
         a.simple("m", &chat(&format!("warm-up system {i}"), &["hello"]));
@@ -377,6 +380,54 @@ fn the_index_forgets_pods_that_leave_the_table() {
     w.router.table_rebuilt(&table);
     assert_eq!(w.router.index().entries_of(slot), 0);
     assert!(w.router.index().is_empty());
+}
+
+#[test]
+fn a_miss_while_the_prefix_is_still_being_taught_forgets_nothing() {
+    let w = world(
+        vec![model("m", Strategy::CacheAware, 1..4)],
+        DEFAULT_HASH_BALANCE,
+    );
+    let doc = long("a document several links long");
+    let ask = |q: &str| w.simple("m", &chat(&doc, &[q]));
+    let miss = |d: &Decision| Usage {
+        prompt_tokens: d.prompt().unwrap().chars() / 4,
+        completion_tokens: 1,
+        cached_tokens: Some(0),
+    };
+    let first = ask("first question");
+    let port = pod_port(&first);
+    let slot = first.picked_pod().unwrap().slot.unwrap();
+    let held = w.router.index().entries_of(slot);
+    // The second question reaches the pod while the first is in flight: the pod has not
+    // cached the document yet, and its report of nothing cached forgets nothing.
+    let second = ask("second question");
+    assert_eq!(pod_port(&second), port);
+    assert!(second.match_depth().unwrap() > 1);
+    assert!(second.match_still_taught());
+    w.router
+        .cache_feedback(&second, second.picked_index().unwrap(), &miss(&second));
+    assert!(w.router.index().entries_of(slot) >= held);
+    let view = w.router.feedback().view(slot).unwrap();
+    assert_eq!(
+        (
+            view.fell_short,
+            view.fell_short_while_taught,
+            view.forgotten_links
+        ),
+        (1, 1, 0)
+    );
+    // Once both have ended, the same report is evidence: the pod lost the document.
+    drop((first, second));
+    let third = ask("third question");
+    assert_eq!(pod_port(&third), port);
+    assert!(!third.match_still_taught());
+    w.router
+        .cache_feedback(&third, third.picked_index().unwrap(), &miss(&third));
+    let view = w.router.feedback().view(slot).unwrap();
+    assert_eq!((view.fell_short, view.fell_short_while_taught), (2, 1));
+    assert!(view.forgotten_links > 0);
+    assert!(w.router.index().entries_of(slot) < held);
 }
 
 #[test]

@@ -17,6 +17,7 @@ use std::time::Instant;
 use super::health::Health;
 use super::pending::PendingPick;
 use super::reservation::Reservation;
+use super::teaching::Lesson;
 use crate::balance::bounded::BoundedWalk;
 use crate::balance::cache_aware::CacheAwareOrder;
 use crate::balance::least_loaded::Ranked;
@@ -183,6 +184,9 @@ pub struct Decision {
     /// Cache-aware: the request's prompt chain, which the answer's cache report is checked
     /// against.
     prompt: Option<PromptChain>,
+    /// Cache-aware: whether the match rested on a prefix another request in flight was still
+    /// teaching the pod, and the links this request teaches it until the decision drops.
+    taught: Option<(bool, Lesson)>,
     /// The pod the decision picked (the first candidate).
     picked: Option<usize>,
     /// The first candidate until an attempt takes it.
@@ -231,6 +235,7 @@ impl Decision {
             spill: None,
             match_depth: None,
             prompt: None,
+            taught: None,
             health,
             full,
             at,
@@ -293,9 +298,21 @@ impl Decision {
         self.holds.member = member;
     }
 
-    pub(super) fn set_match(&mut self, depth: u32, prompt: PromptChain) {
+    pub(super) fn set_match(
+        &mut self,
+        depth: u32,
+        prompt: PromptChain,
+        taught: Option<(bool, Lesson)>,
+    ) {
         self.match_depth = Some(depth);
         self.prompt = Some(prompt);
+        self.taught = taught;
+    }
+
+    /// Cache-aware: whether the picked pod's match rested on a prefix that another request in
+    /// flight was still teaching it when this one was decided.
+    pub fn match_still_taught(&self) -> bool {
+        self.taught.as_ref().is_some_and(|(still, _)| *still)
     }
 
     /// Cache-aware: the request's prompt chain.

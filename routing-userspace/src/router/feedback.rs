@@ -11,6 +11,10 @@
 //! (vLLM 16 tokens) and the chain cuts every 1,024 characters, so a report within
 //! [`TOLERANCE_LINKS`] links of the prediction agrees.
 //!
+//! A report that falls short of a prediction resting on a prefix another request in flight is
+//! still teaching the pod (see [`super::teaching`]) forgets nothing: the pod has not lost it,
+//! it does not hold it yet.
+//!
 //! Per pod, predicted and reported cached tokens add up for `/debug/routing` (how well the
 //! index's belief matches the fleet) beside the forgotten links.
 
@@ -53,6 +57,18 @@ pub fn verdict(chain: &PromptChain, predicted: usize, usage: &Usage) -> Verdict 
     }
 }
 
+/// What one answer's report made of the index's prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shortfall {
+    /// No report, or one that agrees.
+    None,
+    /// Short of the prediction: the index forgot this many links for the pod.
+    Forgot(usize),
+    /// Short of a prediction that rested on a prefix a request in flight was still teaching
+    /// the pod (see [`super::teaching`]): nothing forgotten.
+    StillTaught,
+}
+
 /// Predicted against reported, per pod.
 #[derive(Debug)]
 pub struct CacheFeedback {
@@ -67,6 +83,8 @@ struct PodFeedback {
     /// Answers whose report fell short of the prediction.
     lost: AtomicU64,
     forgotten_links: AtomicU64,
+    /// Of those, answers whose prediction rested on a prefix still being taught.
+    still_taught: AtomicU64,
 }
 
 /// One pod's counters, for `/debug/routing`.
@@ -77,6 +95,8 @@ pub struct FeedbackView {
     pub reported_cached_tokens: u64,
     pub fell_short: u64,
     pub forgotten_links: u64,
+    /// Fell short while a request in flight was still teaching the prefix (nothing forgotten).
+    pub fell_short_while_taught: u64,
 }
 
 impl Default for CacheFeedback {
@@ -88,9 +108,9 @@ impl Default for CacheFeedback {
 }
 
 impl CacheFeedback {
-    /// Count an answer of `slot`'s pod: the prediction in tokens, the report, the verdict and
-    /// the links it made the index forget.
-    pub fn record(&self, slot: Slot, predicted_tokens: u64, usage: &Usage, lost: Option<usize>) {
+    /// Count an answer of `slot`'s pod: the prediction in tokens, the report, and what fell
+    /// short of the prediction.
+    pub fn record(&self, slot: Slot, predicted_tokens: u64, usage: &Usage, short: Shortfall) {
         let Some(p) = self.pods.get(slot as usize) else {
             return;
         };
@@ -98,9 +118,16 @@ impl CacheFeedback {
         p.predicted_tokens.fetch_add(predicted_tokens, Relaxed);
         p.reported_tokens
             .fetch_add(usage.cached_tokens.unwrap_or(0), Relaxed);
-        if let Some(n) = lost {
-            p.lost.fetch_add(1, Relaxed);
-            p.forgotten_links.fetch_add(n as u64, Relaxed);
+        match short {
+            Shortfall::None => {}
+            Shortfall::Forgot(n) => {
+                p.lost.fetch_add(1, Relaxed);
+                p.forgotten_links.fetch_add(n as u64, Relaxed);
+            }
+            Shortfall::StillTaught => {
+                p.lost.fetch_add(1, Relaxed);
+                p.still_taught.fetch_add(1, Relaxed);
+            }
         }
     }
 
@@ -114,6 +141,7 @@ impl CacheFeedback {
             reported_cached_tokens: p.reported_tokens.load(Relaxed),
             fell_short: p.lost.load(Relaxed),
             forgotten_links: p.forgotten_links.load(Relaxed),
+            fell_short_while_taught: p.still_taught.load(Relaxed),
         })
     }
 
@@ -126,6 +154,7 @@ impl CacheFeedback {
                 &p.reported_tokens,
                 &p.lost,
                 &p.forgotten_links,
+                &p.still_taught,
             ] {
                 c.store(0, Relaxed);
             }

@@ -17,6 +17,7 @@ pub mod pending;
 pub mod prefix_index;
 pub mod reservation;
 mod room;
+pub mod teaching;
 
 #[cfg(test)]
 mod agreement_tests;
@@ -27,6 +28,7 @@ mod test_world;
 #[cfg(test)]
 mod tests;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -46,12 +48,13 @@ use crate::table::{ModelRoute, Pod, Route, RoutingTable};
 use crate::vocab::Strategy;
 use decision::Holds;
 pub use decision::{Attempt, Cursor, Decision, GroupChoice, Held, Spill, Target};
-use feedback::CacheFeedback;
+use feedback::{CacheFeedback, Shortfall};
 use health::{EjectionPolicy, Health};
 pub use knobs::RoutingKnobs;
 use pending::PendingPicks;
 use prefix_index::PrefixIndex;
 use reservation::{Ledger, Loads, Reservation};
+use teaching::Teaching;
 
 pub struct Router {
     /// This node's view of each pod's requests in flight (node-wide with eBPF).
@@ -70,8 +73,12 @@ pub struct Router {
     pending: Arc<PendingPicks>,
     /// Predicted against reported cached tokens, per pod.
     feedback: CacheFeedback,
+    /// The links cache-aware requests in flight are teaching their pods.
+    teaching: Arc<Teaching>,
     /// When an engine report makes a pod full (see [`room`]).
     full_when: FullWhen,
+    /// The proxies in front of the same pods (0 until discovery has counted them).
+    fleet: Arc<AtomicUsize>,
     knobs: RoutingKnobs,
 }
 
@@ -102,9 +109,23 @@ impl Router {
             index: PrefixIndex::new(knobs.cache_aware_index_budget),
             pending: PendingPicks::new(),
             feedback: CacheFeedback::default(),
+            teaching: Teaching::new(),
             full_when: FullWhen::default(),
+            fleet: Arc::new(AtomicUsize::new(1)),
             knobs,
         }
+    }
+
+    /// Read the fleet's size from `fleet` (the count discovery keeps, or `--fleet-size`); a
+    /// new router counts itself alone.
+    pub fn set_fleet(&mut self, fleet: Arc<AtomicUsize>) {
+        self.fleet = fleet;
+    }
+
+    /// Whether this proxy is known to be the only one in front of its pods: then choices no
+    /// other proxy must agree on may read what only it knows (its index's content per pod).
+    pub fn routes_alone(&self) -> bool {
+        self.fleet.load(Ordering::Relaxed) == 1
     }
 
     /// The cache-aware prefix index.
@@ -198,14 +219,16 @@ impl Router {
             true => predicted as usize,
             false => 0,
         };
-        let lost = match feedback::verdict(chain, predicted, usage) {
+        let short = match feedback::verdict(chain, predicted, usage) {
+            // The pod does not hold it yet: another request is still teaching it.
+            feedback::Verdict::Lost { .. } if d.match_still_taught() => Shortfall::StillTaught,
             feedback::Verdict::Lost { held } => {
-                Some(self.index.forget(slot, &chain.links()[held..predicted]))
+                Shortfall::Forgot(self.index.forget(slot, &chain.links()[held..predicted]))
             }
-            feedback::Verdict::Agrees | feedback::Verdict::Unknown => None,
+            feedback::Verdict::Agrees | feedback::Verdict::Unknown => Shortfall::None,
         };
         let predicted_tokens = feedback::predicted_tokens(chain, predicted, usage);
-        self.feedback.record(slot, predicted_tokens, usage, lost);
+        self.feedback.record(slot, predicted_tokens, usage, short);
     }
 
     /// Unexpired reservations of a pod.
@@ -275,12 +298,19 @@ impl Router {
         );
         let picked_slot = d.picked_pod().and_then(|p| p.slot);
         if let (Some(depths), Some(chain)) = (pick.depths, chain) {
+            let depth = d.picked_index().map_or(0, |i| depths[i]);
+            let links = chain.links();
             // The index learns the chain for the pod the decision picked: the cache-aware
-            // choice, unless passive health moved it off an ejected pod.
-            if let Some(slot) = picked_slot {
-                self.index.learn(slot, chain.links());
-            }
-            d.set_match(d.picked_index().map_or(0, |i| depths[i]), chain);
+            // choice, unless passive health moved it off an ejected pod. Until the request
+            // ends, the links it adds are still being taught to the pod.
+            let taught = picked_slot.map(|slot| {
+                let still_taught =
+                    depth > 0 && self.teaching.in_flight(slot, links[depth as usize - 1]);
+                self.index.learn(slot, links);
+                let lesson = self.teaching.start(slot, &links[depth as usize..]);
+                (still_taught, lesson)
+            });
+            d.set_match(depth, chain, taught);
         }
         // A model with a maxConcurrency reads every pick's pending count too: its room rule
         // must see the request from the moment admission lets it go (see `room`).
@@ -385,7 +415,14 @@ impl Router {
         let loads = self.pod_loads(m, now);
         let loads = loads.as_slice();
         let bound = balance.bound(loads.iter().sum(), n);
-        let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound);
+        // Alone, the index knows where every prefix went: ties also keep the pods' content even.
+        let entries = self.routes_alone().then(|| {
+            let mut entries = vec![0u64; n];
+            self.index
+                .entries_per_pod(|slot| m.pod_of_slot(slot), &mut entries);
+            entries
+        });
+        let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound, entries.as_deref());
         Pick {
             spill: choice.spilled_from.map(|p| Spill {
                 preferred: p,

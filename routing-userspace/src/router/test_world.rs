@@ -57,6 +57,14 @@ impl World {
         }
     }
 
+    /// The same world, its router one of `proxies` in front of the pods (a new router counts
+    /// itself alone).
+    pub(super) fn in_fleet(mut self, proxies: usize) -> World {
+        self.router
+            .set_fleet(Arc::new(std::sync::atomic::AtomicUsize::new(proxies)));
+        self
+    }
+
     /// The decision for a request to `name` with these headers and body (`draw` is the
     /// request's random draw).
     pub(super) fn decide(

@@ -51,8 +51,14 @@ impl Fleet {
             (0, true) => FleetSource::Discovery,
             (0, false) => FleetSource::Single,
         };
+        // Until discovery has counted, the size is unknown (0): read as one proxy for the
+        // scrape budget, but no proxy takes itself to be alone.
+        let size = match source {
+            FleetSource::Discovery => 0,
+            _ => flag.max(1),
+        };
         Self {
-            size: Arc::new(AtomicUsize::new(flag.max(1))),
+            size: Arc::new(AtomicUsize::new(size)),
             source,
             scrape: scrape.map(|c| (c.budget, c.min_interval)),
         }
@@ -98,6 +104,11 @@ mod tests {
 
         let counted = Fleet::new(0, true, Some(&cfg));
         assert_eq!(counted.proxies(), 1);
+        assert_eq!(
+            counted.shared().load(Ordering::Relaxed),
+            0,
+            "not counted yet: nobody is alone"
+        );
         counted.counter().unwrap().store(100, Ordering::Relaxed);
         assert_eq!(counted.proxies(), 100);
         assert_eq!(counted.scrape_interval(), Some(Duration::from_secs(100)));

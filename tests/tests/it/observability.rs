@@ -558,7 +558,8 @@ fn the_grafana_dashboard_charts_every_spec_query_with_a_model_variable() {
 }
 
 /// The fleet size the scraper spreads its reads by, and the interval it yields, as `/metrics`
-/// and `/debug/routing` show them: fixed by `--fleet-size`, else one proxy with file discovery.
+/// and `/debug/routing` show them: fixed by `--fleet-size`, else one proxy with file discovery
+/// (alone: cache-aware's ties may read its own index).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fleet_size_and_its_scrape_interval_are_shown() {
     let dir = TempDir::new("fleet");
@@ -579,7 +580,7 @@ async fn the_fleet_size_and_its_scrape_interval_are_shown() {
         let (view, _) = debug_routing(&proxy).await;
         assert_eq!(
             view["fleet"],
-            serde_json::json!({"proxies": proxies, "source": source,
+            serde_json::json!({"proxies": proxies, "source": source, "alone": proxies == 1,
                                "engine_scrape_interval_seconds": every}),
             "{extra:?}"
         );

@@ -78,16 +78,18 @@ fn predictions_and_reports_add_up_per_pod() {
     assert_eq!(predicted_tokens(&c, 0, &u), 0);
     let f = CacheFeedback::default();
     assert_eq!(f.view(3), None);
-    f.record(3, 875, &u, Some(4));
-    f.record(3, 512, &usage(875, Some(600)), None);
+    f.record(3, 875, &u, Shortfall::Forgot(4));
+    f.record(3, 512, &usage(875, Some(600)), Shortfall::None);
+    f.record(3, 875, &usage(875, Some(0)), Shortfall::StillTaught);
     assert_eq!(
         f.view(3),
         Some(FeedbackView {
-            answers: 2,
-            predicted_cached_tokens: 1387,
+            answers: 3,
+            predicted_cached_tokens: 2262,
             reported_cached_tokens: 700,
-            fell_short: 1,
+            fell_short: 2,
             forgotten_links: 4,
+            fell_short_while_taught: 1,
         })
     );
     f.reset(3);

@@ -261,7 +261,7 @@ async fn serve_counts_the_fleet_it_shows_and_scrapes_by() {
     let args = crate::config::ServeArgs::from_arg_matches(&matches).unwrap();
     let serving = tokio::spawn(crate::app::serve(args, std::future::pending()));
 
-    let want = |n: usize| json!({"proxies": n, "source": "discovery", "engine_scrape_interval_seconds": n as f64});
+    let want = |n: usize| json!({"proxies": n, "source": "discovery", "alone": n == 1, "engine_scrape_interval_seconds": n as f64});
     until_fleet(admin, &serving, want(3)).await;
     server.apply(proxy_pod("p4", NS, true));
     until_fleet(admin, &serving, want(4)).await;
