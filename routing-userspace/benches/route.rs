@@ -240,6 +240,32 @@ fn decide(c: &mut Criterion) {
             })
         });
     }
+    // Cache-aware with a new conversation on every request (a shared 2 KB system prompt, a
+    // 2 KB first question of its own): the index learns new links (and evicts, once full) and
+    // the decision teaches them to its pod until it drops, as a busy proxy's decisions do.
+    let (t, r) = router_with(Strategy::CacheAware, 16, bounded);
+    let route = t.lookup("m").expect("route");
+    let base = chat_body(4 << 10);
+    let mut next = 0u64;
+    g.bench_function(
+        BenchmarkId::new("cache-aware 4 KB, a new conversation each", "16 pods"),
+        |b| {
+            b.iter(|| {
+                // The body's copy (about 0.3 us of the row) is part of the row.
+                next += 1;
+                let body = base.replacen("ask0 ", &format!("conversation{next} "), 1);
+                let fields = BodyFields::parse(body.as_bytes());
+                let parts = RequestParts {
+                    headers: &HeaderMap::new(),
+                    body: fields.as_ref(),
+                    model: Some("m"),
+                };
+                let mut d = r.decide(&route, &parts, 7, Instant::now());
+                start(&mut d, &gauge);
+                black_box(d.picked_pod().map(|p| p.addr))
+            })
+        },
+    );
     g.finish();
 }
 

@@ -30,9 +30,9 @@
 //! more than [`HELD_FACTOR`] times the mean of the index's entries (see [`under_held_bound`]).
 //! A few documents over a few pods then land evenly (six over three: two each), where the hash
 //! alone often puts three on one pod, more than an engine with two slots keeps. A fleet cannot
-//! agree on that (each proxy's index holds its own share of the traffic: with the rule, the
-//! conversation trace fell from 0.99x to 0.59x the limit with 4 routers), so its proxies keep
-//! the hash.
+//! agree on that (each proxy's index holds its own share of the traffic: with the rule in every
+//! proxy, the conversation trace fell from 1.00x to 0.93x the limit with 8 routers), so its
+//! proxies keep the hash.
 //!
 //! Pure: the matched depths come from the index, the loads from the gauge, both read once.
 

@@ -32,11 +32,12 @@ mod install;
 mod table;
 mod workload;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -251,6 +252,7 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
             }
             let salt = format!("{rep} of run {salt}");
             let before = fleet.served();
+            fleet.take_asked();
             let run = run_workload(&addrs, model, workload, &salt, args)?;
             let per_server: Vec<u64> = fleet
                 .served()
@@ -262,7 +264,10 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
                 1 => format!("samples-{}-{label}.tsv", workload.name()),
                 _ => format!("samples-{}-{label}-{rep}.tsv", workload.name()),
             };
-            out.write(&name, samples_tsv(&run, workload, args))?;
+            out.write(
+                &name,
+                samples_tsv(&run, workload, &fleet.take_asked(), args),
+            )?;
             runs[c].push((run, per_server));
             let this_run = std::slice::from_ref(runs[c].last().expect("just pushed"));
             println!("{}", Row::new(workload, label, this_run).markdown());
@@ -286,19 +291,29 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
     Ok(())
 }
 
-/// Each request of a run, in order: its document (chat-with-doc), TTFT, prompt and cached
-/// tokens and the proxy's route header, to see which requests missed the cache and why.
-fn samples_tsv(run: &Run, workload: Workload, args: &RealLlmBench) -> String {
+/// Each request of a run, in order: its document (chat-with-doc), the server it reached, TTFT,
+/// prompt and cached tokens and the proxy's route header, to see which requests missed the
+/// cache and why.
+fn samples_tsv(
+    run: &Run,
+    workload: Workload,
+    servers: &HashMap<usize, usize>,
+    args: &RealLlmBench,
+) -> String {
     let mut samples: Vec<&workload::Sample> = run.samples.iter().collect();
     samples.sort_by_key(|s| s.index);
-    let mut tsv = String::from("request\tdocument\tttft_s\tprompt_tokens\tcached_tokens\troute\n");
+    let mut tsv =
+        String::from("request\tdocument\tserver\tttft_s\tprompt_tokens\tcached_tokens\troute\n");
     for s in samples {
         let document = match workload {
             Workload::ChatWithDoc => workload::document(s.index, args).to_string(),
             Workload::HotPrompt => "-".to_owned(),
         };
+        let server = servers
+            .get(&s.index)
+            .map_or_else(|| "-".to_owned(), |i| i.to_string());
         tsv.push_str(&format!(
-            "{}\t{document}\t{:.3}\t{}\t{}\t{}\n",
+            "{}\t{document}\t{server}\t{:.3}\t{}\t{}\t{}\n",
             s.index,
             s.ttft.as_secs_f64(),
             s.prompt_tokens,
@@ -315,6 +330,8 @@ struct Fleet {
     servers: Vec<Server>,
     fronts: Vec<SocketAddr>,
     counters: Vec<Arc<AtomicU64>>,
+    /// The request numbers each server's forwarder saw.
+    asked: Vec<Arc<Mutex<Vec<usize>>>>,
     /// Dropped after the servers (fields drop in order): a cgroup goes once it is empty.
     caps: Vec<CpuCap>,
     /// Cores each server may use, when capped.
@@ -343,6 +360,7 @@ impl Fleet {
             servers: Vec::new(),
             fronts: Vec::new(),
             counters: Vec::new(),
+            asked: Vec::new(),
             caps: Vec::new(),
             cpu_share,
             python: python.to_path_buf(),
@@ -363,9 +381,10 @@ impl Fleet {
         }
         fleet.wait_healthy()?;
         for s in &fleet.servers {
-            let (front, count) = counting_forwarder(s.addr)?;
-            fleet.fronts.push(front);
-            fleet.counters.push(count);
+            let f = counting_forwarder(s.addr)?;
+            fleet.fronts.push(f.front);
+            fleet.counters.push(f.count);
+            fleet.asked.push(f.asked);
         }
         Ok(fleet)
     }
@@ -420,6 +439,18 @@ impl Fleet {
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// Which server each request number reached since the last call (the last one, for a
+    /// request a router sent twice).
+    fn take_asked(&self) -> HashMap<usize, usize> {
+        let mut at = HashMap::new();
+        for (server, asked) in self.asked.iter().enumerate() {
+            for n in asked.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                at.insert(n, server);
+            }
+        }
+        at
     }
 }
 
