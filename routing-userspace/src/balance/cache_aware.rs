@@ -25,14 +25,14 @@
 //! is the bounded ring pick of that same link, so proxies that share no state still place new
 //! prefixes alike. Alternates continue the same walk.
 //!
-//! A proxy that routes alone (a fleet of one) knows where every prefix went, so it also keeps
-//! the pods' cached content even: among tied pods it passes over those that would then hold
-//! more than [`HELD_FACTOR`] times the mean of the index's entries (see [`under_held_bound`]).
-//! A few documents over a few pods then land evenly (six over three: two each), where the hash
-//! alone often puts three on one pod, more than an engine with two slots keeps. A fleet cannot
-//! agree on that (each proxy's index holds its own share of the traffic: with the rule in every
-//! proxy, the conversation trace fell from 1.00x to 0.93x the limit with 8 routers), so its
-//! proxies keep the hash.
+//! A proxy that routes alone (a fleet of one) knows what it sent every pod, so it also keeps
+//! the pods' new content even: among tied pods it passes over those that would then have been
+//! sent more than [`HELD_FACTOR`] times the mean of the new links lately (see
+//! [`under_held_bound`] and [`crate::router::inflow`]). A few documents over a few pods then land
+//! evenly (six over three: two each), where the hash alone often puts three on one pod, more
+//! than an engine with two slots keeps. A fleet cannot agree on that (each proxy sees its own
+//! share of the traffic: with the rule in every proxy, the conversation trace fell from 1.00x
+//! to 0.93x the limit with 8 routers), so its proxies keep the hash.
 //!
 //! Pure: the matched depths come from the index, the loads from the gauge, both read once.
 
@@ -105,15 +105,16 @@ pub fn walk_from(links: usize) -> u32 {
 /// it (see [`common_depth`]).
 pub const IDLE_GAP: u64 = 2;
 
-/// How much more than the mean of the index's entries a pod may hold (with the request's new
-/// links) and still take a tie, when the proxy routes alone: 1.25, as a fraction. Replay, one
+/// How much more than the mean of what the pods were sent lately a pod may have been sent (with
+/// the request's new links) and still take a tie, when the proxy routes alone: 1.25, as a
+/// fraction. Replay, one
 /// router, 32 settings (the conversation trace and three generated rag-chat traces, 4 and 8
 /// pods, 16 to 48 in flight): hits 0.616 against the hash alone's 0.616, max/mean 1.136
 /// against 1.142; 1.1 cost the conversation trace 2% of its hits, 1.5 moved little.
 pub const HELD_FACTOR: (u64, u64) = (5, 4);
 
-/// Whether a pod that would hold `held` of the index's `total` entries over `n` pods is under
-/// the bound of [`HELD_FACTOR`] times the mean.
+/// Whether a pod that would have been sent `held` of `total` over `n` pods is under the bound
+/// of [`HELD_FACTOR`] times the mean.
 pub fn under_held_bound(held: u64, total: u64, n: usize) -> bool {
     let (num, den) = HELD_FACTOR;
     u128::from(held) * u128::from(den) * n as u128 <= u128::from(total) * u128::from(num)
@@ -139,8 +140,9 @@ pub fn common_depth(depths: &[u32], n: usize) -> u32 {
 
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
 /// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
-/// hash-balance bound (`None` = off), `entries[i]` the index's entries for member `i` when the
-/// proxy routes alone (`None` in a fleet: ties go by the walk alone).
+/// hash-balance bound (`None` = off), `entries[i]` what member `i` was sent lately, in
+/// [`crate::router::inflow::UNITS_PER_LINK`] per link, when the proxy routes alone (`None` in a
+/// fleet: ties go by the walk alone).
 pub fn choose(
     ring: &Ring,
     chain: &[u64],
@@ -205,7 +207,9 @@ pub fn choose(
             // links, else the tied pod that holds least.
             Some(entries) => {
                 let count = |i: usize| entries.get(i).copied().unwrap_or(0);
-                let adds = |i: usize| (chain.len() as u64).saturating_sub(u64::from(held(i)));
+                let units = crate::router::inflow::UNITS_PER_LINK as u64;
+                let adds =
+                    |i: usize| (chain.len() as u64).saturating_sub(u64::from(held(i))) * units;
                 let total: u64 = (0..n).map(count).sum();
                 tied()
                     .find(|&i| under_held_bound(count(i) + adds(i), total + adds(i), n))
@@ -242,6 +246,9 @@ mod tests {
         let ids: Vec<String> = (0..n).map(|i| format!("10.2.0.{}:8000", i + 1)).collect();
         Ring::new(&ids, DEFAULT_VNODES)
     }
+
+    /// Inflow units per link.
+    const U: u64 = crate::router::inflow::UNITS_PER_LINK as u64;
 
     fn all(ring: &Ring, mut c: CacheAwareChoice) -> Vec<usize> {
         std::iter::from_fn(|| c.order.next(ring)).collect()
@@ -415,7 +422,7 @@ mod tests {
     }
 
     #[test]
-    fn alone_a_tie_passes_over_pods_that_would_hold_more_than_their_share() {
+    fn alone_a_tie_passes_over_pods_sent_more_than_their_share() {
         let r = ring(3);
         let doc = |d: u64| -> [u64; 3] {
             let h = d.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -430,10 +437,11 @@ mod tests {
         };
         let fleet = picks(None);
         assert!(fleet.contains(&0));
-        // Pod 0 holds three documents' links, pods 1 and 2 one each: with a new document's
-        // three links pod 0 would hold over 1.25x the mean (12 x 3 > 1.25 x 18), so no new
-        // document goes there; the others take theirs by the walk, as a fleet's proxies would.
-        let alone = picks(Some(&[9, 3, 3]));
+        // Pod 0 was sent three documents' links lately, pods 1 and 2 one each (in sixteenths
+        // of a link): with a new document's three links pod 0 would have been sent over 1.25x
+        // the mean (12 x 3 > 1.25 x 18), so no new document goes there; the others take theirs
+        // by the walk, as a fleet's proxies would.
+        let alone = picks(Some(&[9 * U, 3 * U, 3 * U]));
         assert!(!alone.contains(&0));
         for (a, f) in alone.iter().zip(&fleet) {
             if *f != 0 {
@@ -441,26 +449,26 @@ mod tests {
             }
         }
         // Content about even: the walk alone decides.
-        assert_eq!(picks(Some(&[30, 30, 30])), fleet);
-        // A pod that holds the request's run keeps it, however much else it holds.
+        assert_eq!(picks(Some(&[30 * U, 30 * U, 30 * U])), fleet);
+        // A pod that holds the request's run keeps it, however much else it was sent.
         let c = choose(
             &r,
             &docs[0],
             &[3, 0, 0],
             &[0; 3],
             Some(4),
-            Some(&[30, 1, 1]),
+            Some(&[30 * U, U, U]),
         );
         assert_eq!((c.pick, c.depth), (Some(0), 3));
-        // Every tied pod over the bound: the one that holds least (pod 2 is at the load bound,
-        // no candidate).
+        // Every tied pod over the bound: the one sent least (pod 2 is at the load bound, no
+        // candidate).
         let c = choose(
             &r,
             &docs[0],
             &[3, 3, 0],
             &[0, 0, 9],
             Some(4),
-            Some(&[12, 10, 0]),
+            Some(&[12 * U, 10 * U, 0]),
         );
         assert_eq!(c.pick, Some(1));
     }
@@ -483,7 +491,7 @@ mod tests {
                 for d in &docs {
                     let c = choose(&r, d, &[0; 3], &[0; 3], None, alone.then_some(&entries[..]));
                     let p = c.pick.unwrap();
-                    entries[p] += d.len() as u64;
+                    entries[p] += d.len() as u64 * U;
                     docs_on[p] += 1;
                 }
                 docs_on
@@ -515,7 +523,7 @@ mod tests {
             let r = ring(n);
             let depths: Vec<u32> = raw_depths[..n].iter().map(|&d| d.min(chain.len() as u32)).collect();
             let loads = &raw_loads[..n];
-            // Alone (with the index's entries) or in a fleet: the same guarantees.
+            // Alone (with what the pods were sent lately) or in a fleet: the same guarantees.
             let entries = raw_entries.as_ref().map(|e| &e[..n]);
             let c = choose(&r, &chain, &depths, loads, Some(bound), entries);
             let pick = c.pick.unwrap();

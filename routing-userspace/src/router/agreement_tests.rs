@@ -2,7 +2,7 @@
 //! in any order that keeps each conversation's turns in order, send every request to the same
 //! pod (as the proxies of a DaemonSet must, each seeing its own interleaving of the fleet's
 //! traffic). Loads stay at zero here, so only the request decides. (A router alone may also
-//! read its index's content per pod: see `alone_*` in `balance::cache_aware`.)
+//! read what it sent each pod lately: see `alone_*` in `balance::cache_aware`.)
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -12,6 +12,7 @@ pub mod decision;
 pub mod feedback;
 pub mod group;
 pub mod health;
+pub mod inflow;
 pub mod knobs;
 pub mod pending;
 pub mod prefix_index;
@@ -50,6 +51,7 @@ use decision::Holds;
 pub use decision::{Attempt, Cursor, Decision, GroupChoice, Held, Spill, Target};
 use feedback::{CacheFeedback, Shortfall};
 use health::{EjectionPolicy, Health};
+use inflow::Inflow;
 pub use knobs::RoutingKnobs;
 use pending::PendingPicks;
 use prefix_index::PrefixIndex;
@@ -75,6 +77,8 @@ pub struct Router {
     feedback: CacheFeedback,
     /// The links cache-aware requests in flight are teaching their pods.
     teaching: Arc<Teaching>,
+    /// The new links cache-aware picks sent each pod lately.
+    inflow: Inflow,
     /// When an engine report makes a pod full (see [`room`]).
     full_when: FullWhen,
     /// The proxies in front of the same pods (0 until discovery has counted them).
@@ -110,6 +114,7 @@ impl Router {
             pending: PendingPicks::new(),
             feedback: CacheFeedback::default(),
             teaching: Teaching::new(),
+            inflow: Inflow::default(),
             full_when: FullWhen::default(),
             fleet: Arc::new(AtomicUsize::new(1)),
             knobs,
@@ -123,7 +128,7 @@ impl Router {
     }
 
     /// Whether this proxy is known to be the only one in front of its pods: then choices no
-    /// other proxy must agree on may read what only it knows (its index's content per pod).
+    /// other proxy must agree on may read what only it knows (what it sent each pod lately).
     pub fn routes_alone(&self) -> bool {
         self.fleet.load(Ordering::Relaxed) == 1
     }
@@ -140,6 +145,7 @@ impl Router {
             .flat_map(|m| m.pods.iter().filter_map(|p| p.slot))
             .collect();
         self.index.retain_pods(|s| live.contains(&s));
+        self.inflow.retain_pods(|s| live.contains(&s));
     }
 
     /// The hash-balance settings of a model (see [`RoutingKnobs::balance_for`]).
@@ -307,7 +313,9 @@ impl Router {
                 let still_taught =
                     depth > 0 && self.teaching.in_flight(slot, links[depth as usize - 1]);
                 self.index.learn(slot, links);
-                let lesson = self.teaching.start(slot, &links[depth as usize..]);
+                let new_links = &links[depth as usize..];
+                self.inflow.add(slot, new_links.len(), now);
+                let lesson = self.teaching.start(slot, new_links);
                 (still_taught, lesson)
             });
             d.set_match(depth, chain, taught);
@@ -415,14 +423,14 @@ impl Router {
         let loads = self.pod_loads(m, now);
         let loads = loads.as_slice();
         let bound = balance.bound(loads.iter().sum(), n);
-        // Alone, the index knows where every prefix went: ties also keep the pods' content even.
-        let entries = self.routes_alone().then(|| {
-            let mut entries = vec![0u64; n];
-            self.index
-                .entries_per_pod(|slot| m.pod_of_slot(slot), &mut entries);
-            entries
+        // Alone, this proxy knows what every pod was sent lately: ties also keep that even.
+        let inflow = self.routes_alone().then(|| {
+            let mut inflow = vec![0u64; n];
+            self.inflow
+                .per_pod(|slot| m.pod_of_slot(slot), now, &mut inflow);
+            inflow
         });
-        let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound, entries.as_deref());
+        let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound, inflow.as_deref());
         Pick {
             spill: choice.spilled_from.map(|p| Spill {
                 preferred: p,

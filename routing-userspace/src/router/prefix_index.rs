@@ -195,17 +195,6 @@ impl PrefixIndex {
         self.lock().per_pod.get(&slot).copied().unwrap_or(0)
     }
 
-    /// The entries held for each pod: `entries[i]` for the pod that `index_of` maps to `i`.
-    pub fn entries_per_pod(&self, index_of: impl Fn(Slot) -> Option<usize>, entries: &mut [u64]) {
-        entries.fill(0);
-        let inner = self.lock();
-        for (&slot, &count) in &inner.per_pod {
-            if let Some(e) = index_of(slot).and_then(|i| entries.get_mut(i)) {
-                *e = count;
-            }
-        }
-    }
-
     /// For each pod, how many leading links of `chain` it holds: `depths[i]` for the pod that
     /// `index_of` maps to `i` (pods it maps to nothing are not candidates). Reads only.
     pub fn depths(
@@ -443,9 +432,6 @@ mod tests {
             "pods not asked about are ignored"
         );
         assert_eq!((ix.entries_of(7), ix.entries_of(9), ix.len()), (3, 2, 5));
-        let mut per_pod = [u64::MAX; 3];
-        ix.entries_per_pod(|slot| [9, 7].iter().position(|&s| s == slot), &mut per_pod);
-        assert_eq!(per_pod, [2, 3, 0], "pods it maps to nothing are left out");
         // Learning again refreshes, it does not duplicate.
         ix.learn(7, &[1, 2, 3]);
         assert_eq!(ix.len(), 5);
