@@ -107,10 +107,10 @@ pub const IDLE_GAP: u64 = 2;
 
 /// How much more than the mean of what the pods were sent lately a pod may have been sent (with
 /// the request's new links) and still take a tie, when the proxy routes alone: 1.25, as a
-/// fraction. Replay, one
-/// router, 32 settings (the conversation trace and three generated rag-chat traces, 4 and 8
-/// pods, 16 to 48 in flight): hits 0.616 against the hash alone's 0.616, max/mean 1.136
-/// against 1.142; 1.1 cost the conversation trace 2% of its hits, 1.5 moved little.
+/// fraction. Replay, one router, 32 settings (the conversation trace and three generated
+/// rag-chat traces, 4 and 8 pods, 16 to 48 in flight): hits 0.616 against the hash alone's
+/// 0.616, max/mean 1.136 against 1.142; 1.1 cost the conversation trace 2% of its hits, 1.5
+/// moved little.
 pub const HELD_FACTOR: (u64, u64) = (5, 4);
 
 /// Whether a pod that would have been sent `held` of `total` over `n` pods is under the bound
@@ -140,7 +140,7 @@ pub fn common_depth(depths: &[u32], n: usize) -> u32 {
 
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
 /// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
-/// hash-balance bound (`None` = off), `entries[i]` what member `i` was sent lately, in
+/// hash-balance bound (`None` = off), `sent[i]` what member `i` was sent lately, in
 /// [`crate::router::inflow::UNITS_PER_LINK`] per link, when the proxy routes alone (`None` in a
 /// fleet: ties go by the walk alone).
 pub fn choose(
@@ -149,7 +149,7 @@ pub fn choose(
     depths: &[u32],
     loads: &[u64],
     bound: Option<u64>,
-    entries: Option<&[u64]>,
+    sent: Option<&[u64]>,
 ) -> CacheAwareChoice {
     let n = ring.members();
     let common = common_depth(&depths[..n.min(depths.len())], n);
@@ -201,12 +201,12 @@ pub fn choose(
         // The first tied pod in the walk of that link: a function of the request alone, so
         // proxies that share nothing pick alike (with no match at all, the bounded ring pick
         // of that link).
-        let pick = match entries {
+        let pick = match sent {
             None => tied().next(),
             // Alone: the first tied pod that stays under the held bound with this chain's new
             // links, else the tied pod that holds least.
-            Some(entries) => {
-                let count = |i: usize| entries.get(i).copied().unwrap_or(0);
+            Some(sent) => {
+                let count = |i: usize| sent.get(i).copied().unwrap_or(0);
                 let units = crate::router::inflow::UNITS_PER_LINK as u64;
                 let adds =
                     |i: usize| (chain.len() as u64).saturating_sub(u64::from(held(i))) * units;
@@ -415,7 +415,7 @@ mod tests {
     #[test]
     fn the_held_bound_is_a_quarter_over_the_mean() {
         assert!(under_held_bound(0, 0, 4), "an empty index bounds nothing");
-        // 16 entries over 4 pods: a mean of 4, a bound of 5.
+        // 16 sent over 4 pods: a mean of 4, a bound of 5.
         assert!(under_held_bound(5, 16, 4));
         assert!(!under_held_bound(6, 16, 4));
         assert!(under_held_bound(u64::MAX, u64::MAX, 1), "no overflow");
@@ -429,9 +429,9 @@ mod tests {
             [h, h ^ 1, h ^ 2]
         };
         let docs: Vec<[u64; 3]> = (1u64..200).map(doc).collect();
-        let picks = |entries: Option<&[u64]>| -> Vec<usize> {
+        let picks = |sent: Option<&[u64]>| -> Vec<usize> {
             docs.iter()
-                .map(|d| choose(&r, d, &[0; 3], &[0; 3], Some(4), entries))
+                .map(|d| choose(&r, d, &[0; 3], &[0; 3], Some(4), sent))
                 .map(|c| c.pick.unwrap())
                 .collect()
         };
@@ -486,12 +486,12 @@ mod tests {
                 .collect();
             // Each document's first request, in order; the index learns its links on the pick.
             let place = |alone: bool| -> [usize; 3] {
-                let mut entries = [0u64; 3];
+                let mut sent = [0u64; 3];
                 let mut docs_on = [0usize; 3];
                 for d in &docs {
-                    let c = choose(&r, d, &[0; 3], &[0; 3], None, alone.then_some(&entries[..]));
+                    let c = choose(&r, d, &[0; 3], &[0; 3], None, alone.then_some(&sent[..]));
                     let p = c.pick.unwrap();
-                    entries[p] += d.len() as u64 * U;
+                    sent[p] += d.len() as u64 * U;
                     docs_on[p] += 1;
                 }
                 docs_on
@@ -518,14 +518,14 @@ mod tests {
             raw_depths in proptest::collection::vec(0u32..16, 12),
             raw_loads in proptest::collection::vec(0u64..6, 12),
             bound in 1u64..6,
-            raw_entries in proptest::option::of(proptest::collection::vec(0u64..100, 12)),
+            raw_sent in proptest::option::of(proptest::collection::vec(0u64..100, 12)),
         ) {
             let r = ring(n);
             let depths: Vec<u32> = raw_depths[..n].iter().map(|&d| d.min(chain.len() as u32)).collect();
             let loads = &raw_loads[..n];
             // Alone (with what the pods were sent lately) or in a fleet: the same guarantees.
-            let entries = raw_entries.as_ref().map(|e| &e[..n]);
-            let c = choose(&r, &chain, &depths, loads, Some(bound), entries);
+            let sent = raw_sent.as_ref().map(|e| &e[..n]);
+            let c = choose(&r, &chain, &depths, loads, Some(bound), sent);
             let pick = c.pick.unwrap();
             prop_assert_eq!(c.depth, depths[pick]);
             // A run half the pods hold counts as held by all.

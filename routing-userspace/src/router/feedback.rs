@@ -11,9 +11,16 @@
 //! (vLLM 16 tokens) and the chain cuts every 1,024 characters, so a report within
 //! [`TOLERANCE_LINKS`] links of the prediction agrees.
 //!
-//! A report that falls short of a prediction resting on a prefix another request in flight is
-//! still teaching the pod (see [`super::teaching`]) forgets nothing: the pod has not lost it,
-//! it does not hold it yet.
+//! One shortfall alone forgets nothing either: the request that missed put the prefix back in
+//! the pod's cache (an engine caches what it prefills), whatever had pushed it out (an
+//! eviction, a restart, two requests racing for one llama.cpp slot). Only the second shortfall
+//! in a row on a pod, with no answer that agreed in between, forgets: that pod keeps little of
+//! what it is sent (prefix caching off, or a cache too small for its traffic). Forgetting on the
+//! first made a lone proxy place the prefix afresh on another pod, which then held one prompt
+//! too many (on three llama.cpp servers of two slots, one such miss moved a document and two
+//! more misses followed). A report that falls short of a prediction resting on a prefix another
+//! request in flight is still teaching the pod (see [`super::teaching`]) forgets nothing and
+//! does not count toward the row: the pod has not lost it, it does not hold it yet.
 //!
 //! Per pod, predicted and reported cached tokens add up for `/debug/routing` (how well the
 //! index's belief matches the fleet) beside the forgotten links.
@@ -28,6 +35,10 @@ use crate::signals::Usage;
 
 /// Links by which a report may fall short of the prediction and still agree.
 pub const TOLERANCE_LINKS: usize = 1;
+
+/// Shortfalls in a row on one pod (no agreeing answer between them) from which the index
+/// forgets what the pod evidently lost (see the module doc).
+pub const SHORT_IN_A_ROW_TO_FORGET: u64 = 2;
 
 /// Characters per token when a report gives no prompt token count.
 const DEFAULT_CHARS_PER_TOKEN: f64 = 4.0;
@@ -62,7 +73,10 @@ pub fn verdict(chain: &PromptChain, predicted: usize, usage: &Usage) -> Verdict 
 pub enum Shortfall {
     /// No report, or one that agrees.
     None,
-    /// Short of the prediction: the index forgot this many links for the pod.
+    /// Short of the prediction, the first in a row on the pod: the request put the prefix back,
+    /// nothing forgotten.
+    Kept,
+    /// Short of the prediction again: the index forgot this many links for the pod.
     Forgot(usize),
     /// Short of a prediction that rested on a prefix a request in flight was still teaching
     /// the pod (see [`super::teaching`]): nothing forgotten.
@@ -85,6 +99,10 @@ struct PodFeedback {
     forgotten_links: AtomicU64,
     /// Of those, answers whose prediction rested on a prefix still being taught.
     still_taught: AtomicU64,
+    /// Of those, first shortfalls in a row (nothing forgotten).
+    kept: AtomicU64,
+    /// Shortfalls since the last answer that agreed (prefixes still taught apart).
+    short_in_a_row: AtomicU64,
 }
 
 /// One pod's counters, for `/debug/routing`.
@@ -97,6 +115,8 @@ pub struct FeedbackView {
     pub forgotten_links: u64,
     /// Fell short while a request in flight was still teaching the prefix (nothing forgotten).
     pub fell_short_while_taught: u64,
+    /// Fell short for the first time in a row (the request put the prefix back: kept).
+    pub fell_short_kept: u64,
 }
 
 impl Default for CacheFeedback {
@@ -120,6 +140,10 @@ impl CacheFeedback {
             .fetch_add(usage.cached_tokens.unwrap_or(0), Relaxed);
         match short {
             Shortfall::None => {}
+            Shortfall::Kept => {
+                p.lost.fetch_add(1, Relaxed);
+                p.kept.fetch_add(1, Relaxed);
+            }
             Shortfall::Forgot(n) => {
                 p.lost.fetch_add(1, Relaxed);
                 p.forgotten_links.fetch_add(n as u64, Relaxed);
@@ -128,6 +152,21 @@ impl CacheFeedback {
                 p.lost.fetch_add(1, Relaxed);
                 p.still_taught.fetch_add(1, Relaxed);
             }
+        }
+    }
+
+    /// An answer of `slot`'s pod fell short of its prediction: whether it is the
+    /// [`SHORT_IN_A_ROW_TO_FORGET`]th or later in a row, so the index should forget.
+    pub fn short_again(&self, slot: Slot) -> bool {
+        self.pods
+            .get(slot as usize)
+            .is_some_and(|p| p.short_in_a_row.fetch_add(1, Relaxed) + 1 >= SHORT_IN_A_ROW_TO_FORGET)
+    }
+
+    /// An answer of `slot`'s pod agreed with its prediction: the row of shortfalls ends.
+    pub fn agreed(&self, slot: Slot) {
+        if let Some(p) = self.pods.get(slot as usize) {
+            p.short_in_a_row.store(0, Relaxed);
         }
     }
 
@@ -142,6 +181,7 @@ impl CacheFeedback {
             fell_short: p.lost.load(Relaxed),
             forgotten_links: p.forgotten_links.load(Relaxed),
             fell_short_while_taught: p.still_taught.load(Relaxed),
+            fell_short_kept: p.kept.load(Relaxed),
         })
     }
 
@@ -155,6 +195,8 @@ impl CacheFeedback {
                 &p.lost,
                 &p.forgotten_links,
                 &p.still_taught,
+                &p.kept,
+                &p.short_in_a_row,
             ] {
                 c.store(0, Relaxed);
             }

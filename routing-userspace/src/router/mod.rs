@@ -228,10 +228,16 @@ impl Router {
         let short = match feedback::verdict(chain, predicted, usage) {
             // The pod does not hold it yet: another request is still teaching it.
             feedback::Verdict::Lost { .. } if d.match_still_taught() => Shortfall::StillTaught,
-            feedback::Verdict::Lost { held } => {
-                Shortfall::Forgot(self.index.forget(slot, &chain.links()[held..predicted]))
+            // Once: this request put it back. Again: the pod keeps little of what it is sent.
+            feedback::Verdict::Lost { held } => match self.feedback.short_again(slot) {
+                false => Shortfall::Kept,
+                true => Shortfall::Forgot(self.index.forget(slot, &chain.links()[held..predicted])),
+            },
+            feedback::Verdict::Agrees => {
+                self.feedback.agreed(slot);
+                Shortfall::None
             }
-            feedback::Verdict::Agrees | feedback::Verdict::Unknown => Shortfall::None,
+            feedback::Verdict::Unknown => Shortfall::None,
         };
         let predicted_tokens = feedback::predicted_tokens(chain, predicted, usage);
         self.feedback.record(slot, predicted_tokens, usage, short);

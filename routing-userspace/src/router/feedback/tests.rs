@@ -81,17 +81,41 @@ fn predictions_and_reports_add_up_per_pod() {
     f.record(3, 875, &u, Shortfall::Forgot(4));
     f.record(3, 512, &usage(875, Some(600)), Shortfall::None);
     f.record(3, 875, &usage(875, Some(0)), Shortfall::StillTaught);
+    f.record(3, 875, &usage(875, Some(0)), Shortfall::Kept);
     assert_eq!(
         f.view(3),
         Some(FeedbackView {
-            answers: 3,
-            predicted_cached_tokens: 2262,
+            answers: 4,
+            predicted_cached_tokens: 3137,
             reported_cached_tokens: 700,
-            fell_short: 2,
+            fell_short: 3,
             forgotten_links: 4,
             fell_short_while_taught: 1,
+            fell_short_kept: 1,
         })
     );
     f.reset(3);
     assert_eq!(f.view(3), None);
+}
+
+#[test]
+fn only_the_second_shortfall_in_a_row_forgets() {
+    let f = CacheFeedback::default();
+    assert!(
+        !f.short_again(5),
+        "the first: the request put the prefix back"
+    );
+    assert!(f.short_again(5), "the second in a row");
+    assert!(f.short_again(5));
+    assert!(!f.short_again(6), "another pod's row is its own");
+    f.agreed(5);
+    assert!(!f.short_again(5), "an answer that agreed ends the row");
+    f.reset(5);
+    assert!(
+        !f.short_again(5),
+        "a slot that stands for another pod starts afresh"
+    );
+    // Past the gauge's slots: never forgets, never panics.
+    assert!(!f.short_again(u32::MAX) && !f.short_again(u32::MAX));
+    f.agreed(u32::MAX);
 }
