@@ -21,6 +21,7 @@ pub mod discovery;
 pub mod ebpf;
 pub mod keys;
 pub mod load;
+pub mod lock;
 pub mod metrics;
 pub mod percent;
 pub mod proxy;

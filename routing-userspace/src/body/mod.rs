@@ -19,7 +19,6 @@ mod reference;
 mod tests;
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
 
 pub use scan::DEFAULT_MAX_DEPTH;
 use scan::{elements, members, ScanError, Scanner};
@@ -64,8 +63,9 @@ const PROMPT: usize = 10;
 pub struct BodyFields<'a> {
     /// Raw value text of each of [`FIELDS`], when present.
     raw: [Option<&'a [u8]>; FIELDS.len()],
-    /// `messages` read as a list of messages (on first use); `None` when it does not read so.
-    messages: OnceLock<Option<Vec<Message<'a>>>>,
+    /// `messages` read as a list of messages (in the scan that validates the body); `None`
+    /// when it does not read so.
+    messages: Option<Vec<Message<'a>>>,
 }
 
 /// A value that is `null` or absent reads as `None`; a string as its text; anything else is a
@@ -140,44 +140,67 @@ fn message_from<'a>(role: Option<&'a [u8]>, content: Option<&'a [u8]>) -> Option
     })
 }
 
-/// Every message of a validated `messages` value, read in one pass (each content string is
-/// scanned once); `None` unless it is an array of messages. Same reading as `message` on each
-/// element.
-fn parse_messages(raw: &[u8]) -> Option<Vec<Message<'_>>> {
-    let mut s = Scanner::new(raw, u32::MAX);
-    if s.open() != Some(false) {
-        return None;
+/// The `messages` value at the scanner's cursor, scanned and validated exactly as
+/// [`Scanner::value`] at depth 1 would, and read as messages in the same pass (each content
+/// string is scanned once, for the whole body). Returns its raw text, and the messages unless
+/// it is not an array of messages (as for a failed `Vec<Message>`: one malformed message hides
+/// them all).
+fn scan_messages<'a>(
+    s: &mut Scanner<'a>,
+) -> Result<(&'a [u8], Option<Vec<Message<'a>>>), ScanError> {
+    s.skip_ws();
+    let start = s.pos();
+    if s.peek() != Some(b'[') {
+        return s.value(1).map(|raw| (raw, None));
     }
-    let mut out = Vec::with_capacity(8);
+    // The array is at depth 1, its elements at 2, their members' values at 3.
+    s.check_depth(1)?;
+    s.open();
+    let mut out = Some(Vec::with_capacity(8));
     let mut first = true;
-    while s.element_start(first).ok()? {
+    while s.element_start(first)? {
         first = false;
         s.skip_ws();
-        if s.peek() == Some(b'{') {
-            s.open();
-            let (mut role, mut content) = (None, None);
-            let mut first_member = true;
-            while let Some((k, v)) = s.next_member(first_member, 2).ok()? {
-                first_member = false;
-                let key = JsonStr::new(k)?;
-                let slot = if key.eq_str("role") {
-                    &mut role
-                } else if key.eq_str("content") {
-                    &mut content
-                } else {
-                    continue;
-                };
-                if slot.replace(v).is_some() {
-                    return None; // a repeated field
-                }
-            }
-            out.push(message_from(role, content)?);
-        } else {
+        if s.peek() != Some(b'{') {
             // The sequence form of a struct, or not a message at all.
-            out.push(message(s.value(1).ok()?)?);
+            let raw = s.value(2)?;
+            read_into(&mut out, || message(raw));
+            continue;
+        }
+        s.check_depth(2)?;
+        s.open();
+        let (mut role, mut content) = (None, None);
+        let mut repeated = false;
+        let mut first_member = true;
+        while let Some((k, v)) = s.next_member(first_member, 3)? {
+            first_member = false;
+            let slot = match JsonStr::new(k).map(|key| (key, key.plain())) {
+                Some((_, Some(b"role"))) => &mut role,
+                Some((_, Some(b"content"))) => &mut content,
+                // Escaped: decoded to compare.
+                Some((key, None)) if key.eq_str("role") => &mut role,
+                Some((key, None)) if key.eq_str("content") => &mut content,
+                _ => continue,
+            };
+            repeated |= slot.replace(v).is_some();
+        }
+        read_into(&mut out, || match repeated {
+            true => None,
+            false => message_from(role, content),
+        });
+    }
+    Ok((s.since(start), out))
+}
+
+/// Adds a message to the list, or drops the list when `read` finds none (once dropped, the
+/// rest of the array is only scanned).
+fn read_into<'a>(out: &mut Option<Vec<Message<'a>>>, read: impl FnOnce() -> Option<Message<'a>>) {
+    if let Some(list) = out {
+        match read() {
+            Some(m) => list.push(m),
+            None => *out = None,
         }
     }
-    Some(out)
 }
 
 /// One chat message as [`BodyFields::chat_messages`] hands it out.
@@ -270,32 +293,40 @@ impl<'a> BodyFields<'a> {
             return Err(BodyError::NotObject);
         }
         let mut raw = [None; FIELDS.len()];
+        let mut messages = None;
         let mut seen = 0u32;
         let mut first = true;
-        while let Some((key, value)) = s.next_member(first, 1).map_err(invalid)? {
+        while let Some(key) = s.next_key(first).map_err(invalid)? {
             first = false;
             let key = JsonStr::new(key).ok_or(BodyError::NotObject)?;
             let field = match key.plain() {
                 Some(k) => FIELDS.iter().position(|f| f.as_bytes() == k),
                 None => FIELDS.iter().position(|f| key.eq_str(f)),
             };
-            if let Some(i) = field {
-                if seen & (1 << i) != 0 {
-                    // A repeated field is an error for a typed reading of the body.
-                    return Err(BodyError::NotObject);
-                }
-                seen |= 1 << i;
-                // `null` reads as absent, as for an optional field.
-                raw[i] = (value != b"null").then_some(value);
+            let Some(i) = field else {
+                s.value(1).map_err(invalid)?;
+                continue;
+            };
+            if seen & (1 << i) != 0 {
+                // A repeated field is an error for a typed reading of the body.
+                return Err(BodyError::NotObject);
             }
+            seen |= 1 << i;
+            let value = match i {
+                MESSAGES => {
+                    let (value, list) = scan_messages(&mut s).map_err(invalid)?;
+                    messages = list;
+                    value
+                }
+                _ => s.value(1).map_err(invalid)?,
+            };
+            // `null` reads as absent, as for an optional field.
+            raw[i] = (value != b"null").then_some(value);
         }
         if !s.at_end() {
             return Err(BodyError::NotObject);
         }
-        Ok(Self {
-            raw,
-            messages: OnceLock::new(),
-        })
+        Ok(Self { raw, messages })
     }
 
     fn string(&self, field: usize) -> Option<Cow<'a, str>> {
@@ -333,10 +364,7 @@ impl<'a> BodyFields<'a> {
 
     /// The messages, if `messages` is a list of well-formed messages (else none at all).
     fn messages(&self) -> impl Iterator<Item = &Message<'a>> {
-        self.messages
-            .get_or_init(|| self.raw[MESSAGES].and_then(parse_messages))
-            .iter()
-            .flatten()
+        self.messages.iter().flatten()
     }
 
     /// Whether the body carries a non-empty `messages` array (a chat request).

@@ -66,6 +66,45 @@ fn too_deep_is_reported_apart() {
     assert!(BodyFields::parse_with_depth(deep.as_bytes(), 500).is_ok());
 }
 
+#[test]
+fn messages_are_validated_as_any_value_while_they_are_read() {
+    // The same depth limit inside `messages` as anywhere: the array at 1, a message at 2, a
+    // content part list at 3.
+    let nested = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"t"}]}]}"#;
+    for (depth, ok) in [(3, false), (4, false), (5, true)] {
+        assert_eq!(
+            BodyFields::parse_with_depth(nested, depth).is_ok(),
+            ok,
+            "max depth {depth}"
+        );
+    }
+    let deep = format!(r#"{{"messages":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
+    assert_eq!(
+        BodyFields::parse_with_depth(deep.as_bytes(), DEFAULT_MAX_DEPTH).err(),
+        Some(BodyError::TooDeep)
+    );
+    // A malformed message hides the messages, and the rest of the body still reads.
+    let b = BodyFields::parse(
+        br#"{"messages":[{"role":1,"content":"x"},{"role":"system","content":"S"}],"model":"m"}"#,
+    )
+    .unwrap();
+    assert!(!b.has_messages());
+    assert_eq!(b.model().as_deref(), Some("m"));
+    // A repeated field in a message too.
+    let b = BodyFields::parse(br#"{"messages":[{"role":"user","role":"user","content":"x"}]}"#)
+        .unwrap();
+    assert!(!b.has_messages());
+    // A syntax error after a malformed message is still a syntax error.
+    assert!(BodyFields::parse(br#"{"messages":[7, {"role":"user",}]}"#).is_none());
+    assert!(BodyFields::parse(br#"{"messages":[{"role":"user"},]}"#).is_none());
+    assert!(BodyFields::parse(br#"{"messages":[{"role":"user"} {"role":"user"}]}"#).is_none());
+    // Not an array: no messages, and the value still has to be valid.
+    assert!(!BodyFields::parse(br#"{"messages":{"role":"user"}}"#)
+        .unwrap()
+        .has_messages());
+    assert!(BodyFields::parse(br#"{"messages":{"role":}}"#).is_none());
+}
+
 /// A JSON-ish tree rendered by hand, so bodies can repeat keys, escape key names and vary
 /// white space (none of which `serde_json::Value` can express).
 #[derive(Debug, Clone)]

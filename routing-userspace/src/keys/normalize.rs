@@ -4,8 +4,9 @@
 //!
 //! Normalizing collapses every run of white space (Unicode `White_Space`, as
 //! `char::is_whitespace`) to one space, drops it at the ends, and stops after `max`
-//! characters. Runs of ASCII that is not white space are copied whole; only non-ASCII
-//! characters and JSON escapes are decoded one by one. The result is the same as feeding the
+//! characters. Runs of ASCII words with single spaces between them are already normalized:
+//! they are found eight bytes at a time (`skip_words`) and copied whole; only non-ASCII
+//! characters, other white space and JSON escapes are looked at one by one. The result is the same as feeding the
 //! decoded characters through [`super::canonical::normalize_chars`] (a property test holds the
 //! two together).
 
@@ -34,6 +35,48 @@ fn ascii_space(b: u8) -> bool {
 #[inline]
 fn word_byte(b: u8) -> bool {
     b < 0x80 && !ascii_space(b)
+}
+
+const LANES: u64 = 0x0101_0101_0101_0101;
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// Bit 7 of each byte of `w` set where that byte is in `0x21..=0x7f` (printable ASCII that is
+/// not a space; no carry crosses a byte: `0x7f + 0x5f < 0x100`).
+#[inline]
+fn printable_lanes(w: u64) -> u64 {
+    ((w & !HIGH) + 0x5f * LANES) & !w & HIGH
+}
+
+/// Bit 7 of each byte of `w` set where that byte is a space (an exact zero-byte test of
+/// `w ^ spaces`, with no borrow between bytes).
+#[inline]
+fn space_lanes(w: u64) -> u64 {
+    let t = w ^ (0x20 * LANES);
+    !(((t & !HIGH) + !HIGH) | t) & HIGH
+}
+
+/// Skips eight bytes at a time from `i` while every byte is printable ASCII or a space followed
+/// by one: text that is already normalized, as most of a prompt is. Stops at or before the
+/// first byte the byte loop of [`Normalizer::feed_str`] must look at (a tab, a second space,
+/// non-ASCII, `end`); it may stop earlier (a control character that is not white space), and
+/// the byte loop then goes on from there, so the result is the byte loop's.
+#[inline]
+fn skip_words(b: &[u8], mut i: usize, end: usize) -> usize {
+    // A space in the last lane is checked against the byte after the word: it must exist.
+    while i + 8 < end {
+        let w = u64::from_le_bytes(b[i..i + 8].try_into().expect("eight bytes"));
+        let words = printable_lanes(w);
+        let next_is_word = u64::from(word_byte(b[i + 8]));
+        // Lane k's next byte is lane k + 1 (little endian: the next byte up), the last lane's
+        // is b[i + 8].
+        let followed_by_word = (words >> 8) | (next_is_word << 63);
+        let stop = !(words | (space_lanes(w) & followed_by_word)) & HIGH;
+        if stop != 0 {
+            return i + (stop.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i
 }
 
 /// Normalization state across the pieces of one text.
@@ -92,6 +135,7 @@ impl Normalizer {
                     .saturating_sub(self.emitted + usize::from(self.gap));
                 let end = b.len().min(start.saturating_add(room));
                 loop {
+                    i = skip_words(b, i, end);
                     while i < end && word_byte(b[i]) {
                         i += 1;
                     }
@@ -219,11 +263,64 @@ mod tests {
             Just("\\\\".to_string()),
             Just("\\/".to_string()),
             "[a-zA-Z0-9.,]{1,12}",
+            "[a-z]{1,9}( [a-z]{1,9}){0,8}",
         ];
         prop::collection::vec(atom, 0..40).prop_map(|v| v.concat())
     }
 
+    /// The byte loop alone: the end of the run of word bytes and single spaces before one.
+    fn run_by_bytes(b: &[u8], mut i: usize, end: usize) -> usize {
+        loop {
+            while i < end && word_byte(b[i]) {
+                i += 1;
+            }
+            if i + 1 < end && b[i] == b' ' && word_byte(b[i + 1]) {
+                i += 1;
+                continue;
+            }
+            return i;
+        }
+    }
+
+    /// Bytes rich in what ends a run: spaces, tabs, controls, high bytes.
+    fn bytes() -> impl Strategy<Value = Vec<u8>> {
+        let byte = prop_oneof![
+            8 => b'a'..=b'z',
+            3 => Just(b' '),
+            1 => Just(b'\t'),
+            1 => Just(b'\n'),
+            1 => Just(0x01u8),
+            1 => Just(0x7fu8),
+            1 => Just(b'!'),
+            1 => 0x80u8..=0xff,
+        ];
+        prop::collection::vec(byte, 0..80)
+    }
+
+    #[test]
+    fn a_long_normalized_run_is_skipped_whole() {
+        let text = "You are a careful assistant. Answer briefly. ".repeat(20);
+        let b = text.as_bytes();
+        // Whole words to within eight bytes of the end (the last lane needs a byte after it);
+        // the trailing space, with no word after it, ends the run.
+        let skipped = skip_words(b, 0, b.len());
+        assert!(skipped + 9 >= b.len(), "{skipped} of {}", b.len());
+        assert_eq!(run_by_bytes(b, skipped, b.len()), b.len() - 1);
+        let tab = text.replacen(". ", ".\t", 3);
+        let at = tab.find('\t').unwrap();
+        assert!(skip_words(tab.as_bytes(), 0, tab.len()) <= at);
+    }
+
     proptest! {
+        #[test]
+        fn skipping_by_words_ends_where_the_byte_loop_does(b in bytes(), cut in 0usize..80) {
+            let end = cut.min(b.len());
+            let skipped = skip_words(&b, 0, end);
+            let whole = run_by_bytes(&b, 0, end);
+            prop_assert!(skipped <= whole);
+            prop_assert_eq!(run_by_bytes(&b, skipped, end), whole);
+        }
+
         #[test]
         fn the_fast_path_equals_the_character_path(
             pieces in prop::collection::vec(piece(), 1..4),

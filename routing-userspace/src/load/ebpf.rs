@@ -307,7 +307,7 @@ impl EbpfGauge {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock::lock(&self.state)
     }
 }
 

@@ -54,7 +54,8 @@ pub fn origin_uri(uri: &Uri, forward_path: Option<PathAndQuery>) -> Uri {
 /// The upstream head. `read_len` is the length of a body the proxy read (`None` when it
 /// streams the client's body, whose own length header then stays).
 pub fn head(mut parts: Parts, uri: Uri, client_ip: &HeaderValue, read_len: Option<usize>) -> Parts {
-    let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+    // The forward phase sets `Host` per attempt; the client's goes to `X-Forwarded-Host`.
+    let original_host = parts.headers.remove(header::HOST).or_else(|| {
         parts
             .uri
             .authority()
@@ -63,8 +64,10 @@ pub fn head(mut parts: Parts, uri: Uri, client_ip: &HeaderValue, read_len: Optio
     parts.uri = uri;
     parts.version = Version::HTTP_11;
     headers::strip_hop_by_hop(&mut parts.headers);
+    // Room for the four forwarding headers and `Host`: the map grows (and rehashes) once at
+    // most, not on the way.
+    parts.headers.reserve(5);
     headers::add_forwarding(&mut parts.headers, client_ip, original_host);
-    parts.headers.remove(header::HOST);
     if let Some(len) = read_len {
         let bodyless = len == 0
             && matches!(

@@ -58,12 +58,7 @@ pub fn record(ctx: &mut RequestCtx) {
         None => {}
     }
     if let Some(k) = d.key() {
-        m.keys.lock().unwrap_or_else(|p| p.into_inner()).observe(
-            d.strategy(),
-            k.source,
-            k.hash,
-            now,
-        );
+        crate::lock::lock(&m.keys).observe(d.strategy(), k.source, k.hash, now);
     }
     if let Some(g) = d.group() {
         g.group.metrics.decision(g.outcome).inc();

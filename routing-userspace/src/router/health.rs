@@ -152,7 +152,7 @@ impl Health {
 
     /// The pods and their slots changed: a slot now serving another address starts clean.
     pub fn pods_changed(&self, pods: &[(SocketAddr, Slot)]) -> Vec<Slot> {
-        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        let mut owners = crate::lock::lock(&self.owners);
         let mut reassigned = Vec::new();
         for &(addr, slot) in pods {
             let Some(owner) = owners.get_mut(slot as usize) else {

@@ -38,7 +38,7 @@ fn decayed(value: f64, then: Instant, now: Instant) -> f64 {
 
 impl Inflow {
     fn lock(&self) -> MutexGuard<'_, HashMap<Slot, (f64, Instant)>> {
-        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock::lock(&self.pods)
     }
 
     /// The pod in `slot` was sent `links` links it did not hold, at `now`.

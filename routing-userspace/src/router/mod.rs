@@ -320,7 +320,11 @@ impl Router {
                     depth > 0 && self.teaching.in_flight(slot, links[depth as usize - 1]);
                 self.index.learn(slot, links);
                 let new_links = &links[depth as usize..];
-                self.inflow.add(slot, new_links.len(), now);
+                // Only a proxy alone reads what the pods were sent lately (a fleet's proxies
+                // each see their own share, so they keep to the hash).
+                if self.routes_alone() {
+                    self.inflow.add(slot, new_links.len(), now);
+                }
                 let lesson = self.teaching.start(slot, new_links);
                 (still_taught, lesson)
             });

@@ -169,7 +169,7 @@ impl PrefixIndex {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock::lock(&self.inner)
     }
 
     pub fn budget_bytes(&self) -> usize {

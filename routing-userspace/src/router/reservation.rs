@@ -77,7 +77,7 @@ impl Ledger {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock::lock(&self.inner)
     }
 
     fn live(&self, e: &Entry, now: Instant) -> bool {

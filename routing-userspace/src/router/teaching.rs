@@ -32,7 +32,7 @@ impl Teaching {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<(Slot, u64), u32>> {
-        self.links.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock::lock(&self.links)
     }
 
     /// A request teaches `new_links` to the pod in `slot` until the lesson drops.

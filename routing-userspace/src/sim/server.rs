@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -159,7 +159,7 @@ impl State {
     }
 
     fn cache(&self) -> MutexGuard<'_, PrefixCache> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock::lock(&self.cache)
     }
 
     fn meta(&self, kind: Kind, model: String) -> Meta {

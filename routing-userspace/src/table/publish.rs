@@ -66,7 +66,7 @@ impl Published {
         on_rebuild: impl FnOnce(&[(SocketAddr, Slot)], &RoutingTable),
     ) {
         let is_reset = matches!(update, Update::Reset(_));
-        let mut guard = self.discovered.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = crate::lock::lock(&self.discovered);
         let (set, slots) = &mut *guard;
         let changed = set.apply(update);
         if changed || (is_reset && !self.is_synced()) {

@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
@@ -94,7 +94,7 @@ impl SpanSink {
 impl SpanQueue {
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<EndedSpan>> {
         // A panic while holding the lock leaves a queue of whole spans: keep using it.
-        self.spans.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock::lock(&self.spans)
     }
 
     /// Up to `max` of the oldest queued spans, or none while fewer than `min` are queued (the

@@ -61,7 +61,7 @@ impl Pool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Vec<Idle>>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock::lock(&self.idle)
     }
 
     /// The most recently used idle connection to `key` that is young enough and that its
