@@ -307,11 +307,6 @@ impl<'a> BodyFields<'a> {
                 s.value(1).map_err(invalid)?;
                 continue;
             };
-            if seen & (1 << i) != 0 {
-                // A repeated field is an error for a typed reading of the body.
-                return Err(BodyError::NotObject);
-            }
-            seen |= 1 << i;
             let value = match i {
                 MESSAGES => {
                     let (value, list) = scan_messages(&mut s).map_err(invalid)?;
@@ -320,6 +315,12 @@ impl<'a> BodyFields<'a> {
                 }
                 _ => s.value(1).map_err(invalid)?,
             };
+            // After the value: a repeated field whose value is too deep is reported as too deep.
+            if seen & (1 << i) != 0 {
+                // A repeated field is an error for a typed reading of the body.
+                return Err(BodyError::NotObject);
+            }
+            seen |= 1 << i;
             // `null` reads as absent, as for an optional field.
             raw[i] = (value != b"null").then_some(value);
         }

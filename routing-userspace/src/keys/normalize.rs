@@ -6,9 +6,9 @@
 //! `char::is_whitespace`) to one space, drops it at the ends, and stops after `max`
 //! characters. Runs of ASCII words with single spaces between them are already normalized:
 //! they are found eight bytes at a time (`skip_words`) and copied whole; only non-ASCII
-//! characters, other white space and JSON escapes are looked at one by one. The result is the same as feeding the
-//! decoded characters through [`super::canonical::normalize_chars`] (a property test holds the
-//! two together).
+//! characters, other white space and JSON escapes are looked at one by one. The result is the
+//! same as feeding the decoded characters through [`super::canonical::normalize_chars`] (a
+//! property test holds the two together).
 
 use crate::body::{JsonStr, Text};
 
