@@ -402,7 +402,8 @@ pub struct BalanceArgs {
     pub cache_aware_index_budget: String,
 
     /// Add an `x-flexinfer-route` header to routed responses: strategy, key source, outcome,
-    /// matched depth (cache-aware) and spill. Never key text.
+    /// matched depth (cache-aware), spill, and `passed-over=N` when the pick passed over full or
+    /// ejected pods. Never key text.
     #[arg(long, env = "FLEXINFER_PROXY_ROUTE_HEADER", default_value_t = RoutingKnobs::DEFAULT.route_header)]
     pub route_header: bool,
 }

@@ -60,25 +60,28 @@ impl Cursor {
 /// pick (`or_ejected`), when every candidate is passed over, the first of them: a pod that may have recovered beats no answer (the
 /// ejection share keeps this to models whose every pod failed, such as a one-pod model).
 /// Retries never go to an ejected pod.
+/// Also returns how many candidates it passed over before its answer.
 fn next_healthy(
     cursor: &mut Cursor,
     model: &ModelRoute,
     (health, full): (&Health, Option<&[bool]>),
     at: Instant,
     or_ejected: bool,
-) -> Option<usize> {
+) -> (Option<usize>, u32) {
     let mut skipped = None;
+    let mut passed = 0u32;
     while let Some(i) = cursor.next(model) {
         let passed_over = full.is_some_and(|f| f.get(i) == Some(&true))
             || health.is_ejected(model.pods[i].slot, at);
         if !passed_over {
-            return Some(i);
+            return (Some(i), passed);
         }
+        passed += 1;
         if or_ejected {
             skipped.get_or_insert(i);
         }
     }
-    skipped
+    (skipped, passed)
 }
 
 /// A pick the hash-balance bound moved: the candidate the key preferred (a pod index, or a
@@ -199,6 +202,9 @@ pub struct Decision {
     health: Arc<Health>,
     /// Pods full at the decision's time (`None`: none, or all), passed over like ejected ones.
     full: Option<Box<[bool]>>,
+    /// Candidates the first pick passed over, full or ejected, before the pod it took (the
+    /// strategy's pick moved without the bound: `spill` does not count these).
+    passed_over: u32,
     at: Instant,
 }
 
@@ -214,7 +220,8 @@ impl Decision {
         (health, full): (Arc<Health>, Option<Box<[bool]>>),
         at: Instant,
     ) -> Self {
-        let first = next_healthy(&mut cursor, &model, (&health, full.as_deref()), at, true);
+        let (first, passed_over) =
+            next_healthy(&mut cursor, &model, (&health, full.as_deref()), at, true);
         Self {
             outcome: if first.is_some() {
                 Outcome::Pod
@@ -238,6 +245,7 @@ impl Decision {
             taught: None,
             health,
             full,
+            passed_over,
             at,
         }
     }
@@ -376,7 +384,8 @@ impl Decision {
     }
 
     /// The `x-flexinfer-route` value: strategy, key source, outcome, matched depth (cache-aware
-    /// lookups only) and spill. Never key text.
+    /// lookups only), spill, and how many full or ejected pods the pick passed over (when any).
+    /// Never key text.
     pub fn route_header(&self) -> http::HeaderValue {
         use std::fmt::Write as _;
         let mut v = format!(
@@ -389,6 +398,9 @@ impl Decision {
             let _ = write!(v, "; depth={d}");
         }
         let _ = write!(v, "; spill={}", self.any_spill());
+        if self.passed_over > 0 {
+            let _ = write!(v, "; passed-over={}", self.passed_over);
+        }
         http::HeaderValue::from_str(&v).expect("labels are header-safe")
     }
 
@@ -412,13 +424,16 @@ impl Decision {
         if self.pods_left > 0 {
             let next = match self.first.take() {
                 Some(i) => Some(i),
-                None => next_healthy(
-                    &mut self.cursor,
-                    &self.model,
-                    (&self.health, self.full.as_deref()),
-                    self.at,
-                    false,
-                ),
+                None => {
+                    next_healthy(
+                        &mut self.cursor,
+                        &self.model,
+                        (&self.health, self.full.as_deref()),
+                        self.at,
+                        false,
+                    )
+                    .0
+                }
             };
             match next {
                 Some(i) => {

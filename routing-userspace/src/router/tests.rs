@@ -569,10 +569,15 @@ fn cache_aware_learns_the_pod_health_moved_the_pick_to() {
     let moved = first_pod(&d).unwrap();
     assert_ne!(moved, preferred, "the ejected pod is skipped");
     assert_eq!(d.match_depth(), Some(0));
+    // The route says the pick moved, though the bound did not move it.
+    let route = d.route_header();
+    let route = route.to_str().unwrap();
+    assert!(route.ends_with("spill=false; passed-over=1"), "{route}");
     // The second turn extends the first turn's chain: it finds it on the pod that served it.
     let d2 = w.simple("ca", turn2);
     assert_eq!(first_pod(&d2), Some(moved));
     assert!(d2.match_depth().unwrap() >= 2, "{:?}", d2.match_depth());
+    assert!(d2.route_header().to_str().unwrap().ends_with("spill=false"));
 }
 
 /// The full flags a decision passes over: none while no pod is full, and none once every pod
