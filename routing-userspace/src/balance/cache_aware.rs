@@ -138,6 +138,21 @@ pub fn common_depth(depths: &[u32], n: usize) -> u32 {
     sorted.get(holders - 1).copied().unwrap_or(0)
 }
 
+/// The pod that alone holds the request's prompt: its match counts (past [`walk_from`]) and
+/// beats every other pod's by more than [`TIE_LINKS`]. A request sent anywhere else pays that
+/// whole match again as prefill, so waiting in this pod's queue is the cheaper choice (see
+/// `crate::router::room`); a prompt several pods hold has no sole holder, and its requests
+/// spread over the holders as before.
+pub fn sole_holder(depths: &[u32], chain_links: usize) -> Option<usize> {
+    let (best, &depth) = depths.iter().enumerate().max_by_key(|&(_, d)| *d)?;
+    let counts = depth > walk_from(chain_links);
+    let alone = depths
+        .iter()
+        .enumerate()
+        .all(|(i, &d)| i == best || d + TIE_LINKS < depth);
+    (counts && alone).then_some(best)
+}
+
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
 /// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
 /// hash-balance bound (`None` = off), `sent[i]` what member `i` was sent lately, in
@@ -410,6 +425,23 @@ mod tests {
         let chain: Vec<u64> = (1..=10).collect();
         let c = choose(&r, &chain, &[0, 0, 3, 0], &[1, 1, 1, 1], Some(10), None);
         assert_eq!((c.pick, c.depth), (Some(2), 3));
+    }
+
+    #[test]
+    fn a_sole_holder_holds_a_match_that_counts_and_beats_every_other_by_the_margin() {
+        // A 3-link document on one pod of three (a short chain: matches count past 2 links).
+        assert_eq!(sole_holder(&[3, 0, 0], 4), Some(0));
+        assert_eq!(sole_holder(&[0, 0, 5], 6), Some(2));
+        // Past the margin only: 3 against 1 is a tie.
+        assert_eq!(sole_holder(&[3, 1, 0], 4), None);
+        assert_eq!(sole_holder(&[4, 1, 0], 5), Some(0));
+        // Two holders: none alone.
+        assert_eq!(sole_holder(&[3, 3, 0], 4), None);
+        // A match inside the shared-prompt links does not count.
+        assert_eq!(sole_holder(&[2, 0, 0], 3), None);
+        assert_eq!(sole_holder(&[8, 0, 0], 20), None);
+        assert_eq!(sole_holder(&[9, 0, 0], 20), Some(0));
+        assert_eq!(sole_holder(&[], 4), None);
     }
 
     #[test]

@@ -298,6 +298,15 @@ impl Router {
         };
         let key = extraction.key;
         let pick = self.pick(m, key, chain.as_ref(), draw, now);
+        // A cache-aware request waits in the queue of the one pod that holds its prompt rather
+        // than pay the prompt again elsewhere (see `room`).
+        let holder = match (&pick.depths, &chain) {
+            (Some(depths), Some(chain)) => cache_aware::sole_holder(
+                &depths[..m.pods.len().min(depths.len())],
+                chain.links().len(),
+            ),
+            _ => None,
+        };
         let mut d = Decision::new(
             Arc::clone(m),
             strategy,
@@ -305,7 +314,10 @@ impl Router {
             extraction.ignored,
             pick.cursor,
             self.knobs.max_pod_attempts,
-            (Arc::clone(&self.health), self.full_pods(m, now)),
+            (
+                Arc::clone(&self.health),
+                self.full_pods_keeping(m, now, holder),
+            ),
             now,
         );
         let picked_slot = d.picked_pod().and_then(|p| p.slot);

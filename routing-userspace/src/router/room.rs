@@ -46,6 +46,20 @@ impl Router {
         self.fullness(m, pod, now).0
     }
 
+    /// Whether `pod` is full by its `maxConcurrency` or its KV cache, whatever its queue.
+    fn full_by_limit_or_cache(&self, m: &ModelRoute, pod: &Pod, now: Instant) -> bool {
+        let max = m.spec.admission.max_concurrency;
+        let load = match max {
+            Some(_) => self.admission_load(pod, now),
+            None => 0,
+        };
+        let rule = FullWhen {
+            waiting_above: crate::admission::Above(None),
+            ..self.full_when
+        };
+        rule.is_full(max, load, self.engine_queue(pod, now).as_ref())
+    }
+
     /// Whether `m` can take one more request, `starting` requests being admitted already but
     /// not counted by any load. A model without pods always can (its requests go to the
     /// Service).
@@ -72,10 +86,31 @@ impl Router {
     /// The pods of `m` that are full now, when some are and some are not (then the decision
     /// passes over them); `None` when none is full, or all are (nothing to prefer). Runs per
     /// decision, so the flags are allocated only once a pod is full.
+    #[cfg(test)]
     pub(super) fn full_pods(&self, m: &ModelRoute, now: Instant) -> Option<Box<[bool]>> {
+        self.full_pods_keeping(m, now, None)
+    }
+
+    /// [`Router::full_pods`], where `holder` (the pod that alone holds a cache-aware request's
+    /// prompt, [`crate::balance::cache_aware::sole_holder`]) is full only at its
+    /// `maxConcurrency` or by its KV cache, not because its engine reports a queue: anywhere
+    /// else the request pays its whole prompt again as prefill, which costs more than the wait
+    /// (three llama.cpp servers behind three proxies: every document that moved to another
+    /// server after its first request had been passed over this way, 8 s of prefill against
+    /// about 1 s in the queue).
+    pub(super) fn full_pods_keeping(
+        &self,
+        m: &ModelRoute,
+        now: Instant,
+        holder: Option<usize>,
+    ) -> Option<Box<[bool]>> {
         let mut full: Option<Box<[bool]>> = None;
         for (i, pod) in m.pods.iter().enumerate() {
-            if self.is_full(m, pod, now) {
+            let is_full = match holder == Some(i) {
+                true => self.full_by_limit_or_cache(m, pod, now),
+                false => self.is_full(m, pod, now),
+            };
+            if is_full {
                 full.get_or_insert_with(|| vec![false; m.pods.len()].into_boxed_slice())[i] = true;
             }
         }

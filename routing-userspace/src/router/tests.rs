@@ -580,6 +580,64 @@ fn cache_aware_learns_the_pod_health_moved_the_pick_to() {
     assert!(d2.route_header().to_str().unwrap().ends_with("spill=false"));
 }
 
+/// A cache-aware request waits in the queue of the one pod that holds its prompt: an engine
+/// report of a waiting request on that pod does not pass it over (the prompt's prefill
+/// anywhere else costs more than the wait), while the same pod still counts as full for a
+/// request it holds nothing of, and a pod at its `maxConcurrency` is passed over whatever it
+/// holds.
+#[test]
+fn a_queueing_pod_that_alone_holds_the_prompt_keeps_its_requests() {
+    use crate::signals::report::{EngineReport, Source};
+    let mut spec = model("ca", Strategy::CacheAware, [1, 2, 3]);
+    spec.service = None;
+    let w = world(vec![spec.clone()], Duration::ZERO);
+    let document = "a page of the tenant's long document ".repeat(160);
+    let ask = |q: &str| {
+        serde_json::json!({"model": "ca", "messages": [
+            {"role": "system", "content": document}, {"role": "user", "content": q}]})
+        .to_string()
+    };
+    let holder = first_pod(&w.simple("ca", &ask("first question"))).unwrap();
+    let Some(Route::Model(m)) = w.table.lookup("ca") else {
+        panic!("model ca")
+    };
+    let pod = m.pods.iter().find(|p| p.addr == holder).unwrap();
+    let queueing = EngineReport {
+        running: Some(2),
+        waiting: Some(1),
+        kv_usage: None,
+    };
+    w.router
+        .signals()
+        .report(pod.slot.unwrap(), &queueing, Source::Scrape, Instant::now());
+    // Full for everything else...
+    let flags = w
+        .router
+        .full_pods(&m, Instant::now())
+        .expect("one pod full");
+    assert_eq!(flags.iter().filter(|&&f| f).count(), 1);
+    // ...but the document's next question waits there.
+    let d = w.simple("ca", &ask("second question"));
+    assert_eq!(first_pod(&d), Some(holder));
+    assert!(d.match_depth().unwrap() > 2, "{:?}", d.match_depth());
+    assert!(!d.route_header().to_str().unwrap().contains("passed-over"));
+
+    // At its maxConcurrency the holder is passed over.
+    spec.admission.max_concurrency = Some(1);
+    let w = world(vec![spec], Duration::ZERO);
+    let mut first = w.simple("ca", &ask("first question"));
+    let holder = first_pod(&first).unwrap();
+    let a = first.next_attempt().unwrap();
+    let _busy = first.start_on(a, &w.gauge);
+    let d = w.simple("ca", &ask("second question"));
+    assert_ne!(first_pod(&d), Some(holder));
+    assert!(d
+        .route_header()
+        .to_str()
+        .unwrap()
+        .ends_with("passed-over=1"));
+}
+
 /// The full flags a decision passes over: none while no pod is full, and none once every pod
 /// is (nothing to prefer).
 #[test]
