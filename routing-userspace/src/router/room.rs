@@ -32,13 +32,18 @@ impl Router {
     /// Whether `pod` of `m` takes no new request now, and its load (read only when the model
     /// has a `maxConcurrency`: without one, only the engine's report can say full).
     fn fullness(&self, m: &ModelRoute, pod: &Pod, now: Instant) -> (bool, u64) {
+        self.fullness_by(&self.full_when, m, pod, now)
+    }
+
+    /// [`Router::fullness`] under `rule` instead of the proxy's.
+    fn fullness_by(&self, rule: &FullWhen, m: &ModelRoute, pod: &Pod, now: Instant) -> (bool, u64) {
         let max = m.spec.admission.max_concurrency;
         let report = self.engine_queue(pod, now);
         let load = match max {
             Some(_) => self.admission_load(pod, now),
             None => 0,
         };
-        (self.full_when.is_full(max, load, report.as_ref()), load)
+        (rule.is_full(max, load, report.as_ref()), load)
     }
 
     /// Whether `pod` of `m` takes no new request now.
@@ -48,16 +53,11 @@ impl Router {
 
     /// Whether `pod` is full by its `maxConcurrency` or its KV cache, whatever its queue.
     fn full_by_limit_or_cache(&self, m: &ModelRoute, pod: &Pod, now: Instant) -> bool {
-        let max = m.spec.admission.max_concurrency;
-        let load = match max {
-            Some(_) => self.admission_load(pod, now),
-            None => 0,
-        };
         let rule = FullWhen {
             waiting_above: crate::admission::Above(None),
             ..self.full_when
         };
-        rule.is_full(max, load, self.engine_queue(pod, now).as_ref())
+        self.fullness_by(&rule, m, pod, now).0
     }
 
     /// Whether `m` can take one more request, `starting` requests being admitted already but
