@@ -73,6 +73,10 @@ pub struct CacheAwareChoice {
     pub depth: u32,
     /// The pod the longest match prefers when the bound turned it away.
     pub spilled_from: Option<usize>,
+    /// The pick is the hash's alone: no pod holds a match that counts, the bound moved nothing
+    /// and no proxy-local count took part, so every proxy of a fleet picks this pod for the
+    /// request (see [`agreed_holder`]).
+    pub by_hash_alone: bool,
     pub order: CacheAwareOrder,
 }
 
@@ -151,6 +155,19 @@ pub fn sole_holder(depths: &[u32], chain_links: usize) -> Option<usize> {
         .enumerate()
         .all(|(i, &d)| i == best || d + TIE_LINKS < depth);
     (counts && alone).then_some(best)
+}
+
+/// In a fleet, the pod a proxy that knows no holder of the request's prompt sends it to by the
+/// hash alone, when the prompt is long enough for a holder's match to count (see
+/// [`sole_holder`]): the fleet's other proxies send the same prompt to the same pod, so it
+/// probably holds it already (a document's earlier question went through another proxy), and
+/// is kept like a sole holder. Anywhere else the request pays its prompt again, and the pod it
+/// lands on then holds a copy no other proxy will send to (three proxies in front of three
+/// llama.cpp servers: every document question that missed through a proxy that had not seen
+/// the document had been passed over this way).
+pub fn agreed_holder(choice: &CacheAwareChoice, chain_links: usize) -> Option<usize> {
+    let long = chain_links > walk_from(chain_links) as usize + 1;
+    choice.pick.filter(|_| choice.by_hash_alone && long)
 }
 
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
@@ -234,7 +251,7 @@ pub fn choose(
         (pick, best, walk)
     };
     let (pick, _, walk) = best_under(limit);
-    let (preferred, _, _) = best_under(u64::MAX);
+    let (preferred, best, _) = best_under(u64::MAX);
     let spilled_from = match (preferred, pick) {
         (Some(p), Some(q)) if p != q => Some(p),
         _ => None,
@@ -243,6 +260,7 @@ pub fn choose(
         pick,
         depth: pick.map_or(0, held),
         spilled_from,
+        by_hash_alone: best == 0 && spilled_from.is_none() && sent.is_none(),
         order: CacheAwareOrder {
             pick,
             handed_out_pick: false,
@@ -425,6 +443,41 @@ mod tests {
         let chain: Vec<u64> = (1..=10).collect();
         let c = choose(&r, &chain, &[0, 0, 3, 0], &[1, 1, 1, 1], Some(10), None);
         assert_eq!((c.pick, c.depth), (Some(2), 3));
+    }
+
+    #[test]
+    fn only_a_pick_by_the_hash_alone_of_a_long_prompt_is_an_agreed_holder() {
+        let r = ring(3);
+        let chain: Vec<u64> = (1..=6)
+            .map(|i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        let hashed = choose(&r, &chain, &[0, 0, 0], &[1, 1, 1], Some(10), None);
+        assert!(hashed.by_hash_alone);
+        assert_eq!(agreed_holder(&hashed, chain.len()), hashed.pick);
+        assert!(hashed.pick.is_some());
+        // Too short for a holder's match to count (walk_from(3) + 1 links or fewer).
+        assert_eq!(agreed_holder(&hashed, 3), None);
+        // A match that counts decides instead (that is the sole holder's rule).
+        let matched = choose(&r, &chain, &[5, 0, 0], &[1, 1, 1], Some(10), None);
+        assert!(!matched.by_hash_alone);
+        assert_eq!(agreed_holder(&matched, chain.len()), None);
+        // The bound moved the pick: other proxies may have moved it elsewhere.
+        let p = hashed.pick.unwrap();
+        let mut loads = [0u64; 3];
+        loads[p] = 10;
+        let spilled = choose(&r, &chain, &[0, 0, 0], &loads, Some(5), None);
+        assert!(spilled.spilled_from.is_some());
+        assert_eq!(agreed_holder(&spilled, chain.len()), None);
+        // A proxy alone reads its own counts: no fleet agrees on that pick.
+        let alone = choose(
+            &r,
+            &chain,
+            &[0, 0, 0],
+            &[1, 1, 1],
+            Some(10),
+            Some(&[0, 0, 0]),
+        );
+        assert_eq!(agreed_holder(&alone, chain.len()), None);
     }
 
     #[test]

@@ -298,15 +298,6 @@ impl Router {
         };
         let key = extraction.key;
         let pick = self.pick(m, key, chain.as_ref(), draw, now);
-        // A cache-aware request waits in the queue of the one pod that holds its prompt rather
-        // than pay the prompt again elsewhere (see `room`).
-        let holder = match (&pick.depths, &chain) {
-            (Some(depths), Some(chain)) => cache_aware::sole_holder(
-                &depths[..m.pods.len().min(depths.len())],
-                chain.links().len(),
-            ),
-            _ => None,
-        };
         let mut d = Decision::new(
             Arc::clone(m),
             strategy,
@@ -316,7 +307,7 @@ impl Router {
             self.knobs.max_pod_attempts,
             (
                 Arc::clone(&self.health),
-                self.full_pods_keeping(m, now, holder),
+                self.full_pods_keeping(m, now, pick.holder),
             ),
             now,
         );
@@ -453,7 +444,14 @@ impl Router {
             inflow
         });
         let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound, inflow.as_deref());
+        // The request waits in the queue of the one pod that holds its prompt rather than pay
+        // the prompt again elsewhere (see `room`); in a fleet, a proxy that knows no holder
+        // takes the hash's pick for it, as the fleet's other proxies do.
+        // (A proxy alone never has such a pick: it knows every prompt it sent.)
+        let holder = cache_aware::sole_holder(&depths, links.len())
+            .or_else(|| cache_aware::agreed_holder(&choice, links.len()));
         Pick {
+            holder,
             spill: choice.spilled_from.map(|p| Spill {
                 preferred: p,
                 load: loads[p],
@@ -474,6 +472,8 @@ struct Pick {
     spill: Option<Spill>,
     /// Cache-aware: links of the chain each pod holds.
     depths: Option<Vec<u32>>,
+    /// Cache-aware: the pod kept for the request while its engine queues (see `room`).
+    holder: Option<usize>,
     /// A bounded pick: it counts as pending on its pod until the request starts.
     reads_bound: bool,
 }
@@ -485,6 +485,7 @@ impl Pick {
             reservation: None,
             spill: None,
             depths: None,
+            holder: None,
             reads_bound: false,
         }
     }

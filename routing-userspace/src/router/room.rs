@@ -92,7 +92,9 @@ impl Router {
     }
 
     /// [`Router::full_pods`], where `holder` (the pod that alone holds a cache-aware request's
-    /// prompt, [`crate::balance::cache_aware::sole_holder`]) is full only at its
+    /// prompt, [`crate::balance::cache_aware::sole_holder`], or in a fleet the hash's pick for
+    /// a prompt this proxy knows no holder of, [`crate::balance::cache_aware::agreed_holder`])
+    /// is full only at its
     /// `maxConcurrency` or by its KV cache, not because its engine reports a queue: anywhere
     /// else the request pays its whole prompt again as prefill, which costs more than the wait
     /// (three llama.cpp servers behind three proxies: 8 of the 10 requests that missed a

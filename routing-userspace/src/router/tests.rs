@@ -638,6 +638,71 @@ fn a_queueing_pod_that_alone_holds_the_prompt_keeps_its_requests() {
         .ends_with("passed-over=1"));
 }
 
+/// In a fleet, a proxy that never saw a document sends its question where the hash sends it,
+/// as the proxy that placed the document did, and waits there while that pod's engine queues;
+/// a proxy alone knows the document is new and passes the queueing pod over.
+#[test]
+fn a_fleet_proxy_that_knows_no_holder_waits_at_the_pod_the_hash_agrees_on() {
+    use crate::signals::report::{EngineReport, Source};
+    let mut spec = model("ca", Strategy::CacheAware, [1, 2, 3]);
+    spec.service = None;
+    let document = "a page of the tenant's long document ".repeat(160);
+    let ask = |q: &str| {
+        serde_json::json!({"model": "ca", "messages": [
+            {"role": "system", "content": document}, {"role": "user", "content": q}]})
+        .to_string()
+    };
+    // The proxy that placed the document: its first question goes to the hash's pod.
+    let placer = world(vec![spec.clone()], Duration::ZERO).in_fleet(3);
+    let agreed = first_pod(&placer.simple("ca", &ask("first question"))).unwrap();
+    let queueing = EngineReport {
+        running: Some(2),
+        waiting: Some(1),
+        kv_usage: None,
+    };
+    let queue_at_agreed = |w: &World| {
+        let Some(Route::Model(m)) = w.table.lookup("ca") else {
+            panic!("model ca")
+        };
+        let pod = m.pods.iter().find(|p| p.addr == agreed).unwrap();
+        w.router
+            .signals()
+            .report(pod.slot.unwrap(), &queueing, Source::Scrape, Instant::now());
+    };
+    // Another proxy of the fleet, with an empty index, while that pod queues.
+    let other = world(vec![spec.clone()], Duration::ZERO).in_fleet(3);
+    queue_at_agreed(&other);
+    let d = other.simple("ca", &ask("second question"));
+    assert_eq!(first_pod(&d), Some(agreed));
+    assert_eq!(
+        d.route_header().to_str().unwrap(),
+        "strategy=cache-aware; key-source=prompt-chain; outcome=pod; depth=0; spill=false"
+    );
+    // A prompt too short for a holder's match to count is passed over as before.
+    let short = serde_json::json!({"model": "ca", "messages": [
+        {"role": "user", "content": "a short question"}]})
+    .to_string();
+    let short_pick = |w: &World| first_pod(&w.simple("ca", &short));
+    let fresh = world(vec![spec.clone()], Duration::ZERO).in_fleet(3);
+    let hashed = short_pick(&fresh).unwrap();
+    let other = world(vec![spec.clone()], Duration::ZERO).in_fleet(3);
+    let Some(Route::Model(m)) = other.table.lookup("ca") else {
+        panic!("model ca")
+    };
+    let pod = m.pods.iter().find(|p| p.addr == hashed).unwrap();
+    other
+        .router
+        .signals()
+        .report(pod.slot.unwrap(), &queueing, Source::Scrape, Instant::now());
+    assert_ne!(short_pick(&other), Some(hashed));
+    // A proxy alone never sent the document anywhere: the question is new, and goes to a pod
+    // that does not queue.
+    let alone = world(vec![spec], Duration::ZERO);
+    queue_at_agreed(&alone);
+    let d = alone.simple("ca", &ask("second question"));
+    assert_ne!(first_pod(&d), Some(agreed));
+}
+
 /// The full flags a decision passes over: none while no pod is full, and none once every pod
 /// is (nothing to prefer).
 #[test]
