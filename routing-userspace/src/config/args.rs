@@ -513,7 +513,8 @@ pub struct SignalArgs {
     /// Proxies in the fleet (> 0 wins over counting them). 0: with --discovery kubernetes,
     /// the Running and Ready pods of --fleet-selector in --fleet-namespace; else 1. Scrapes
     /// per proxy are spread by it; at 1 the proxy routes alone (cache-aware ties also keep
-    /// even what each pod was sent lately).
+    /// even what each pod was sent lately); above 1, a cache-aware prompt the proxy knows no
+    /// holder of waits in the queue of the pod the hash picks, where the other proxies send it.
     #[arg(long, env = "FLEXINFER_PROXY_FLEET_SIZE", default_value_t = 0)]
     pub fleet_size: usize,
 
