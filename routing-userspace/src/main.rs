@@ -51,7 +51,7 @@ enum Command {
 enum ConfigAction {
     /// Validate a models file (exit status 1 and LINE:COLUMN on error) and print each model's
     /// routing as the proxy will run it.
-    Check(routing_userspace::discovery::check::CheckArgs),
+    Check(Box<routing_userspace::discovery::check::CheckArgs>),
 }
 
 #[derive(Subcommand)]

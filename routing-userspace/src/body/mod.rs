@@ -34,7 +34,7 @@ pub enum BodyError {
 }
 
 /// The top-level fields a request body is read for.
-const FIELDS: [&str; 11] = [
+const FIELDS: [&str; 12] = [
     "model",
     "session_id",
     "cache_key",
@@ -46,6 +46,7 @@ const FIELDS: [&str; 11] = [
     "context",
     "documents",
     "prompt",
+    "stream",
 ];
 const MODEL: usize = 0;
 const SESSION_ID: usize = 1;
@@ -58,6 +59,9 @@ const DOCUMENT_CONTEXT_CAMEL: usize = 7;
 const CONTEXT: usize = 8;
 const DOCUMENTS: usize = 9;
 const PROMPT: usize = 10;
+/// Not a routing field: read so a cache-aware request knows whether its answer streams (see
+/// `crate::router::teaching`); repeated, the last one counts, as for any key routing ignores.
+const STREAM: usize = 11;
 
 #[derive(Debug)]
 pub struct BodyFields<'a> {
@@ -316,6 +320,10 @@ impl<'a> BodyFields<'a> {
                 _ => s.value(1).map_err(invalid)?,
             };
             // After the value: a repeated field whose value is too deep is reported as too deep.
+            if i == STREAM {
+                raw[i] = Some(value);
+                continue;
+            }
             if seen & (1 << i) != 0 {
                 // A repeated field is an error for a typed reading of the body.
                 return Err(BodyError::NotObject);
@@ -345,6 +353,11 @@ impl<'a> BodyFields<'a> {
         let start = (raw.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
         let end = start + raw.len();
         (end <= body.len()).then_some(start..end)
+    }
+
+    /// Whether the request asks for a streamed answer (`"stream": true`).
+    pub fn streams(&self) -> bool {
+        self.raw[STREAM] == Some(b"true")
     }
 
     pub fn session_id(&self) -> Option<Cow<'a, str>> {

@@ -23,6 +23,26 @@ fn rewrites_only_the_model_value() {
 }
 
 #[test]
+fn reads_whether_the_answer_streams_without_making_stream_a_routing_field() {
+    let streams = |b: &str| BodyFields::parse(b.as_bytes()).map(|f| f.streams());
+    assert_eq!(streams(r#"{"model":"m","stream":true}"#), Some(true));
+    assert_eq!(streams(r#"{"model":"m","stream":false}"#), Some(false));
+    assert_eq!(streams(r#"{"model":"m"}"#), Some(false));
+    assert_eq!(
+        streams(r#"{"stream":"true"}"#),
+        Some(false),
+        "a string is not true"
+    );
+    // Repeated, the last one counts, and the body's routing fields still read (a repeated
+    // routing field hides them all; `stream` is not one).
+    let f = BodyFields::parse(br#"{"stream":false,"model":"m","stream":true}"#).unwrap();
+    assert!(f.streams());
+    assert_eq!(f.model().as_deref(), Some("m"));
+    // Its value is still validated with the body.
+    assert!(BodyFields::parse(br#"{"model":"m","stream":tru}"#).is_none());
+}
+
+#[test]
 fn reads_fields_and_ignores_wrong_types() {
     let body = br#"{"model":"m","session_id":42,"cache_key":"k","messages":[
         {"role":"system","content":"S1"},

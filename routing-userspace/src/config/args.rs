@@ -401,9 +401,22 @@ pub struct BalanceArgs {
     )]
     pub cache_aware_index_budget: String,
 
+    /// Longest a cache-aware request waits when another request is still prefilling its prompt
+    /// on its pod (a streamed answer, until its first token): engines do not share a prefill in
+    /// progress, so sent at once it would compute the same prompt beside the first. Not on
+    /// llama.cpp pods (the model's engine, or their metrics pages read as llama.cpp's), whose
+    /// prompt stays in the first request's slot until its answer ends. 0: never waits.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_CACHE_AWARE_PREFILL_WAIT",
+        default_value_t = Dur(RoutingKnobs::DEFAULT.cache_aware_prefill_wait)
+    )]
+    pub cache_aware_prefill_wait: Dur,
+
     /// Add an `x-flexinfer-route` header to routed responses: strategy, key source, outcome,
-    /// matched depth (cache-aware), spill, and `passed-over=N` when the pick passed over full or
-    /// ejected pods. Never key text.
+    /// matched depth (cache-aware), spill, `passed-over=N` when the pick passed over full or
+    /// ejected pods, and `prefill-wait=<ms>ms` when a cache-aware request waited for another's
+    /// prefill of its prompt. Never key text.
     #[arg(long, env = "FLEXINFER_PROXY_ROUTE_HEADER", default_value_t = RoutingKnobs::DEFAULT.route_header)]
     pub route_header: bool,
 }

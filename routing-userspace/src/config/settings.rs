@@ -318,6 +318,7 @@ pub fn routing_knobs(raw: &RoutingArgs) -> (RoutingKnobs, Vec<KnobWarning>) {
         cache_aware_factor_milli,
         session_factor_milli,
         cache_aware_index_budget,
+        cache_aware_prefill_wait: raw.balance.cache_aware_prefill_wait.0,
         route_header: raw.balance.route_header,
     };
     (knobs, w.0)

@@ -201,6 +201,9 @@ pub struct BalanceFamilies {
     pub cache_aware_match_depth: HistogramVec,
     /// Cache-aware lookups by whether the chosen pod held any link (`result` match or miss).
     pub cache_aware_lookups_total: IntCounterVec,
+    /// Cache-aware requests that waited for another request's prefill of their prompt on
+    /// their pod (`outcome` prefilled or timeout).
+    pub cache_aware_prefill_waits_total: IntCounterVec,
 }
 
 impl BalanceFamilies {
@@ -221,6 +224,11 @@ impl BalanceFamilies {
                 "flexinfer_proxy_cache_aware_lookups_total",
                 "Cache-aware decisions by whether the chosen pod matched any prompt-chain link (result: match or miss)",
                 &["model", "result"],
+            ),
+            cache_aware_prefill_waits_total: f.counter(
+                "flexinfer_proxy_cache_aware_prefill_waits_total",
+                "Cache-aware requests held until another request streaming the same prompt on their pod had its first token (outcome: prefilled, or timeout after --cache-aware-prefill-wait)",
+                &["model", "outcome"],
             ),
         }
     }

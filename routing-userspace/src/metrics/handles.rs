@@ -231,6 +231,11 @@ impl CacheAwareMetrics {
             depth: m.balance.cache_aware_match_depth.with_label_values(&[n]),
             matched: lookups("match"),
             missed: lookups("miss"),
+            prefill_waits: ["prefilled", "timeout"].map(|outcome| {
+                m.balance
+                    .cache_aware_prefill_waits_total
+                    .with_label_values(&[n, outcome])
+            }),
         }
     }
 }
@@ -257,6 +262,8 @@ pub struct CacheAwareMetrics {
     pub depth: Histogram,
     pub matched: IntCounter,
     pub missed: IntCounter,
+    /// Waits for another request's prefill: `[prefilled, timeout]`.
+    pub prefill_waits: [IntCounter; 2],
 }
 
 impl CacheAwareMetrics {

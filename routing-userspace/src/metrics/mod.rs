@@ -205,7 +205,7 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 37, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 38, "{text}");
         assert!(text.contains("# TYPE flexinfer_proxy_engine_scrapes_total counter\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_depth gauge\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_wait_seconds histogram\n"));

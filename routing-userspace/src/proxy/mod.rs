@@ -177,6 +177,7 @@ async fn pipeline(
         (decision, up_body)
     };
     ctx.decision = Some(decision);
+    wait_for_prefill(knobs.cache_aware_prefill_wait, ctx).await;
 
     // 4. The upstream request's head.
     let head = prepare::head(parts, uri, &peer.ip_header, up_body.read_len());
@@ -184,6 +185,23 @@ async fn pipeline(
     // 5. Forward.
     let forwarded = forward::forward(shared, ctx, head, up_body).await?;
     Ok(Answer::Forwarded(forwarded))
+}
+
+/// A cache-aware request whose prompt another request is still prefilling on its pod waits,
+/// at most `limit`, for that prefill to end (see `crate::router::teaching`).
+async fn wait_for_prefill(limit: std::time::Duration, ctx: &mut RequestCtx) {
+    let Some(d) = ctx.decision.as_mut() else {
+        return;
+    };
+    let Some(prefill) = d.prefill_in_progress() else {
+        return;
+    };
+    let started = Instant::now();
+    let prefilled = tokio::time::timeout(limit, prefill.done()).await.is_ok();
+    d.waited_for_prefill(started.elapsed());
+    if let Some(m) = &d.model().metrics.cache_aware {
+        m.prefill_waits[usize::from(!prefilled)].inc();
+    }
 }
 
 /// The body as routing reads it: its fields when it is a JSON object.

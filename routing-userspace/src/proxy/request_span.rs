@@ -42,6 +42,12 @@ fn attributes(ctx: &RequestCtx) -> Vec<Attribute> {
         ));
         a.push(Attribute::new("flexinfer.outcome", d.outcome().as_str()));
         a.push(Attribute::new("flexinfer.spill", d.any_spill()));
+        if let Some(w) = d.prefill_waited() {
+            a.push(Attribute::new(
+                "flexinfer.prefill_wait_seconds",
+                w.as_secs_f64(),
+            ));
+        }
         if let Some(served) = ctx.served {
             a.push(Attribute::new(
                 "flexinfer.pod",

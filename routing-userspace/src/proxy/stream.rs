@@ -213,6 +213,10 @@ impl Body for ObservedBody {
                     if ctx.first_byte.is_none() && frame.is_data() {
                         let now = Instant::now();
                         ctx.first_byte = Some(now);
+                        // A streamed answer's first token: its prompt is in the pod's cache.
+                        if let Some(d) = &ctx.decision {
+                            d.prefilled();
+                        }
                         if end {
                             ctx.end = Some(now);
                         }

@@ -17,7 +17,7 @@ use std::time::Instant;
 use super::health::Health;
 use super::pending::PendingPick;
 use super::reservation::Reservation;
-use super::teaching::Lesson;
+use super::teaching::{Lesson, Prefill};
 use crate::balance::bounded::BoundedWalk;
 use crate::balance::cache_aware::CacheAwareOrder;
 use crate::balance::least_loaded::Ranked;
@@ -190,6 +190,11 @@ pub struct Decision {
     /// Cache-aware: whether the match rested on a prefix another request in flight was still
     /// teaching the pod, and the links this request teaches it until the decision drops.
     taught: Option<(bool, Lesson)>,
+    /// Cache-aware: the prefill of the matched prompt that another request is still streaming
+    /// on the picked pod, which this one waits for before it is sent (see `teaching`).
+    prefill_in_progress: Option<Arc<Prefill>>,
+    /// How long the request waited for that prefill.
+    prefill_waited: Option<std::time::Duration>,
     /// The pod the decision picked (the first candidate).
     picked: Option<usize>,
     /// The first candidate until an attempt takes it.
@@ -243,6 +248,8 @@ impl Decision {
             match_depth: None,
             prompt: None,
             taught: None,
+            prefill_in_progress: None,
+            prefill_waited: None,
             health,
             full,
             passed_over,
@@ -311,10 +318,36 @@ impl Decision {
         depth: u32,
         prompt: PromptChain,
         taught: Option<(bool, Lesson)>,
+        prefill_in_progress: Option<Arc<Prefill>>,
     ) {
         self.match_depth = Some(depth);
         self.prompt = Some(prompt);
         self.taught = taught;
+        self.prefill_in_progress = prefill_in_progress;
+    }
+
+    /// Cache-aware: the prefill of this request's prompt in progress on its pod, to wait for
+    /// before sending it there.
+    pub fn prefill_in_progress(&self) -> Option<Arc<Prefill>> {
+        self.prefill_in_progress.clone()
+    }
+
+    /// The request waited `waited` for the prefill of its prompt on its pod.
+    pub fn waited_for_prefill(&mut self, waited: std::time::Duration) {
+        self.prefill_in_progress = None;
+        self.prefill_waited = Some(waited);
+    }
+
+    /// How long the request waited for another's prefill of its prompt, if it did.
+    pub fn prefill_waited(&self) -> Option<std::time::Duration> {
+        self.prefill_waited
+    }
+
+    /// The answer's first token came back: the prompt this request teaches its pod is there.
+    pub fn prefilled(&self) {
+        if let Some((_, lesson)) = &self.taught {
+            lesson.prefilled();
+        }
     }
 
     /// Cache-aware: whether the picked pod's match rested on a prefix that another request in
@@ -400,6 +433,9 @@ impl Decision {
         let _ = write!(v, "; spill={}", self.any_spill());
         if self.passed_over > 0 {
             let _ = write!(v, "; passed-over={}", self.passed_over);
+        }
+        if let Some(w) = self.prefill_waited {
+            let _ = write!(v, "; prefill-wait={}ms", w.as_millis());
         }
         http::HeaderValue::from_str(&v).expect("labels are header-safe")
     }

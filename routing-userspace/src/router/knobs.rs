@@ -29,6 +29,9 @@ pub struct RoutingKnobs {
     pub session_factor_milli: u32,
     /// Memory budget of the cache-aware prefix index, in bytes.
     pub cache_aware_index_budget: usize,
+    /// Longest a cache-aware request waits for another request's prefill of its prompt on its
+    /// pod (see `router::teaching`); zero: never waits.
+    pub cache_aware_prefill_wait: Duration,
     /// Whether routed responses carry `x-flexinfer-route`.
     pub route_header: bool,
 }
@@ -48,6 +51,7 @@ impl RoutingKnobs {
         cache_aware_factor_milli: 1600,
         session_factor_milli: 1500,
         cache_aware_index_budget: 16 << 20,
+        cache_aware_prefill_wait: Duration::from_secs(30),
         route_header: false,
     };
 }

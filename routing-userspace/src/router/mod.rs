@@ -42,11 +42,11 @@ use crate::balance::ring::WalkState;
 use crate::balance::round_robin::round_robin;
 use crate::keys::chain::PromptChain;
 use crate::keys::{self, KeySource, RequestParts};
-use crate::load::LoadGauge;
+use crate::load::{LoadGauge, Slot};
 use crate::rules::{pod_choice, PodChoice};
 use crate::signals::{SignalStore, Usage};
 use crate::table::{ModelRoute, Pod, Route, RoutingTable};
-use crate::vocab::Strategy;
+use crate::vocab::{EngineKind, Strategy};
 use decision::Holds;
 pub use decision::{Attempt, Cursor, Decision, GroupChoice, Held, Spill, Target};
 use feedback::{CacheFeedback, Shortfall};
@@ -318,9 +318,22 @@ impl Router {
             // The index learns the chain for the pod the decision picked: the cache-aware
             // choice, unless passive health moved it off an ejected pod. Until the request
             // ends, the links it adds are still being taught to the pod.
+            let streams = req.body.is_some_and(|b| b.streams());
+            let mut prefill_in_progress = None;
             let taught = picked_slot.map(|slot| {
                 let still_taught =
                     depth > 0 && self.teaching.in_flight(slot, links[depth as usize - 1]);
+                // A match that counts, still being prefilled on the pod by a streamed request:
+                // this one waits for it rather than compute the same prompt beside it.
+                if still_taught
+                    && depth > cache_aware::walk_from(links.len())
+                    && !self.knobs.cache_aware_prefill_wait.is_zero()
+                    && !self.caches_per_slot(m, slot)
+                {
+                    prefill_in_progress = self
+                        .teaching
+                        .prefill_in_progress(slot, links[depth as usize - 1]);
+                }
                 self.index.learn(slot, links);
                 let new_links = &links[depth as usize..];
                 // Only a proxy alone reads what the pods were sent lately (a fleet's proxies
@@ -328,10 +341,10 @@ impl Router {
                 if self.routes_alone() {
                     self.inflow.add(slot, new_links.len(), now);
                 }
-                let lesson = self.teaching.start(slot, new_links);
+                let lesson = self.teaching.start(slot, new_links, streams);
                 (still_taught, lesson)
             });
-            d.set_match(depth, chain, taught);
+            d.set_match(depth, chain, taught, prefill_in_progress);
         }
         // A model with a maxConcurrency reads every pick's pending count too: its room rule
         // must see the request from the moment admission lets it go (see `room`).
@@ -374,6 +387,17 @@ impl Router {
                 self.cache_aware(m, chain, now)
             }
             PodChoice::LeastLoaded => self.least_loaded(m, now),
+        }
+    }
+
+    /// Whether the pod in `slot` keeps a prompt in the slot that computed it (llama.cpp: the
+    /// model's engine, or what its metrics page was read as), so that nothing reuses a prompt
+    /// before the request that computed it ends (see `teaching`).
+    fn caches_per_slot(&self, m: &ModelRoute, slot: Slot) -> bool {
+        match m.spec.engine {
+            EngineKind::LlamaCpp => true,
+            EngineKind::Auto => self.signals().caches_per_slot(slot),
+            EngineKind::Vllm | EngineKind::Sglang | EngineKind::None => false,
         }
     }
 

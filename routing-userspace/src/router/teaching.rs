@@ -10,9 +10,25 @@
 //! Each cache-aware request registers the links it adds to the index for its pod (at most
 //! [`MAX_LINKS`], the first of them) until its decision drops; a prediction that counts on a
 //! registered link is marked as resting on a lesson in flight.
+//!
+//! A streamed lesson also says when its prompt is computed: at its answer's first token
+//! ([`Prefill`]). An engine with a shared prefix cache (vLLM, SGLang) holds the prompt from
+//! then on, but does not share a prefill in progress: a second request for the same prompt
+//! that reaches it before then computes the whole prompt again beside the first, and both
+//! finish later. Such a request waits for the first token instead (at most
+//! `--cache-aware-prefill-wait`). A non-streamed answer says nothing before it ends, so nobody
+//! waits for one. llama.cpp's server keeps a prompt in the slot that computed it, busy until
+//! the answer ends, so a request held until the first token still finds nothing to reuse
+//! (three llama.cpp servers: a document's second question held 8.5 s, then computed the
+//! document again); held until the end, several waiters race for the one slot, and in a fleet
+//! each proxy waits for its own first request where the engine's queue would have served the
+//! earliest: its pods are never held back (see `Router::prefill_in_progress`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
 
 use crate::load::Slot;
 
@@ -20,10 +36,51 @@ use crate::load::Slot;
 /// A prediction past them rests on an unregistered link and is judged as any other.
 pub const MAX_LINKS: usize = 256;
 
+/// Whether a lesson's prompt is computed yet: at its streamed answer's first token, or when
+/// the lesson ends (answered, failed or abandoned).
+#[derive(Debug, Default)]
+pub struct Prefill {
+    streams: bool,
+    done: AtomicBool,
+    notify: Notify,
+}
+
+impl Prefill {
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    fn finish(&self) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Until the prefill is done.
+    pub async fn done(&self) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        // Registered before the check, so a finish between the two is not missed.
+        notified.as_mut().enable();
+        if self.is_done() {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// One link a pod is being taught: by how many lessons, and the prefill a request that needs
+/// it waits for (the earliest streamed lesson's that is not done).
+#[derive(Debug)]
+struct Taught {
+    lessons: u32,
+    prefill: Arc<Prefill>,
+}
+
 /// The links requests in flight are teaching, per pod.
 #[derive(Debug, Default)]
 pub struct Teaching {
-    links: Mutex<HashMap<(Slot, u64), u32>>,
+    links: Mutex<HashMap<(Slot, u64), Taught>>,
 }
 
 impl Teaching {
@@ -31,29 +88,50 @@ impl Teaching {
         Arc::new(Self::default())
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<(Slot, u64), u32>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(Slot, u64), Taught>> {
         crate::lock::lock(&self.links)
     }
 
-    /// A request teaches `new_links` to the pod in `slot` until the lesson drops.
-    pub fn start(self: &Arc<Self>, slot: Slot, new_links: &[u64]) -> Lesson {
+    /// A request teaches `new_links` to the pod in `slot` until the lesson drops; `streams`:
+    /// its answer is streamed, so its first token says when the prompt is computed.
+    pub fn start(self: &Arc<Self>, slot: Slot, new_links: &[u64], streams: bool) -> Lesson {
         let links: Box<[u64]> = new_links[..new_links.len().min(MAX_LINKS)].into();
+        let prefill = Arc::new(Prefill {
+            streams,
+            ..Prefill::default()
+        });
         if !links.is_empty() {
             let mut map = self.lock();
             for &link in links.iter() {
-                *map.entry((slot, link)).or_insert(0) += 1;
+                let taught = map.entry((slot, link)).or_insert_with(|| Taught {
+                    lessons: 0,
+                    prefill: Arc::clone(&prefill),
+                });
+                taught.lessons += 1;
+                let held = &taught.prefill;
+                if streams && (held.is_done() || !held.streams) {
+                    taught.prefill = Arc::clone(&prefill);
+                }
             }
         }
         Lesson {
             teaching: Arc::clone(self),
             slot,
             links,
+            prefill,
         }
     }
 
     /// Whether a request in flight is teaching `link` to the pod in `slot`.
     pub fn in_flight(&self, slot: Slot, link: u64) -> bool {
         self.lock().contains_key(&(slot, link))
+    }
+
+    /// The streamed prefill of `link` on the pod in `slot` still in progress, if any.
+    pub fn prefill_in_progress(&self, slot: Slot, link: u64) -> Option<Arc<Prefill>> {
+        let map = self.lock();
+        let prefill = &map.get(&(slot, link))?.prefill;
+        (prefill.streams && !prefill.is_done()).then(|| Arc::clone(prefill))
     }
 
     /// Links registered over all pods (for tests and views).
@@ -72,18 +150,27 @@ pub struct Lesson {
     teaching: Arc<Teaching>,
     slot: Slot,
     links: Box<[u64]>,
+    prefill: Arc<Prefill>,
+}
+
+impl Lesson {
+    /// The answer's first token came back: the prompt is computed.
+    pub fn prefilled(&self) {
+        self.prefill.finish();
+    }
 }
 
 impl Drop for Lesson {
     fn drop(&mut self) {
+        self.prefill.finish();
         if self.links.is_empty() {
             return;
         }
         let mut map = self.teaching.lock();
         for &link in self.links.iter() {
-            if let Some(n) = map.get_mut(&(self.slot, link)) {
-                *n -= 1;
-                if *n == 0 {
+            if let Some(t) = map.get_mut(&(self.slot, link)) {
+                t.lessons -= 1;
+                if t.lessons == 0 {
                     map.remove(&(self.slot, link));
                 }
             }
@@ -98,9 +185,9 @@ mod tests {
     #[test]
     fn a_link_is_in_flight_while_any_lesson_teaches_it_to_that_pod() {
         let t = Teaching::new();
-        let a = t.start(1, &[10, 11, 12]);
-        let b = t.start(1, &[12, 13]);
-        let other_pod = t.start(2, &[20]);
+        let a = t.start(1, &[10, 11, 12], false);
+        let b = t.start(1, &[12, 13], false);
+        let other_pod = t.start(2, &[20], false);
         assert!(t.in_flight(1, 10) && t.in_flight(1, 12) && t.in_flight(1, 13));
         assert!(!t.in_flight(2, 10), "another pod's lesson");
         assert!(t.in_flight(2, 20));
@@ -111,7 +198,7 @@ mod tests {
         drop(other_pod);
         assert!(t.is_empty(), "nothing left behind");
         // Nothing new to teach registers nothing.
-        let none = t.start(1, &[]);
+        let none = t.start(1, &[], true);
         assert!(t.is_empty());
         drop(none);
     }
@@ -120,11 +207,44 @@ mod tests {
     fn a_long_chain_registers_its_first_links_only() {
         let t = Teaching::new();
         let links: Vec<u64> = (0..(MAX_LINKS as u64 + 10)).collect();
-        let lesson = t.start(0, &links);
+        let lesson = t.start(0, &links, false);
         assert_eq!(t.len(), MAX_LINKS);
         assert!(t.in_flight(0, MAX_LINKS as u64 - 1));
         assert!(!t.in_flight(0, MAX_LINKS as u64));
         drop(lesson);
+        assert!(t.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_streamed_lesson_is_waited_for_until_its_first_token_or_its_end() {
+        let t = Teaching::new();
+        // A non-streamed answer says nothing until it ends: nobody waits for it.
+        let quiet = t.start(1, &[10, 11], false);
+        assert!(t.in_flight(1, 11));
+        assert!(t.prefill_in_progress(1, 11).is_none());
+        // A streamed one is waited for on its pod only, until its first token.
+        let first = t.start(1, &[11, 12], true);
+        let wait = t
+            .prefill_in_progress(1, 11)
+            .expect("a streamed prefill in progress");
+        assert!(t.prefill_in_progress(2, 11).is_none(), "another pod");
+        let waiter = tokio::spawn(async move { wait.done().await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        first.prefilled();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("the first token ends the wait")
+            .unwrap();
+        assert!(t.prefill_in_progress(1, 12).is_none(), "prefilled");
+        assert!(t.in_flight(1, 12), "still taught until the answer ends");
+        // A lesson that ends without a first token (failed, abandoned) ends the wait too.
+        let failed = t.start(1, &[20], true);
+        let wait = t.prefill_in_progress(1, 20).unwrap();
+        drop(failed);
+        wait.done().await;
+        assert!(t.prefill_in_progress(1, 20).is_none());
+        drop((quiet, first));
         assert!(t.is_empty());
     }
 }

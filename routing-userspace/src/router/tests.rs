@@ -638,6 +638,80 @@ fn a_queueing_pod_that_alone_holds_the_prompt_keeps_its_requests() {
         .ends_with("passed-over=1"));
 }
 
+/// A streamed request still prefilling a document on its pod holds back the document's next
+/// request to that pod until its first token (or its end); a non-streamed one holds nobody
+/// back, and neither does a proxy whose wait is off.
+#[test]
+fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
+    let mut spec = model("ca", Strategy::CacheAware, [1, 2, 3]);
+    spec.service = None;
+    let document = "a page of the tenant's long document ".repeat(160);
+    let ask = |q: &str, stream: bool| {
+        serde_json::json!({"model": "ca", "stream": stream, "messages": [
+            {"role": "system", "content": document}, {"role": "user", "content": q}]})
+        .to_string()
+    };
+    let w = world(vec![spec.clone()], Duration::ZERO);
+    let first = w.simple("ca", &ask("first question", true));
+    let mut second = w.simple("ca", &ask("second question", false));
+    assert_eq!(first_pod(&second), first_pod(&first));
+    let prefill = second
+        .prefill_in_progress()
+        .expect("the first is still prefilling the document");
+    assert!(!prefill.is_done());
+    first.prefilled();
+    assert!(prefill.is_done(), "the first token ends the prefill");
+    second.waited_for_prefill(Duration::from_millis(1200));
+    assert!(second
+        .route_header()
+        .to_str()
+        .unwrap()
+        .ends_with("; prefill-wait=1200ms"));
+    // Once prefilled, nobody waits.
+    let third = w.simple("ca", &ask("third question", true));
+    assert!(third.prefill_in_progress().is_none());
+    drop((first, second, third));
+
+    // A non-streamed first request: its first byte is its end, nothing to wait for.
+    let w = world(vec![spec.clone()], Duration::ZERO);
+    let quiet = w.simple("ca", &ask("first question", false));
+    let next = w.simple("ca", &ask("second question", true));
+    assert_eq!(first_pod(&next), first_pod(&quiet));
+    assert!(next.prefill_in_progress().is_none());
+
+    // llama.cpp keeps the prompt in the first request's slot until its answer ends: nothing
+    // to wait for (the model's engine, or its pods' metrics pages read as llama.cpp's).
+    let mut llama = spec.clone();
+    llama.engine = crate::vocab::EngineKind::LlamaCpp;
+    let w = world(vec![llama], Duration::ZERO);
+    let _first = w.simple("ca", &ask("first question", true));
+    let next = w.simple("ca", &ask("second question", true));
+    assert!(next.prefill_in_progress().is_none());
+    let w = world(vec![spec.clone()], Duration::ZERO);
+    let first = w.simple("ca", &ask("first question", true));
+    let slot = first.picked_pod().and_then(|p| p.slot).unwrap();
+    w.router
+        .signals()
+        .note_engine(slot, crate::vocab::EngineKind::LlamaCpp);
+    let next = w.simple("ca", &ask("second question", true));
+    assert!(next.prefill_in_progress().is_none());
+    w.router
+        .signals()
+        .note_engine(slot, crate::vocab::EngineKind::Vllm);
+    let next = w.simple("ca", &ask("third question", true));
+    assert!(next.prefill_in_progress().is_some(), "read as vLLM's again");
+
+    // The wait turned off.
+    let knobs = RoutingKnobs {
+        cache_aware_prefill_wait: Duration::ZERO,
+        ..RoutingKnobs::default()
+    };
+    let w = World::new(vec![spec], knobs);
+    let _first = w.simple("ca", &ask("first question", true));
+    let next = w.simple("ca", &ask("second question", true));
+    assert!(next.prefill_in_progress().is_none());
+}
+
 /// In a fleet, a proxy that never saw a document sends its question where the hash sends it,
 /// as the proxy that placed the document did, and waits there while that pod's engine queues;
 /// a proxy alone knows the document is new and passes the queueing pod over.

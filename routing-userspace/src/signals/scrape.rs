@@ -378,6 +378,7 @@ impl Scraper {
         let stamp = self.store.stamp(t.slot, Source::Scrape, Instant::now());
         let outcome = match scrape(&self.upstream, t.addr, t.kind, &self.cfg).await {
             Ok(page) => {
+                self.store.note_engine(t.slot, page.kind);
                 self.store.record(t.slot, &page.report, stamp, valid);
                 t.metrics.record(ScrapeResult::Ok);
                 Ok(())

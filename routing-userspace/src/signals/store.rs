@@ -32,7 +32,7 @@
 //! response refreshes the report. It counts for [`QUEUE_STATE_FRESHNESS`] only; then the pod
 //! takes a request again, whose answer reports the queue anew.
 
-use std::sync::atomic::{fence, AtomicU64, Ordering::*};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,7 @@ use super::others::{self, NO_MEAN};
 use super::report::{EngineReport, Source};
 use crate::load::userspace::UserspaceGauge;
 use crate::load::{LoadGauge, Slot, MAX_SLOTS};
+use crate::vocab::EngineKind;
 
 /// How long a report counts, unless its source says otherwise.
 pub const DEFAULT_STALENESS: Duration = Duration::from_secs(30);
@@ -172,6 +173,8 @@ struct PodSignals {
     /// The running average of the other nodes' part over the reports with a running count,
     /// thousandths of a request ([`NO_MEAN`] before the first).
     others_mean: AtomicU64,
+    /// The pod's metrics page last read as llama.cpp's: its prompt cache is per slot.
+    slot_cache: AtomicBool,
 }
 
 impl Default for PodSignals {
@@ -179,6 +182,7 @@ impl Default for PodSignals {
         Self {
             reports: Default::default(),
             others_mean: AtomicU64::new(NO_MEAN),
+            slot_cache: AtomicBool::new(false),
         }
     }
 }
@@ -240,6 +244,22 @@ impl SignalStore {
     }
 
     /// Keep `report`, taken at `stamp`, for `valid_for`. An empty report changes nothing.
+    /// The engine kind the pod's metrics page was read as.
+    pub fn note_engine(&self, slot: Slot, kind: EngineKind) {
+        if let Some(p) = self.pods.get(slot as usize) {
+            p.slot_cache.store(kind == EngineKind::LlamaCpp, Relaxed);
+        }
+    }
+
+    /// Whether the pod's engine was read as one that keeps a prompt's cache in the slot that
+    /// computed it (llama.cpp's server): another request reuses it only once that slot is
+    /// free, where vLLM and SGLang share a prefix as soon as it is computed.
+    pub fn caches_per_slot(&self, slot: Slot) -> bool {
+        self.pods
+            .get(slot as usize)
+            .is_some_and(|p| p.slot_cache.load(Relaxed))
+    }
+
     pub fn record(&self, slot: Slot, report: &EngineReport, stamp: Stamp, valid_for: Duration) {
         let Some(p) = self.pods.get(slot as usize) else {
             return;

@@ -426,3 +426,64 @@ async fn no_endpoints_and_dead_pods_fall_back_to_the_service() {
     assert_eq!(r.status, 502);
     assert_eq!(r.json()["error"]["code"], "upstream_unreachable");
 }
+
+/// Cache-aware over real sockets: a request whose prompt another request is still prefilling on
+/// its pod waits for that prefill (the first one's first streamed token) and then finds the
+/// prompt cached, where sent at once it would have computed it all again beside the first (the
+/// sim, as vLLM, shares a prompt once it is computed). The route header and the metric say it
+/// waited.
+#[tokio::test(flavor = "multi_thread")]
+async fn cache_aware_waits_for_a_prefill_of_its_prompt_in_progress_and_reuses_it() {
+    let dir = TempDir::new("prefill-wait");
+    // About 1,000 prompt tokens at 1 ms each: the first request prefills for about a second.
+    let pods = sims(2, &["--prefill-us-per-token", "1000"], &dir).await;
+    let proxy = start_proxy(
+        &model("chat", "cache-aware", &[&pods[0], &pods[1]]),
+        &["--route-header"],
+        &[],
+        dir.path(),
+    )
+    .await;
+    let document = "a page of the tenant's long document ".repeat(110);
+    let ask = |q: &str| chat_body("chat", Some(&document), q, r#"{"stream":true}"#);
+    let addr = proxy.addr;
+    let first_body = ask("first question");
+    let first =
+        tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &first_body).await });
+    // Decided while the first one prefills.
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let second = post(addr, "/v1/chat/completions", &[], &ask("second question"))
+        .await
+        .unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(
+        (first.status.as_u16(), second.status.as_u16()),
+        (200, 200),
+        "{}",
+        second.text()
+    );
+    assert_eq!(second.pod(), first.pod(), "the pod that holds the document");
+    let route = second.header("x-flexinfer-route").unwrap_or_default();
+    assert!(route.contains("; prefill-wait="), "{route}");
+    let cached = |r: &Reply| -> u64 {
+        r.header("x-sim-cached-tokens")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(cached(&first), 0);
+    assert!(
+        cached(&second) >= 800,
+        "the document was cached when the second request reached the pod: {} tokens",
+        cached(&second)
+    );
+    let metrics = proxy.metrics().await;
+    let waits = |outcome: &str| {
+        metric_value(
+            &metrics,
+            "flexinfer_proxy_cache_aware_prefill_waits_total",
+            &[("model", "chat"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(waits("prefilled"), Some(1.0), "{metrics}");
+    assert_eq!(waits("timeout"), Some(0.0));
+}
