@@ -22,7 +22,7 @@
 //! (three llama.cpp servers: a document's second question held 8.5 s, then computed the
 //! document again); held until the end, several waiters race for the one slot, and in a fleet
 //! each proxy waits for its own first request where the engine's queue would have served the
-//! earliest: its pods are never held back (see `Router::prefill_in_progress`).
+//! earliest: llama.cpp pods are never held back (see `Router::caches_per_slot`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
