@@ -105,6 +105,13 @@ pub fn walk_from(links: usize) -> u32 {
     }
 }
 
+/// Whether a match of `depth` links counts for a chain of `chain_links` (it passes
+/// [`walk_from`]): the rule of the choice, the sole holder, the agreed holder and the wait for
+/// a prefill in progress.
+pub fn counts(depth: u32, chain_links: usize) -> bool {
+    depth > walk_from(chain_links)
+}
+
 /// How much less loaded than every holder of the common run a pod must be to count as holding
 /// it (see [`common_depth`]).
 pub const IDLE_GAP: u64 = 2;
@@ -149,12 +156,12 @@ pub fn common_depth(depths: &[u32], n: usize) -> u32 {
 /// spread over the holders as before.
 pub fn sole_holder(depths: &[u32], chain_links: usize) -> Option<usize> {
     let (best, &depth) = depths.iter().enumerate().max_by_key(|&(_, d)| *d)?;
-    let counts = depth > walk_from(chain_links);
+    let counted = counts(depth, chain_links);
     let alone = depths
         .iter()
         .enumerate()
         .all(|(i, &d)| i == best || d + TIE_LINKS < depth);
-    (counts && alone).then_some(best)
+    (counted && alone).then_some(best)
 }
 
 /// In a fleet, the pod a proxy that knows no holder of the request's prompt sends it to by the
@@ -166,7 +173,9 @@ pub fn sole_holder(depths: &[u32], chain_links: usize) -> Option<usize> {
 /// llama.cpp servers: every document question that missed through a proxy that had not seen
 /// the document had been passed over this way).
 pub fn agreed_holder(choice: &CacheAwareChoice, chain_links: usize) -> Option<usize> {
-    let long = chain_links > walk_from(chain_links) as usize + 1;
+    // A holder's match is the prompt but its last link at most.
+    let longest_held = u32::try_from(chain_links.saturating_sub(1)).unwrap_or(u32::MAX);
+    let long = counts(longest_held, chain_links);
     choice.pick.filter(|_| choice.by_hash_alone && long)
 }
 

@@ -326,7 +326,7 @@ impl Router {
                 // A match that counts, still being prefilled on the pod by a streamed request:
                 // this one waits for it rather than compute the same prompt beside it.
                 if still_taught
-                    && depth > cache_aware::walk_from(links.len())
+                    && cache_aware::counts(depth, links.len())
                     && !self.knobs.cache_aware_prefill_wait.is_zero()
                     && !self.caches_per_slot(m, slot)
                 {

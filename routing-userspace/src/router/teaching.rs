@@ -36,11 +36,10 @@ use crate::load::Slot;
 /// A prediction past them rests on an unregistered link and is judged as any other.
 pub const MAX_LINKS: usize = 256;
 
-/// Whether a lesson's prompt is computed yet: at its streamed answer's first token, or when
-/// the lesson ends (answered, failed or abandoned).
+/// Whether a streamed lesson's prompt is computed yet: at its answer's first token, or when the
+/// lesson ends (answered, failed or abandoned).
 #[derive(Debug, Default)]
 pub struct Prefill {
-    streams: bool,
     done: AtomicBool,
     notify: Notify,
 }
@@ -74,7 +73,7 @@ impl Prefill {
 #[derive(Debug)]
 struct Taught {
     lessons: u32,
-    prefill: Arc<Prefill>,
+    prefill: Option<Arc<Prefill>>,
 }
 
 /// The links requests in flight are teaching, per pod.
@@ -96,21 +95,18 @@ impl Teaching {
     /// its answer is streamed, so its first token says when the prompt is computed.
     pub fn start(self: &Arc<Self>, slot: Slot, new_links: &[u64], streams: bool) -> Lesson {
         let links: Box<[u64]> = new_links[..new_links.len().min(MAX_LINKS)].into();
-        let prefill = Arc::new(Prefill {
-            streams,
-            ..Prefill::default()
-        });
+        // Only a streamed answer tells when its prompt is computed before it ends.
+        let prefill = (streams && !links.is_empty()).then(|| Arc::new(Prefill::default()));
         if !links.is_empty() {
             let mut map = self.lock();
             for &link in links.iter() {
-                let taught = map.entry((slot, link)).or_insert_with(|| Taught {
+                let taught = map.entry((slot, link)).or_insert(Taught {
                     lessons: 0,
-                    prefill: Arc::clone(&prefill),
+                    prefill: None,
                 });
                 taught.lessons += 1;
-                let held = &taught.prefill;
-                if streams && (held.is_done() || !held.streams) {
-                    taught.prefill = Arc::clone(&prefill);
+                if taught.prefill.as_ref().is_none_or(|p| p.is_done()) {
+                    taught.prefill.clone_from(&prefill);
                 }
             }
         }
@@ -130,8 +126,8 @@ impl Teaching {
     /// The streamed prefill of `link` on the pod in `slot` still in progress, if any.
     pub fn prefill_in_progress(&self, slot: Slot, link: u64) -> Option<Arc<Prefill>> {
         let map = self.lock();
-        let prefill = &map.get(&(slot, link))?.prefill;
-        (prefill.streams && !prefill.is_done()).then(|| Arc::clone(prefill))
+        let prefill = map.get(&(slot, link))?.prefill.as_ref()?;
+        (!prefill.is_done()).then(|| Arc::clone(prefill))
     }
 
     /// Links registered over all pods (for tests and views).
@@ -150,19 +146,21 @@ pub struct Lesson {
     teaching: Arc<Teaching>,
     slot: Slot,
     links: Box<[u64]>,
-    prefill: Arc<Prefill>,
+    prefill: Option<Arc<Prefill>>,
 }
 
 impl Lesson {
     /// The answer's first token came back: the prompt is computed.
     pub fn prefilled(&self) {
-        self.prefill.finish();
+        if let Some(p) = &self.prefill {
+            p.finish();
+        }
     }
 }
 
 impl Drop for Lesson {
     fn drop(&mut self) {
-        self.prefill.finish();
+        self.prefilled();
         if self.links.is_empty() {
             return;
         }
