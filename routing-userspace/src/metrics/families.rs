@@ -227,7 +227,7 @@ impl BalanceFamilies {
             ),
             cache_aware_prefill_waits_total: f.counter(
                 "flexinfer_proxy_cache_aware_prefill_waits_total",
-                "Cache-aware requests held until another request streaming the same prompt on their pod had its first token (outcome: prefilled, or timeout after --cache-aware-prefill-wait)",
+                "Cache-aware requests held until another request computing the same prompt on their pod had its first token (on llama.cpp: its end) (outcome: prefilled, or timeout after --cache-aware-prefill-wait)",
                 &["model", "outcome"],
             ),
         }

@@ -197,8 +197,9 @@ async fn wait_for_prefill(limit: std::time::Duration, ctx: &mut RequestCtx) {
         return;
     };
     let started = Instant::now();
-    let prefilled = tokio::time::timeout(limit, prefill.done()).await.is_ok();
-    d.waited_for_prefill(started.elapsed());
+    let waited = tokio::time::timeout(limit, prefill.done()).await;
+    let prefilled = waited.is_ok();
+    d.waited_for_prefill(started.elapsed(), waited.ok().flatten());
     if let Some(m) = &d.model().metrics.cache_aware {
         m.prefill_waits[usize::from(!prefilled)].inc();
     }

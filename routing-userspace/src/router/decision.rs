@@ -17,7 +17,7 @@ use std::time::Instant;
 use super::health::Health;
 use super::pending::PendingPick;
 use super::reservation::Reservation;
-use super::teaching::{Lesson, Prefill};
+use super::teaching::{Lesson, Prefill, SlotTurn};
 use crate::balance::bounded::BoundedWalk;
 use crate::balance::cache_aware::CacheAwareOrder;
 use crate::balance::least_loaded::Ranked;
@@ -195,6 +195,9 @@ pub struct Decision {
     prefill_in_progress: Option<Arc<Prefill>>,
     /// How long the request waited for that prefill.
     prefill_waited: Option<std::time::Duration>,
+    /// The turn at the slot that holds its prompt that the wait gave the request, passed to
+    /// the next waiter when the decision drops (the answer has ended).
+    slot_turn: Option<SlotTurn>,
     /// The pod the decision picked (the first candidate).
     picked: Option<usize>,
     /// The first candidate until an attempt takes it.
@@ -250,6 +253,7 @@ impl Decision {
             taught: None,
             prefill_in_progress: None,
             prefill_waited: None,
+            slot_turn: None,
             health,
             full,
             passed_over,
@@ -332,10 +336,12 @@ impl Decision {
         self.prefill_in_progress.clone()
     }
 
-    /// The request waited `waited` for the prefill of its prompt on its pod.
-    pub fn waited_for_prefill(&mut self, waited: std::time::Duration) {
+    /// The request waited `waited` for the prefill of its prompt on its pod, and holds `turn`
+    /// at the slot that keeps it until the decision drops.
+    pub fn waited_for_prefill(&mut self, waited: std::time::Duration, turn: Option<SlotTurn>) {
         self.prefill_in_progress = None;
         self.prefill_waited = Some(waited);
+        self.slot_turn = turn;
     }
 
     /// How long the request waited for another's prefill of its prompt, if it did.

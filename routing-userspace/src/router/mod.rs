@@ -56,7 +56,7 @@ pub use knobs::RoutingKnobs;
 use pending::PendingPicks;
 use prefix_index::PrefixIndex;
 use reservation::{Ledger, Loads, Reservation};
-use teaching::Teaching;
+use teaching::{Reusable, Teaching};
 
 pub struct Router {
     /// This node's view of each pod's requests in flight (node-wide with eBPF).
@@ -323,12 +323,13 @@ impl Router {
             let taught = picked_slot.map(|slot| {
                 let still_taught =
                     depth > 0 && self.teaching.in_flight(slot, links[depth as usize - 1]);
-                // A match that counts, still being prefilled on the pod by a streamed request:
-                // this one waits for it rather than compute the same prompt beside it.
+                let per_slot = self.caches_per_slot(m, slot);
+                // A match that counts, on a prompt another request is still computing on the
+                // pod: this one waits for it rather than compute the same prompt beside it.
                 if still_taught
+                    && (!per_slot || self.routes_alone())
                     && cache_aware::counts(depth, links.len())
                     && !self.knobs.cache_aware_prefill_wait.is_zero()
-                    && !self.caches_per_slot(m, slot)
                 {
                     prefill_in_progress = self
                         .teaching
@@ -341,7 +342,9 @@ impl Router {
                 if self.routes_alone() {
                     self.inflow.add(slot, new_links.len(), now);
                 }
-                let lesson = self.teaching.start(slot, new_links, streams);
+                let lesson = self
+                    .teaching
+                    .start(slot, new_links, self.reusable(per_slot, streams));
                 (still_taught, lesson)
             });
             d.set_match(depth, chain, taught, prefill_in_progress);
@@ -387,6 +390,20 @@ impl Router {
                 self.cache_aware(m, chain, now)
             }
             PodChoice::LeastLoaded => self.least_loaded(m, now),
+        }
+    }
+
+    /// When a request for the prompt a request teaches a pod may reuse it, so that such a
+    /// request waits for it (see `teaching`); `None`: nobody waits. A streamed answer's
+    /// first token says when a shared prefix cache holds it; a pod that keeps a prompt in the
+    /// slot that computed it frees it at the answer's end, streamed or not, and only a proxy
+    /// alone waits for that (in a fleet each proxy would wait for its own first request, where
+    /// the engine's queue serves the earliest of all).
+    fn reusable(&self, caches_per_slot: bool, streams: bool) -> Option<Reusable> {
+        if caches_per_slot {
+            self.routes_alone().then_some(Reusable::AtAnswerEnd)
+        } else {
+            streams.then_some(Reusable::AtFirstToken)
         }
     }
 

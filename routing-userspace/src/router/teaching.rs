@@ -11,24 +11,27 @@
 //! [`MAX_LINKS`], the first of them) until its decision drops; a prediction that counts on a
 //! registered link is marked as resting on a lesson in flight.
 //!
-//! A streamed lesson also says when its prompt is computed: at its answer's first token
-//! ([`Prefill`]). An engine with a shared prefix cache (vLLM, SGLang) holds the prompt from
-//! then on, but does not share a prefill in progress: a second request for the same prompt
+//! A lesson also says when its prompt can be reused on its pod ([`Prefill`], [`Reusable`]). An
+//! engine with a shared prefix cache (vLLM, SGLang) holds the prompt from the answer's first
+//! token on, but does not share a prefill in progress: a second request for the same prompt
 //! that reaches it before then computes the whole prompt again beside the first, and both
 //! finish later. Such a request waits for the first token instead (at most
-//! `--cache-aware-prefill-wait`). A non-streamed answer says nothing before it ends, so nobody
+//! `--cache-aware-prefill-wait`); a non-streamed answer says nothing before it ends, so nobody
 //! waits for one. llama.cpp's server keeps a prompt in the slot that computed it, busy until
 //! the answer ends, so a request held until the first token still finds nothing to reuse
 //! (three llama.cpp servers: a document's second question held 8.5 s, then computed the
-//! document again); held until the end, several waiters race for the one slot, and in a fleet
-//! each proxy waits for its own first request where the engine's queue would have served the
-//! earliest: llama.cpp pods are never held back (see `Router::caches_per_slot`).
+//! document again). There the wait lasts until the answer ends, and the waiters go one per
+//! end: each takes the slot that holds the prompt and hands it to the next when its own answer
+//! ends (released together, they raced for that one slot and the losers computed the prompt
+//! again in the other). Only a proxy that routes alone waits on llama.cpp pods: in a fleet each
+//! proxy would wait for its own first request where the engine's queue serves the earliest of
+//! all of them (see `Router::caches_per_slot`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::load::Slot;
 
@@ -36,35 +39,88 @@ use crate::load::Slot;
 /// A prediction past them rests on an unregistered link and is judged as any other.
 pub const MAX_LINKS: usize = 256;
 
-/// Whether a streamed lesson's prompt is computed yet: at its answer's first token, or when the
-/// lesson ends (answered, failed or abandoned).
-#[derive(Debug, Default)]
+/// When the next request for a lesson's prompt can reuse it on the lesson's pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reusable {
+    /// From the streamed answer's first token, by any number of requests at once (an engine
+    /// with a shared prefix cache: vLLM, SGLang).
+    AtFirstToken,
+    /// When the answer ends, by one request at a time: the slot that computed the prompt holds
+    /// it (llama.cpp).
+    AtAnswerEnd,
+}
+
+/// Whether a lesson's prompt can be reused yet: done at its first token or its end (as
+/// [`Reusable`] says), or when the lesson ends however it ends (answered, failed, abandoned).
+#[derive(Debug)]
 pub struct Prefill {
     done: AtomicBool,
     notify: Notify,
+    /// [`Reusable::AtAnswerEnd`]: the slot that holds the prompt, one permit handed from
+    /// waiter to waiter (each holds it as a [`SlotTurn`] until its answer ends).
+    slot: Option<Semaphore>,
 }
 
 impl Prefill {
+    fn new(reusable: Reusable) -> Self {
+        Self {
+            done: AtomicBool::new(false),
+            notify: Notify::new(),
+            slot: (reusable == Reusable::AtAnswerEnd).then(|| Semaphore::new(0)),
+        }
+    }
+
     pub fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
     }
 
-    fn finish(&self) {
-        if !self.done.swap(true, Ordering::AcqRel) {
-            self.notify.notify_waiters();
+    /// When the next request can reuse the prompt.
+    pub fn reusable(&self) -> Reusable {
+        if self.slot.is_some() {
+            Reusable::AtAnswerEnd
+        } else {
+            Reusable::AtFirstToken
         }
     }
 
-    /// Until the prefill is done.
-    pub async fn done(&self) {
+    fn finish(&self) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            match &self.slot {
+                Some(slot) => slot.add_permits(1),
+                None => self.notify.notify_waiters(),
+            }
+        }
+    }
+
+    /// Until the prompt can be reused. A slot's prompt is reused by one waiter at a time: the
+    /// turn returned passes the slot to the next waiter when it drops (with the waiter's
+    /// answer), in the order they came.
+    pub async fn done(self: &Arc<Self>) -> Option<SlotTurn> {
+        if let Some(slot) = &self.slot {
+            // Never closed; a waiter that gives up drops its place in the queue.
+            slot.acquire().await.ok()?.forget();
+            return Some(SlotTurn(Arc::clone(self)));
+        }
         let notified = self.notify.notified();
         tokio::pin!(notified);
         // Registered before the check, so a finish between the two is not missed.
         notified.as_mut().enable();
-        if self.is_done() {
-            return;
+        if !self.is_done() {
+            notified.await;
         }
-        notified.await;
+        None
+    }
+}
+
+/// A waiter's turn at the slot that holds a prompt, passed to the next waiter when it drops.
+#[derive(Debug)]
+pub struct SlotTurn(Arc<Prefill>);
+
+impl Drop for SlotTurn {
+    fn drop(&mut self) {
+        if let Some(slot) = &self.0.slot {
+            slot.add_permits(1);
+        }
     }
 }
 
@@ -91,12 +147,18 @@ impl Teaching {
         crate::lock::lock(&self.links)
     }
 
-    /// A request teaches `new_links` to the pod in `slot` until the lesson drops; `streams`:
-    /// its answer is streamed, so its first token says when the prompt is computed.
-    pub fn start(self: &Arc<Self>, slot: Slot, new_links: &[u64], streams: bool) -> Lesson {
+    /// A request teaches `new_links` to the pod in `slot` until the lesson drops; with
+    /// `reusable`, a request for the same prompt may wait for it (see [`Reusable`]).
+    pub fn start(
+        self: &Arc<Self>,
+        slot: Slot,
+        new_links: &[u64],
+        reusable: Option<Reusable>,
+    ) -> Lesson {
         let links: Box<[u64]> = new_links[..new_links.len().min(MAX_LINKS)].into();
-        // Only a streamed answer tells when its prompt is computed before it ends.
-        let prefill = (streams && !links.is_empty()).then(|| Arc::new(Prefill::default()));
+        let prefill = reusable
+            .filter(|_| !links.is_empty())
+            .map(|r| Arc::new(Prefill::new(r)));
         if !links.is_empty() {
             let mut map = self.lock();
             for &link in links.iter() {
@@ -123,7 +185,7 @@ impl Teaching {
         self.lock().contains_key(&(slot, link))
     }
 
-    /// The streamed prefill of `link` on the pod in `slot` still in progress, if any.
+    /// The prefill of `link` on the pod in `slot` that cannot be reused yet, if any.
     pub fn prefill_in_progress(&self, slot: Slot, link: u64) -> Option<Arc<Prefill>> {
         let map = self.lock();
         let prefill = map.get(&(slot, link))?.prefill.as_ref()?;
@@ -150,9 +212,10 @@ pub struct Lesson {
 }
 
 impl Lesson {
-    /// The answer's first token came back: the prompt is computed.
+    /// The answer's first token came back: the prompt is computed, and reusable if the engine
+    /// shares computed prefixes.
     pub fn prefilled(&self) {
-        if let Some(p) = &self.prefill {
+        if let Some(p) = self.prefill.as_ref().filter(|p| p.slot.is_none()) {
             p.finish();
         }
     }
@@ -160,7 +223,9 @@ impl Lesson {
 
 impl Drop for Lesson {
     fn drop(&mut self) {
-        self.prefilled();
+        if let Some(p) = &self.prefill {
+            p.finish();
+        }
         if self.links.is_empty() {
             return;
         }
@@ -183,9 +248,9 @@ mod tests {
     #[test]
     fn a_link_is_in_flight_while_any_lesson_teaches_it_to_that_pod() {
         let t = Teaching::new();
-        let a = t.start(1, &[10, 11, 12], false);
-        let b = t.start(1, &[12, 13], false);
-        let other_pod = t.start(2, &[20], false);
+        let a = t.start(1, &[10, 11, 12], None);
+        let b = t.start(1, &[12, 13], None);
+        let other_pod = t.start(2, &[20], None);
         assert!(t.in_flight(1, 10) && t.in_flight(1, 12) && t.in_flight(1, 13));
         assert!(!t.in_flight(2, 10), "another pod's lesson");
         assert!(t.in_flight(2, 20));
@@ -196,7 +261,7 @@ mod tests {
         drop(other_pod);
         assert!(t.is_empty(), "nothing left behind");
         // Nothing new to teach registers nothing.
-        let none = t.start(1, &[], true);
+        let none = t.start(1, &[], Some(Reusable::AtFirstToken));
         assert!(t.is_empty());
         drop(none);
     }
@@ -205,7 +270,7 @@ mod tests {
     fn a_long_chain_registers_its_first_links_only() {
         let t = Teaching::new();
         let links: Vec<u64> = (0..(MAX_LINKS as u64 + 10)).collect();
-        let lesson = t.start(0, &links, false);
+        let lesson = t.start(0, &links, None);
         assert_eq!(t.len(), MAX_LINKS);
         assert!(t.in_flight(0, MAX_LINKS as u64 - 1));
         assert!(!t.in_flight(0, MAX_LINKS as u64));
@@ -217,32 +282,75 @@ mod tests {
     async fn a_streamed_lesson_is_waited_for_until_its_first_token_or_its_end() {
         let t = Teaching::new();
         // A non-streamed answer says nothing until it ends: nobody waits for it.
-        let quiet = t.start(1, &[10, 11], false);
+        let quiet = t.start(1, &[10, 11], None);
         assert!(t.in_flight(1, 11));
         assert!(t.prefill_in_progress(1, 11).is_none());
         // A streamed one is waited for on its pod only, until its first token.
-        let first = t.start(1, &[11, 12], true);
+        let first = t.start(1, &[11, 12], Some(Reusable::AtFirstToken));
         let wait = t
             .prefill_in_progress(1, 11)
             .expect("a streamed prefill in progress");
         assert!(t.prefill_in_progress(2, 11).is_none(), "another pod");
-        let waiter = tokio::spawn(async move { wait.done().await });
+        let waiter = tokio::spawn(async move { wait.done().await.is_none() });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         first.prefilled();
         tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
             .await
             .expect("the first token ends the wait")
+            .map(|no_turn| assert!(no_turn, "every waiter goes at once"))
             .unwrap();
         assert!(t.prefill_in_progress(1, 12).is_none(), "prefilled");
         assert!(t.in_flight(1, 12), "still taught until the answer ends");
         // A lesson that ends without a first token (failed, abandoned) ends the wait too.
-        let failed = t.start(1, &[20], true);
+        let failed = t.start(1, &[20], Some(Reusable::AtFirstToken));
         let wait = t.prefill_in_progress(1, 20).unwrap();
         drop(failed);
         wait.done().await;
         assert!(t.prefill_in_progress(1, 20).is_none());
         drop((quiet, first));
+        assert!(t.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_slot_held_prompt_is_reused_by_one_waiter_per_answer_end() {
+        use std::time::Duration;
+        let t = Teaching::new();
+        let first = t.start(1, &[30, 31], Some(Reusable::AtAnswerEnd));
+        let wait = || t.prefill_in_progress(1, 31).expect("in progress");
+        let (a, b, gives_up) = (wait(), wait(), wait());
+        assert_eq!(a.reusable(), Reusable::AtAnswerEnd);
+        let a = tokio::spawn(async move { a.done().await });
+        tokio::task::yield_now().await;
+        let b = tokio::spawn(async move { b.done().await });
+        tokio::task::yield_now().await;
+        // A waiter that gives up leaves the queue without taking a turn.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), gives_up.done())
+                .await
+                .is_err()
+        );
+        first.prefilled();
+        tokio::task::yield_now().await;
+        assert!(!a.is_finished(), "the slot is busy until the answer ends");
+        drop(first);
+        assert!(
+            t.prefill_in_progress(1, 31).is_none(),
+            "reusable: newcomers go"
+        );
+        let a_turn = tokio::time::timeout(Duration::from_secs(5), a)
+            .await
+            .expect("the end lets the first waiter go")
+            .unwrap()
+            .expect("a turn at the slot");
+        tokio::task::yield_now().await;
+        assert!(!b.is_finished(), "one waiter per end");
+        drop(a_turn);
+        let b_turn = tokio::time::timeout(Duration::from_secs(5), b)
+            .await
+            .expect("the first waiter's end lets the next go")
+            .unwrap();
+        assert!(b_turn.is_some());
         assert!(t.is_empty());
     }
 }

@@ -661,7 +661,7 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
     assert!(!prefill.is_done());
     first.prefilled();
     assert!(prefill.is_done(), "the first token ends the prefill");
-    second.waited_for_prefill(Duration::from_millis(1200));
+    second.waited_for_prefill(Duration::from_millis(1200), None);
     assert!(second
         .route_header()
         .to_str()
@@ -679,14 +679,27 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
     assert_eq!(first_pod(&next), first_pod(&quiet));
     assert!(next.prefill_in_progress().is_none());
 
-    // llama.cpp keeps the prompt in the first request's slot until its answer ends: nothing
-    // to wait for (the model's engine, or its pods' metrics pages read as llama.cpp's).
+    // llama.cpp keeps the prompt in the first request's slot until its answer ends (the
+    // model's engine, or its pods' metrics pages read as llama.cpp's): a proxy alone waits for
+    // that end, streamed or not; a fleet's proxies do not wait.
     let mut llama = spec.clone();
     llama.engine = crate::vocab::EngineKind::LlamaCpp;
-    let w = world(vec![llama], Duration::ZERO);
+    let w = world(vec![llama.clone()], Duration::ZERO);
+    let first = w.simple("ca", &ask("first question", false));
+    let next = w.simple("ca", &ask("second question", true));
+    let held = next.prefill_in_progress().expect("a proxy alone waits");
+    assert_eq!(held.reusable(), teaching::Reusable::AtAnswerEnd);
+    first.prefilled();
+    assert!(
+        !held.is_done(),
+        "not at the first token: at the answer's end"
+    );
+    drop(first);
+    assert!(held.is_done());
+    let w = world(vec![llama], Duration::ZERO).in_fleet(3);
     let _first = w.simple("ca", &ask("first question", true));
     let next = w.simple("ca", &ask("second question", true));
-    assert!(next.prefill_in_progress().is_none());
+    assert!(next.prefill_in_progress().is_none(), "a fleet's proxy");
     let w = world(vec![spec.clone()], Duration::ZERO);
     let first = w.simple("ca", &ask("first question", true));
     let slot = first.picked_pod().and_then(|p| p.slot).unwrap();
@@ -694,12 +707,35 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
         .signals()
         .note_engine(slot, crate::vocab::EngineKind::LlamaCpp);
     let next = w.simple("ca", &ask("second question", true));
-    assert!(next.prefill_in_progress().is_none());
+    let waits_for = |d: &Decision| d.prefill_in_progress().map(|p| p.reusable());
+    assert_eq!(
+        waits_for(&next),
+        Some(teaching::Reusable::AtFirstToken),
+        "the lesson began before the page was read: its first token"
+    );
+    let w = world(vec![spec.clone()], Duration::ZERO);
     w.router
         .signals()
-        .note_engine(slot, crate::vocab::EngineKind::Vllm);
-    let next = w.simple("ca", &ask("third question", true));
-    assert!(next.prefill_in_progress().is_some(), "read as vLLM's again");
+        .note_engine(slot, crate::vocab::EngineKind::LlamaCpp);
+    let first = w.simple("ca", &ask("first question", true));
+    assert_eq!(first.picked_pod().and_then(|p| p.slot), Some(slot));
+    let next = w.simple("ca", &ask("second question", true));
+    assert_eq!(waits_for(&next), Some(teaching::Reusable::AtAnswerEnd));
+    drop((first, next));
+    let w = world(vec![spec.clone()], Duration::ZERO);
+    for engine in [
+        crate::vocab::EngineKind::LlamaCpp,
+        crate::vocab::EngineKind::Vllm,
+    ] {
+        w.router.signals().note_engine(slot, engine);
+    }
+    let _first = w.simple("ca", &ask("first question", true));
+    let next = w.simple("ca", &ask("second question", true));
+    assert_eq!(
+        waits_for(&next),
+        Some(teaching::Reusable::AtFirstToken),
+        "read as vLLM's again"
+    );
 
     // The wait turned off.
     let knobs = RoutingKnobs {

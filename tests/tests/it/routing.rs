@@ -487,3 +487,94 @@ async fn cache_aware_waits_for_a_prefill_of_its_prompt_in_progress_and_reuses_it
     assert_eq!(waits("prefilled"), Some(1.0), "{metrics}");
     assert_eq!(waits("timeout"), Some(0.0));
 }
+
+/// On a llama.cpp pod the prompt stays in the slot that computed it until the answer ends: a
+/// proxy alone holds a second request for it until that end, and a third until the second's
+/// end (one waiter per end: released together, they raced for the one slot).
+#[tokio::test]
+async fn on_llama_cpp_pods_a_prompt_in_progress_is_waited_for_until_its_answer_ends_one_at_a_time()
+{
+    let dir = TempDir::new("prefill-wait-llama");
+    // About 1,000 prompt tokens at 1 ms each, then 10 tokens 100 ms apart: each answer ends
+    // about a second after its first token.
+    let pods = sims(
+        2,
+        &["--prefill-us-per-token", "1000", "--inter-token-ms", "100"],
+        &dir,
+    )
+    .await;
+    let models = ModelsFile::new().model(
+        ModelEntry::new("chat")
+            .routing("cache-aware")
+            .engine("llamacpp")
+            .endpoints(pods.iter().map(|p| p.addr)),
+    );
+    let proxy = start_proxy(&models, &["--route-header"], &[], dir.path()).await;
+    let document = "a page of the tenant's long document ".repeat(110);
+    let ask = |q: &str| {
+        chat_body(
+            "chat",
+            Some(&document),
+            q,
+            r#"{"stream":true,"max_tokens":10}"#,
+        )
+    };
+    let addr = proxy.addr;
+    let send = |body: String| {
+        tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &body).await })
+    };
+    let first = send(ask("first question"));
+    // Decided while the first one prefills, the second before the third.
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let second = send(ask("second question"));
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let third = send(ask("third question"));
+    let (first, second, third) = (
+        first.await.unwrap().unwrap(),
+        second.await.unwrap().unwrap(),
+        third.await.unwrap().unwrap(),
+    );
+    for r in [&first, &second, &third] {
+        assert_eq!(r.status.as_u16(), 200, "{}", r.text());
+        assert_eq!(r.pod(), first.pod(), "the pod that holds the document");
+    }
+    let waited = |r: &Reply| -> u64 {
+        let route = r.header("x-flexinfer-route").unwrap_or_default();
+        route
+            .split("; ")
+            .find_map(|f| f.strip_prefix("prefill-wait="))
+            .and_then(|ms| ms.strip_suffix("ms"))
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("no prefill-wait in {route}"))
+    };
+    let cached = |r: &Reply| -> u64 {
+        r.header("x-sim-cached-tokens")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    // The first token came about a second after the first request left, its end a second
+    // later: the second request waited for the end.
+    assert!(
+        waited(&second) >= 1_600,
+        "the second waited {} ms",
+        waited(&second)
+    );
+    // The third waited for the second's end too, which came after the first's.
+    assert!(
+        waited(&third) > waited(&second),
+        "one waiter per end: {} ms, then {} ms",
+        waited(&second),
+        waited(&third)
+    );
+    assert!(cached(&second) >= 800 && cached(&third) >= 800);
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "flexinfer_proxy_cache_aware_prefill_waits_total",
+            &[("model", "chat"), ("outcome", "prefilled")],
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+}
