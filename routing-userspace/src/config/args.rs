@@ -405,9 +405,8 @@ pub struct BalanceArgs {
     /// on its pod (a streamed answer, until its first token): engines do not share a prefill in
     /// progress, so sent at once it would compute the same prompt beside the first. On llama.cpp
     /// pods (the model's engine, or their metrics pages read as llama.cpp's) the prompt stays in
-    /// the first request's slot until its answer ends: a proxy that routes alone (a fleet of
-    /// one, counted or `--fleet-size 1`) waits for that end, one waiter per end; a larger
-    /// fleet's proxies do not wait there. 0: never waits.
+    /// the first request's slot until its answer ends: the wait lasts until that end, and the
+    /// waiters go one per end. 0: never waits.
     #[arg(
         long,
         env = "FLEXINFER_PROXY_CACHE_AWARE_PREFILL_WAIT",

@@ -323,11 +323,9 @@ impl Router {
             let taught = picked_slot.map(|slot| {
                 let still_taught =
                     depth > 0 && self.teaching.in_flight(slot, links[depth as usize - 1]);
-                let per_slot = self.caches_per_slot(m, slot);
                 // A match that counts, on a prompt another request is still computing on the
                 // pod: this one waits for it rather than compute the same prompt beside it.
                 if still_taught
-                    && (!per_slot || self.routes_alone())
                     && cache_aware::counts(depth, links.len())
                     && !self.knobs.cache_aware_prefill_wait.is_zero()
                 {
@@ -344,7 +342,7 @@ impl Router {
                 }
                 let lesson = self
                     .teaching
-                    .start(slot, new_links, self.reusable(per_slot, streams));
+                    .start(slot, new_links, self.reusable(m, slot, streams));
                 (still_taught, lesson)
             });
             d.set_match(depth, chain, taught, prefill_in_progress);
@@ -393,15 +391,13 @@ impl Router {
         }
     }
 
-    /// When a request for the prompt a request teaches a pod may reuse it, so that such a
-    /// request waits for it (see `teaching`); `None`: nobody waits. A streamed answer's
+    /// When a request for the prompt a request teaches the pod in `slot` may reuse it, so that
+    /// such a request waits for it (see `teaching`); `None`: nobody waits. A streamed answer's
     /// first token says when a shared prefix cache holds it; a pod that keeps a prompt in the
-    /// slot that computed it frees it at the answer's end, streamed or not, and only a proxy
-    /// alone waits for that (in a fleet each proxy would wait for its own first request, where
-    /// the engine's queue serves the earliest of all).
-    fn reusable(&self, caches_per_slot: bool, streams: bool) -> Option<Reusable> {
-        if caches_per_slot {
-            self.routes_alone().then_some(Reusable::AtAnswerEnd)
+    /// slot that computed it frees it at the answer's end, streamed or not.
+    fn reusable(&self, m: &ModelRoute, slot: Slot, streams: bool) -> Option<Reusable> {
+        if self.caches_per_slot(m, slot) {
+            Some(Reusable::AtAnswerEnd)
         } else {
             streams.then_some(Reusable::AtFirstToken)
         }

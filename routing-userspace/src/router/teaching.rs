@@ -23,9 +23,7 @@
 //! document again). There the wait lasts until the answer ends, and the waiters go one per
 //! end: each takes the slot that holds the prompt and hands it to the next when its own answer
 //! ends (released together, they raced for that one slot and the losers computed the prompt
-//! again in the other). Only a proxy that routes alone waits on llama.cpp pods: in a fleet each
-//! proxy would wait for its own first request where the engine's queue serves the earliest of
-//! all of them (see `Router::caches_per_slot`).
+//! again in the other). Which pods keep a prompt per slot: `Router::caches_per_slot`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

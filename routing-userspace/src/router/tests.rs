@@ -680,8 +680,8 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
     assert!(next.prefill_in_progress().is_none());
 
     // llama.cpp keeps the prompt in the first request's slot until its answer ends (the
-    // model's engine, or its pods' metrics pages read as llama.cpp's): a proxy alone waits for
-    // that end, streamed or not; a fleet's proxies do not wait.
+    // model's engine, or its pods' metrics pages read as llama.cpp's): the wait lasts until
+    // that end, streamed or not, for a proxy alone as for a fleet's.
     let mut llama = spec.clone();
     llama.engine = crate::vocab::EngineKind::LlamaCpp;
     let w = world(vec![llama.clone()], Duration::ZERO);
@@ -699,7 +699,10 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
     let w = world(vec![llama], Duration::ZERO).in_fleet(3);
     let _first = w.simple("ca", &ask("first question", true));
     let next = w.simple("ca", &ask("second question", true));
-    assert!(next.prefill_in_progress().is_none(), "a fleet's proxy");
+    let held = next
+        .prefill_in_progress()
+        .expect("a fleet's proxy waits too");
+    assert_eq!(held.reusable(), teaching::Reusable::AtAnswerEnd);
     let w = world(vec![spec.clone()], Duration::ZERO);
     let first = w.simple("ca", &ask("first question", true));
     let slot = first.picked_pod().and_then(|p| p.slot).unwrap();

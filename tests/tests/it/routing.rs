@@ -489,7 +489,7 @@ async fn cache_aware_waits_for_a_prefill_of_its_prompt_in_progress_and_reuses_it
 }
 
 /// On a llama.cpp pod the prompt stays in the slot that computed it until the answer ends: a
-/// proxy alone holds a second request for it until that end, and a third until the second's
+/// proxy holds a second request for it until that end, and a third until the second's
 /// end (one waiter per end: released together, they raced for the one slot).
 #[tokio::test]
 async fn on_llama_cpp_pods_a_prompt_in_progress_is_waited_for_until_its_answer_ends_one_at_a_time()
