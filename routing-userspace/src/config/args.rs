@@ -405,8 +405,9 @@ pub struct BalanceArgs {
     /// on its pod (a streamed answer, until its first token): engines do not share a prefill in
     /// progress, so sent at once it would compute the same prompt beside the first. On llama.cpp
     /// pods (the model's engine, or their metrics pages read as llama.cpp's) the prompt stays in
-    /// the first request's slot until its answer ends: the wait lasts until that end, and the
-    /// waiters go one per end. 0: never waits.
+    /// the first request's slot until its answer ends: the wait lasts until that end, the
+    /// waiters go one per end, and a waiter stops once the slot has been busy past the first
+    /// token as long as the prompt took to compute. 0: never waits.
     #[arg(
         long,
         env = "FLEXINFER_PROXY_CACHE_AWARE_PREFILL_WAIT",

@@ -231,10 +231,10 @@ impl CacheAwareMetrics {
             depth: m.balance.cache_aware_match_depth.with_label_values(&[n]),
             matched: lookups("match"),
             missed: lookups("miss"),
-            prefill_waits: ["prefilled", "timeout"].map(|outcome| {
+            prefill_waits: PrefillWait::ALL.map(|outcome| {
                 m.balance
                     .cache_aware_prefill_waits_total
-                    .with_label_values(&[n, outcome])
+                    .with_label_values(&[n, outcome.as_str()])
             }),
         }
     }
@@ -262,8 +262,34 @@ pub struct CacheAwareMetrics {
     pub depth: Histogram,
     pub matched: IntCounter,
     pub missed: IntCounter,
-    /// Waits for another request's prefill: `[prefilled, timeout]`.
-    pub prefill_waits: [IntCounter; 2],
+    /// Waits for another request's prefill, by [`PrefillWait`].
+    pub prefill_waits: [IntCounter; 3],
+}
+
+/// How a cache-aware request's wait for another's prefill of its prompt ended (the `outcome`
+/// label of `flexinfer_proxy_cache_aware_prefill_waits_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillWait {
+    /// The prompt became reusable: the first token came, the other request ended, or (on a
+    /// llama.cpp slot) the waiter before this one ended.
+    Prefilled = 0,
+    /// `--cache-aware-prefill-wait` passed; the request was sent anyway.
+    Timeout = 1,
+    /// The llama.cpp slot holding the prompt stayed busy past its first token for as long as
+    /// computing the prompt had taken: the request was sent to compute it again.
+    Recompute = 2,
+}
+
+impl PrefillWait {
+    pub const ALL: [Self; 3] = [Self::Prefilled, Self::Timeout, Self::Recompute];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prefilled => "prefilled",
+            Self::Timeout => "timeout",
+            Self::Recompute => "recompute",
+        }
+    }
 }
 
 impl CacheAwareMetrics {

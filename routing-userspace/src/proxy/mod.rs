@@ -43,6 +43,8 @@ use hyper::body::Incoming;
 
 use crate::body::{BodyError, BodyFields};
 use crate::keys::RequestParts;
+use crate::metrics::handles::PrefillWait;
+use crate::router::teaching::WaitEnd;
 use crate::table::Route;
 use crate::telemetry::Trace;
 use context::RequestCtx;
@@ -197,11 +199,14 @@ async fn wait_for_prefill(limit: std::time::Duration, ctx: &mut RequestCtx) {
         return;
     };
     let started = Instant::now();
-    let waited = tokio::time::timeout(limit, prefill.done()).await;
-    let prefilled = waited.is_ok();
-    d.waited_for_prefill(started.elapsed(), waited.ok().flatten());
+    let (outcome, turn) = match tokio::time::timeout(limit, prefill.done()).await {
+        Ok(WaitEnd::Reusable(turn)) => (PrefillWait::Prefilled, turn),
+        Ok(WaitEnd::Recompute) => (PrefillWait::Recompute, None),
+        Err(_) => (PrefillWait::Timeout, None),
+    };
+    d.waited_for_prefill(started.elapsed(), turn);
     if let Some(m) = &d.model().metrics.cache_aware {
-        m.prefill_waits[usize::from(!prefilled)].inc();
+        m.prefill_waits[outcome as usize].inc();
     }
 }
 

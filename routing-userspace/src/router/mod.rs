@@ -394,13 +394,17 @@ impl Router {
     /// When a request for the prompt a request teaches the pod in `slot` may reuse it, so that
     /// such a request waits for it (see `teaching`); `None`: nobody waits. A streamed answer's
     /// first token says when a shared prefix cache holds it; a pod that keeps a prompt in the
-    /// slot that computed it frees it at the answer's end, streamed or not.
+    /// slot that computed it frees it at the answer's end.
     fn reusable(&self, m: &ModelRoute, slot: Slot, streams: bool) -> Option<Reusable> {
-        if self.caches_per_slot(m, slot) {
-            Some(Reusable::AtAnswerEnd)
-        } else {
-            streams.then_some(Reusable::AtFirstToken)
-        }
+        // Only a streamed answer says how long its prompt took (its first token), which bounds
+        // a wait for a slot (`teaching::WaitEnd::Recompute`).
+        streams.then(|| {
+            if self.caches_per_slot(m, slot) {
+                Reusable::AtAnswerEnd
+            } else {
+                Reusable::AtFirstToken
+            }
+        })
     }
 
     /// Whether the pod in `slot` keeps a prompt in the slot that computed it (llama.cpp: the

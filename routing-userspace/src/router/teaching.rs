@@ -23,13 +23,18 @@
 //! document again). There the wait lasts until the answer ends, and the waiters go one per
 //! end: each takes the slot that holds the prompt and hands it to the next when its own answer
 //! ends (released together, they raced for that one slot and the losers computed the prompt
-//! again in the other). Which pods keep a prompt per slot: `Router::caches_per_slot`.
+//! again in the other). A long answer would keep them waiting for as long as it streams, so a
+//! waiter stops once the slot has been busy past the first token for as long as computing the
+//! prompt took ([`WaitEnd::Recompute`]): computing it again costs no more from then on (on a
+//! GPU, a prompt takes a second where an answer streams for thirty). Which pods keep a prompt
+//! per slot: `Router::caches_per_slot`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
 
 use crate::load::Slot;
 
@@ -57,6 +62,20 @@ pub struct Prefill {
     /// [`Reusable::AtAnswerEnd`]: the slot that holds the prompt, one permit handed from
     /// waiter to waiter (each holds it as a [`SlotTurn`] until its answer ends).
     slot: Option<Semaphore>,
+    /// When the lesson began, and when its first token came: how long computing the prompt
+    /// took, which is what a waiter saves by waiting for the slot.
+    started: Instant,
+    first_token: Mutex<Option<Instant>>,
+}
+
+/// How a wait for a prompt ended.
+#[derive(Debug)]
+pub enum WaitEnd {
+    /// The prompt can be reused; on a slot, with this waiter's turn at it.
+    Reusable(Option<SlotTurn>),
+    /// The slot that holds the prompt stayed busy for as long again as computing the prompt
+    /// took: the waiter computes it again rather than wait for a long answer to end.
+    Recompute,
 }
 
 impl Prefill {
@@ -65,6 +84,8 @@ impl Prefill {
             done: AtomicBool::new(false),
             notify: Notify::new(),
             slot: (reusable == Reusable::AtAnswerEnd).then(|| Semaphore::new(0)),
+            started: Instant::now(),
+            first_token: Mutex::new(None),
         }
     }
 
@@ -81,6 +102,15 @@ impl Prefill {
         }
     }
 
+    /// The answer's first token: the prompt is computed (and reusable, on a shared cache).
+    fn first_token(&self) {
+        if self.slot.is_none() {
+            return self.finish();
+        }
+        crate::lock::lock(&self.first_token).get_or_insert_with(Instant::now);
+        self.notify.notify_waiters();
+    }
+
     fn finish(&self) {
         if !self.done.swap(true, Ordering::AcqRel) {
             match &self.slot {
@@ -92,21 +122,46 @@ impl Prefill {
 
     /// Until the prompt can be reused. A slot's prompt is reused by one waiter at a time: the
     /// turn returned passes the slot to the next waiter when it drops (with the waiter's
-    /// answer), in the order they came.
-    pub async fn done(self: &Arc<Self>) -> Option<SlotTurn> {
+    /// answer), in the order they came; a waiter stops waiting when the slot stays busy for as
+    /// long past the first token as the prompt took to compute.
+    pub async fn done(self: &Arc<Self>) -> WaitEnd {
         if let Some(slot) = &self.slot {
-            // Never closed; a waiter that gives up drops its place in the queue.
-            slot.acquire().await.ok()?.forget();
-            return Some(SlotTurn(Arc::clone(self)));
+            return tokio::select! {
+                // Never closed; a waiter that stops drops its place in the queue.
+                permit = slot.acquire() => {
+                    permit.expect("never closed").forget();
+                    WaitEnd::Reusable(Some(SlotTurn(Arc::clone(self))))
+                }
+                () = self.busy_longer_than_computing() => WaitEnd::Recompute,
+            };
         }
-        let notified = self.notify.notified();
-        tokio::pin!(notified);
-        // Registered before the check, so a finish between the two is not missed.
-        notified.as_mut().enable();
-        if !self.is_done() {
+        self.first_token_came().await;
+        WaitEnd::Reusable(None)
+    }
+
+    /// Until the first token (or the lesson's end, on a shared cache).
+    async fn first_token_came(&self) -> Option<Instant> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a token between the two is not missed.
+            notified.as_mut().enable();
+            if self.slot.is_none() && self.is_done() {
+                return None;
+            }
+            if let Some(at) = *crate::lock::lock(&self.first_token) {
+                return Some(at);
+            }
             notified.await;
         }
-        None
+    }
+
+    /// Until the slot has been busy past the first token for as long as the prompt took.
+    async fn busy_longer_than_computing(&self) {
+        let Some(first) = self.first_token_came().await else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(first + (first - self.started)).await;
     }
 }
 
@@ -213,8 +268,8 @@ impl Lesson {
     /// The answer's first token came back: the prompt is computed, and reusable if the engine
     /// shares computed prefixes.
     pub fn prefilled(&self) {
-        if let Some(p) = self.prefill.as_ref().filter(|p| p.slot.is_none()) {
-            p.finish();
+        if let Some(p) = &self.prefill {
+            p.first_token();
         }
     }
 }
@@ -289,7 +344,8 @@ mod tests {
             .prefill_in_progress(1, 11)
             .expect("a streamed prefill in progress");
         assert!(t.prefill_in_progress(2, 11).is_none(), "another pod");
-        let waiter = tokio::spawn(async move { wait.done().await.is_none() });
+        let waiter =
+            tokio::spawn(async move { matches!(wait.done().await, WaitEnd::Reusable(None)) });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         first.prefilled();
@@ -310,7 +366,15 @@ mod tests {
         assert!(t.is_empty());
     }
 
-    #[tokio::test]
+    /// The turn a slot waiter got, if it got one.
+    fn turn(end: WaitEnd) -> Option<SlotTurn> {
+        match end {
+            WaitEnd::Reusable(turn) => turn,
+            WaitEnd::Recompute => None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_slot_held_prompt_is_reused_by_one_waiter_per_answer_end() {
         use std::time::Duration;
         let t = Teaching::new();
@@ -318,9 +382,9 @@ mod tests {
         let wait = || t.prefill_in_progress(1, 31).expect("in progress");
         let (a, b, gives_up) = (wait(), wait(), wait());
         assert_eq!(a.reusable(), Reusable::AtAnswerEnd);
-        let a = tokio::spawn(async move { a.done().await });
+        let a = tokio::spawn(async move { turn(a.done().await) });
         tokio::task::yield_now().await;
-        let b = tokio::spawn(async move { b.done().await });
+        let b = tokio::spawn(async move { turn(b.done().await) });
         tokio::task::yield_now().await;
         // A waiter that gives up leaves the queue without taking a turn.
         assert!(
@@ -328,27 +392,53 @@ mod tests {
                 .await
                 .is_err()
         );
+        // The prompt took 2 s to compute (the 10 ms above included).
+        tokio::time::sleep(Duration::from_millis(1990)).await;
         first.prefilled();
-        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!a.is_finished(), "the slot is busy until the answer ends");
         drop(first);
         assert!(
             t.prefill_in_progress(1, 31).is_none(),
             "reusable: newcomers go"
         );
-        let a_turn = tokio::time::timeout(Duration::from_secs(5), a)
-            .await
-            .expect("the end lets the first waiter go")
-            .unwrap()
-            .expect("a turn at the slot");
-        tokio::task::yield_now().await;
+        let a_turn = a.await.unwrap().expect("a turn at the slot");
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!b.is_finished(), "one waiter per end");
         drop(a_turn);
-        let b_turn = tokio::time::timeout(Duration::from_secs(5), b)
-            .await
-            .expect("the first waiter's end lets the next go")
-            .unwrap();
-        assert!(b_turn.is_some());
+        assert!(
+            b.await.unwrap().is_some(),
+            "the first waiter's end lets the next go"
+        );
+        assert!(t.is_empty());
+    }
+
+    /// A long answer keeps the slot busy: a waiter computes the prompt again once waiting has
+    /// cost as long as computing it did (the first token came 1 s after the lesson began).
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_stops_when_the_slot_stays_busy_as_long_as_computing_took() {
+        use std::time::Duration;
+        let t = Teaching::new();
+        let long_answer = t.start(1, &[40], Some(Reusable::AtAnswerEnd));
+        let waiter = t.prefill_in_progress(1, 40).unwrap();
+        let started = Instant::now();
+        let waiter = tokio::spawn(async move { waiter.done().await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        long_answer.prefilled();
+        let end = waiter.await.unwrap();
+        assert!(matches!(end, WaitEnd::Recompute), "{end:?}");
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_secs(2) && waited < Duration::from_millis(2100));
+        // Before the first token nothing says how long computing takes: only the lesson's end
+        // (or the proxy's limit) ends the wait.
+        let failed = t.start(1, &[41], Some(Reusable::AtAnswerEnd));
+        let waiter = t.prefill_in_progress(1, 41).unwrap();
+        let waiter = tokio::spawn(async move { waiter.done().await });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!waiter.is_finished());
+        drop(failed);
+        assert!(turn(waiter.await.unwrap()).is_some());
+        drop(long_answer);
         assert!(t.is_empty());
     }
 }

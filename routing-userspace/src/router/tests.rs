@@ -681,12 +681,18 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
 
     // llama.cpp keeps the prompt in the first request's slot until its answer ends (the
     // model's engine, or its pods' metrics pages read as llama.cpp's): the wait lasts until
-    // that end, streamed or not, for a proxy alone as for a fleet's.
+    // that end, for a proxy alone as for a fleet's. Only a streamed first request is waited
+    // for: its first token says how long the prompt took, which bounds the wait.
     let mut llama = spec.clone();
     llama.engine = crate::vocab::EngineKind::LlamaCpp;
     let w = world(vec![llama.clone()], Duration::ZERO);
-    let first = w.simple("ca", &ask("first question", false));
+    let quiet = w.simple("ca", &ask("first question", false));
     let next = w.simple("ca", &ask("second question", true));
+    assert!(next.prefill_in_progress().is_none(), "not streamed");
+    drop((quiet, next));
+    let w = world(vec![llama.clone()], Duration::ZERO);
+    let first = w.simple("ca", &ask("first question", true));
+    let next = w.simple("ca", &ask("second question", false));
     let held = next.prefill_in_progress().expect("a proxy alone waits");
     assert_eq!(held.reusable(), teaching::Reusable::AtAnswerEnd);
     first.prefilled();

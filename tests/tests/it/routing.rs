@@ -489,17 +489,19 @@ async fn cache_aware_waits_for_a_prefill_of_its_prompt_in_progress_and_reuses_it
 }
 
 /// On a llama.cpp pod the prompt stays in the slot that computed it until the answer ends: a
-/// proxy holds a second request for it until that end, and a third until the second's
-/// end (one waiter per end: released together, they raced for the one slot).
+/// proxy holds a second request for it until that end, and a third until the second's end (one
+/// waiter per end: released together, they raced for the one slot).
 #[tokio::test]
 async fn on_llama_cpp_pods_a_prompt_in_progress_is_waited_for_until_its_answer_ends_one_at_a_time()
 {
+    use std::time::{Duration, Instant};
     let dir = TempDir::new("prefill-wait-llama");
-    // About 1,000 prompt tokens at 1 ms each, then 10 tokens 100 ms apart: each answer ends
-    // about a second after its first token.
+    // About 1,000 prompt tokens at 2 ms each, then 10 tokens 50 ms apart: each answer ends
+    // half a second after its first token, well before a waiter would give up (as long again
+    // as the prompt took).
     let pods = sims(
         2,
-        &["--prefill-us-per-token", "1000", "--inter-token-ms", "100"],
+        &["--prefill-us-per-token", "2000", "--inter-token-ms", "50"],
         &dir,
     )
     .await;
@@ -521,18 +523,23 @@ async fn on_llama_cpp_pods_a_prompt_in_progress_is_waited_for_until_its_answer_e
     };
     let addr = proxy.addr;
     let send = |body: String| {
-        tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &body).await })
+        tokio::spawn(async move {
+            let reply = post(addr, "/v1/chat/completions", &[], &body).await;
+            (reply, Instant::now())
+        })
     };
     let first = send(ask("first question"));
     // Decided while the first one prefills, the second before the third.
-    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second_sent = Instant::now();
     let second = send(ask("second question"));
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
     let third = send(ask("third question"));
+    let (first, first_done) = first.await.unwrap();
     let (first, second, third) = (
-        first.await.unwrap().unwrap(),
-        second.await.unwrap().unwrap(),
-        third.await.unwrap().unwrap(),
+        first.unwrap(),
+        second.await.unwrap().0.unwrap(),
+        third.await.unwrap().0.unwrap(),
     );
     for r in [&first, &second, &third] {
         assert_eq!(r.status.as_u16(), 200, "{}", r.text());
@@ -552,14 +559,15 @@ async fn on_llama_cpp_pods_a_prompt_in_progress_is_waited_for_until_its_answer_e
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    // The first token came about a second after the first request left, its end a second
-    // later: the second request waited for the end.
+    // The first answer ended half a second after its first token: the second request waited
+    // for the end, not the token.
+    let until_first_ended = (first_done - second_sent).as_millis() as u64;
     assert!(
-        waited(&second) >= 1_600,
-        "the second waited {} ms",
+        waited(&second) + 250 >= until_first_ended,
+        "the second waited {} ms; the first ended {until_first_ended} ms after it was sent",
         waited(&second)
     );
-    // The third waited for the second's end too, which came after the first's.
+    // The third waited for the second's end, which came after the first's.
     assert!(
         waited(&third) > waited(&second),
         "one waiter per end: {} ms, then {} ms",
@@ -568,13 +576,16 @@ async fn on_llama_cpp_pods_a_prompt_in_progress_is_waited_for_until_its_answer_e
     );
     assert!(cached(&second) >= 800 && cached(&third) >= 800);
     let metrics = proxy.metrics().await;
-    assert_eq!(
+    let waits = |outcome: &str| {
         metric_value(
             &metrics,
             "flexinfer_proxy_cache_aware_prefill_waits_total",
-            &[("model", "chat"), ("outcome", "prefilled")],
-        ),
-        Some(2.0),
-        "{metrics}"
+            &[("model", "chat"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(waits("prefilled"), Some(2.0), "{metrics}");
+    assert_eq!(
+        (waits("timeout"), waits("recompute")),
+        (Some(0.0), Some(0.0))
     );
 }
