@@ -342,6 +342,10 @@ impl Decision {
         self.prefill_in_progress = None;
         self.prefill_waited = Some(waited);
         self.slot_turn = turn;
+        // What this request teaches took its time from now, not from its decision.
+        if let Some((_, lesson)) = &self.taught {
+            lesson.sent_now();
+        }
     }
 
     /// How long the request waited for another's prefill of its prompt, if it did.

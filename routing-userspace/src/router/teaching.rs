@@ -62,10 +62,16 @@ pub struct Prefill {
     /// [`Reusable::AtAnswerEnd`]: the slot that holds the prompt, one permit handed from
     /// waiter to waiter (each holds it as a [`SlotTurn`] until its answer ends).
     slot: Option<Semaphore>,
-    /// When the lesson began, and when its first token came: how long computing the prompt
-    /// took, which is what a waiter saves by waiting for the slot.
-    started: Instant,
-    first_token: Mutex<Option<Instant>>,
+    /// How long computing the prompt took, which is what a waiter saves by waiting for the
+    /// slot.
+    clock: Mutex<PrefillClock>,
+}
+
+/// When a lesson's request was sent to its pod, and when its first token came back.
+#[derive(Debug, Clone, Copy)]
+struct PrefillClock {
+    sent: Instant,
+    first_token: Option<Instant>,
 }
 
 /// How a wait for a prompt ended.
@@ -84,8 +90,10 @@ impl Prefill {
             done: AtomicBool::new(false),
             notify: Notify::new(),
             slot: (reusable == Reusable::AtAnswerEnd).then(|| Semaphore::new(0)),
-            started: Instant::now(),
-            first_token: Mutex::new(None),
+            clock: Mutex::new(PrefillClock {
+                sent: Instant::now(),
+                first_token: None,
+            }),
         }
     }
 
@@ -107,8 +115,16 @@ impl Prefill {
         if self.slot.is_none() {
             return self.finish();
         }
-        crate::lock::lock(&self.first_token).get_or_insert_with(Instant::now);
+        crate::lock::lock(&self.clock)
+            .first_token
+            .get_or_insert_with(Instant::now);
         self.notify.notify_waiters();
+    }
+
+    /// The lesson's request leaves only now (it waited for another's prompt first): its
+    /// prompt's time starts here.
+    fn sent_now(&self) {
+        crate::lock::lock(&self.clock).sent = Instant::now();
     }
 
     fn finish(&self) {
@@ -139,8 +155,8 @@ impl Prefill {
         WaitEnd::Reusable(None)
     }
 
-    /// Until the first token (or the lesson's end, on a shared cache).
-    async fn first_token_came(&self) -> Option<Instant> {
+    /// Until the first token (or the lesson's end, on a shared cache), with the clock then.
+    async fn first_token_came(&self) -> Option<PrefillClock> {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -149,8 +165,9 @@ impl Prefill {
             if self.slot.is_none() && self.is_done() {
                 return None;
             }
-            if let Some(at) = *crate::lock::lock(&self.first_token) {
-                return Some(at);
+            let clock = *crate::lock::lock(&self.clock);
+            if clock.first_token.is_some() {
+                return Some(clock);
             }
             notified.await;
         }
@@ -158,10 +175,14 @@ impl Prefill {
 
     /// Until the slot has been busy past the first token for as long as the prompt took.
     async fn busy_longer_than_computing(&self) {
-        let Some(first) = self.first_token_came().await else {
+        let Some(PrefillClock {
+            sent,
+            first_token: Some(first),
+        }) = self.first_token_came().await
+        else {
             return std::future::pending().await;
         };
-        tokio::time::sleep_until(first + (first - self.started)).await;
+        tokio::time::sleep_until(first + (first - sent)).await;
     }
 }
 
@@ -270,6 +291,13 @@ impl Lesson {
     pub fn prefilled(&self) {
         if let Some(p) = &self.prefill {
             p.first_token();
+        }
+    }
+
+    /// The request leaves for its pod only now, after a wait of its own.
+    pub fn sent_now(&self) {
+        if let Some(p) = &self.prefill {
+            p.sent_now();
         }
     }
 }
@@ -429,6 +457,19 @@ mod tests {
         assert!(matches!(end, WaitEnd::Recompute), "{end:?}");
         let waited = started.elapsed();
         assert!(waited >= Duration::from_secs(2) && waited < Duration::from_millis(2100));
+        // A lesson whose request waited 5 s before it left: its prompt's time starts then.
+        let late = t.start(1, &[42], Some(Reusable::AtAnswerEnd));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        late.sent_now();
+        let waiter = t.prefill_in_progress(1, 42).unwrap();
+        let started = Instant::now();
+        let waiter = tokio::spawn(async move { waiter.done().await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        late.prefilled();
+        assert!(matches!(waiter.await.unwrap(), WaitEnd::Recompute));
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_secs(2) && waited < Duration::from_millis(2100));
+        drop(late);
         // Before the first token nothing says how long computing takes: only the lesson's end
         // (or the proxy's limit) ends the wait.
         let failed = t.start(1, &[41], Some(Reusable::AtAnswerEnd));
