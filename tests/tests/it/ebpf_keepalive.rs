@@ -60,9 +60,11 @@ async fn sequential_requests_reuse_pooled_connections_and_the_gauge_returns_to_z
     let pins = TestPins::new(&cg);
     let a = start_sim("a", &[], dir.path()).await;
     let b = start_sim("b", &[], dir.path()).await;
+    // No engine-metrics reads: the connections counted are the requests' own.
     let models = ModelsFile::new().model(
         ModelEntry::new("chat")
             .routing("least-loaded")
+            .engine("none")
             .endpoint(a.addr)
             .endpoint(b.addr),
     );
@@ -72,6 +74,14 @@ async fn sequential_requests_reuse_pooled_connections_and_the_gauge_returns_to_z
         *served.entry(ask(&proxy, "chat", i).await).or_insert(0) += 1;
     }
     assert_eq!(served.len(), 2, "least-loaded used both pods: {served:?}");
+    // A connection counts as unregistered from the kernel's connect until the proxy has
+    // registered it: let that moment pass (one that is never registered still fails below).
+    wait_for(0, Duration::from_secs(2), || {
+        kernel_pods(&pins)
+            .iter()
+            .map(|p| p.unregistered)
+            .sum::<u64>()
+    });
     let pods = kernel_pods(&pins);
     let opened: u64 = pods
         .iter()
