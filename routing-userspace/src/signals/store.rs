@@ -243,7 +243,6 @@ impl SignalStore {
         }
     }
 
-    /// Keep `report`, taken at `stamp`, for `valid_for`. An empty report changes nothing.
     /// The engine kind the pod's metrics page was read as.
     pub fn note_engine(&self, slot: Slot, kind: EngineKind) {
         if let Some(p) = self.pods.get(slot as usize) {
@@ -260,6 +259,7 @@ impl SignalStore {
             .is_some_and(|p| p.slot_cache.load(Relaxed))
     }
 
+    /// Keep `report`, taken at `stamp`, for `valid_for`. An empty report changes nothing.
     pub fn record(&self, slot: Slot, report: &EngineReport, stamp: Stamp, valid_for: Duration) {
         let Some(p) = self.pods.get(slot as usize) else {
             return;
