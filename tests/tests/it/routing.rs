@@ -427,6 +427,22 @@ async fn no_endpoints_and_dead_pods_fall_back_to_the_service() {
     assert_eq!(r.json()["error"]["code"], "upstream_unreachable");
 }
 
+/// The prompt tokens the sim found cached for a request (`x-sim-cached-tokens`).
+fn cached(r: &Reply) -> u64 {
+    r.header("x-sim-cached-tokens")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `flexinfer_proxy_cache_aware_prefill_waits_total` of `model` with `outcome`.
+fn prefill_waits(metrics: &str, model: &str, outcome: &str) -> Option<f64> {
+    metric_value(
+        metrics,
+        "flexinfer_proxy_cache_aware_prefill_waits_total",
+        &[("model", model), ("outcome", outcome)],
+    )
+}
+
 /// Cache-aware over real sockets: a request whose prompt another request is still prefilling on
 /// its pod waits for that prefill (the first one's first streamed token) and then finds the
 /// prompt cached, where sent at once it would have computed it all again beside the first (the
@@ -465,11 +481,6 @@ async fn cache_aware_waits_for_a_prefill_of_its_prompt_in_progress_and_reuses_it
     assert_eq!(second.pod(), first.pod(), "the pod that holds the document");
     let route = second.header("x-flexinfer-route").unwrap_or_default();
     assert!(route.contains("; prefill-wait="), "{route}");
-    let cached = |r: &Reply| -> u64 {
-        r.header("x-sim-cached-tokens")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
     assert_eq!(cached(&first), 0);
     assert!(
         cached(&second) >= 800,
@@ -477,13 +488,7 @@ async fn cache_aware_waits_for_a_prefill_of_its_prompt_in_progress_and_reuses_it
         cached(&second)
     );
     let metrics = proxy.metrics().await;
-    let waits = |outcome: &str| {
-        metric_value(
-            &metrics,
-            "flexinfer_proxy_cache_aware_prefill_waits_total",
-            &[("model", "chat"), ("outcome", outcome)],
-        )
-    };
+    let waits = |outcome: &str| prefill_waits(&metrics, "chat", outcome);
     assert_eq!(waits("prefilled"), Some(1.0), "{metrics}");
     assert_eq!(waits("timeout"), Some(0.0));
 }
@@ -554,11 +559,6 @@ async fn on_llama_cpp_pods_a_prompt_in_progress_is_waited_for_until_its_answer_e
             .and_then(|ms| ms.parse().ok())
             .unwrap_or_else(|| panic!("no prefill-wait in {route}"))
     };
-    let cached = |r: &Reply| -> u64 {
-        r.header("x-sim-cached-tokens")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
     // The first answer ended half a second after its first token: the second request waited
     // for the end, not the token.
     let until_first_ended = (first_done - second_sent).as_millis() as u64;
@@ -576,13 +576,7 @@ async fn on_llama_cpp_pods_a_prompt_in_progress_is_waited_for_until_its_answer_e
     );
     assert!(cached(&second) >= 800 && cached(&third) >= 800);
     let metrics = proxy.metrics().await;
-    let waits = |outcome: &str| {
-        metric_value(
-            &metrics,
-            "flexinfer_proxy_cache_aware_prefill_waits_total",
-            &[("model", "chat"), ("outcome", outcome)],
-        )
-    };
+    let waits = |outcome: &str| prefill_waits(&metrics, "chat", outcome);
     assert_eq!(waits("prefilled"), Some(2.0), "{metrics}");
     assert_eq!(
         (waits("timeout"), waits("recompute")),
