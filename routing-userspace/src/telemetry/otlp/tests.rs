@@ -1,6 +1,7 @@
 use std::sync::Arc;
 
 use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 
 use super::*;
@@ -149,6 +150,23 @@ fn a_root_span_has_no_parent_bytes() {
     let (_, spans) = decode(&e.encode(&[root]));
     assert!(spans[0].parent_span_id.is_empty());
     assert_eq!(spans[0].flags, 0x101);
+}
+
+/// Spans encoded one by one and framed by `RequestOfEncodedSpans` are byte for byte the body
+/// prost encodes from the OTLP types themselves (what a collector decodes, encoded again).
+#[test]
+fn the_body_is_what_prost_encodes_from_the_otlp_request() {
+    let mut e = Encoder::new(&resource());
+    for batch in [
+        vec![server(1), attempt(2, 1), server(3), attempt(4, 3)],
+        vec![server(5)],
+        vec![],
+    ] {
+        let body = e.encode(&batch);
+        let (request, spans) = decode(&body);
+        assert_eq!(spans.len(), batch.len());
+        assert_eq!(body.as_ref(), request.encode_to_vec().as_slice());
+    }
 }
 
 /// Reused spans and attributes never leak into the next batch: every batch decodes exactly as
