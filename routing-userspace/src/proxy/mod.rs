@@ -56,7 +56,11 @@ pub use shared::{RequestLimits, Shared};
 use stream::ObservedBody;
 
 /// What the proxy answers with: a streamed upstream body, or a small body of its own.
-pub type ProxyBody = Either<ObservedBody, Full<Bytes>>;
+///
+/// The streamed body is boxed because hyper keeps a slot the size of the response body for
+/// each connection's life: unboxed (1.2 KB, most of it the request's context) every idle
+/// keep-alive connection would hold that much; boxed, only a response in progress does.
+pub type ProxyBody = Either<Box<ObservedBody>, Full<Bytes>>;
 
 pub async fn handle(
     shared: Arc<Shared>,
@@ -97,7 +101,7 @@ pub async fn handle(
                 drain: Some(Arc::clone(&shared.drain_cut)),
             };
             let route_header = shared.router.knobs().route_header;
-            stream::respond(f, ctx, deadlines, route_header).map(Either::Left)
+            stream::respond(f, ctx, deadlines, route_header).map(|b| Either::Left(Box::new(b)))
         }
         Ok(Answer::Local(r)) => {
             ctx.local = true;

@@ -2,7 +2,7 @@
 //! `flexinfer_test_support::stream::load`). Prints one `RESULT key=value ...` line.
 //!
 //! `sse-load --target ADDR [--target ADDR ...] --connections N [--threads T] [--body JSON]
-//!  [--path P] [--idle] [--connect-rate R] [--open-timeout-ms MS] [--warmup-ms MS]
+//!  [--path P] [--idle | --idle-after-answer] [--connect-rate R] [--open-timeout-ms MS] [--warmup-ms MS]
 //!  [--duration-ms MS] [--watch NAME=PID ...]`
 
 use std::net::SocketAddr;
@@ -13,13 +13,14 @@ use flexinfer_test_support::harness::os::raise_nofile_limit;
 use flexinfer_test_support::stream::flags::Flags;
 use flexinfer_test_support::stream::load::{result_line, run, LoadConfig};
 
-const FLAGS: [&str; 11] = [
+const FLAGS: [&str; 12] = [
     "target",
     "connections",
     "threads",
     "body",
     "path",
     "idle",
+    "idle-after-answer",
     "connect-rate",
     "open-timeout-ms",
     "warmup-ms",
@@ -72,6 +73,7 @@ fn config() -> Result<LoadConfig, String> {
         threads: f.get("threads", 1)?,
         request,
         idle: f.has("idle"),
+        idle_after_answer: f.has("idle-after-answer"),
         connect_rate: f.get("connect-rate", 4000)?,
         open_timeout: ms("open-timeout-ms", 60_000)?,
         warmup: ms("warmup-ms", 2000)?,

@@ -40,7 +40,8 @@ use targets::{Target, TARGETS};
 
 #[derive(clap::Args)]
 pub(crate) struct StreamBench {
-    /// Modes, comma-separated: paced, bulk (throughput), scale-1k, scale-8k (scale), idle.
+    /// Modes, comma-separated: paced, bulk (throughput), scale-1k, scale-8k (scale), idle,
+    /// idle-used (memory per idle connection, before and after one answer).
     /// Default: all.
     #[arg(long, value_delimiter = ',')]
     pub modes: Vec<String>,
@@ -57,7 +58,7 @@ pub(crate) struct StreamBench {
     /// Seconds between all streams open and the measured window.
     #[arg(long, default_value_t = 2)]
     pub warmup: u32,
-    /// Client connections of the idle mode (thousands: the allocators grow in MiB steps).
+    /// Client connections of the idle modes (thousands: the allocators grow in MiB steps).
     #[arg(long, default_value_t = 8000)]
     pub idle_connections: usize,
     /// Load generator threads (all on the load side's CPU).
@@ -148,7 +149,7 @@ fn run_mode(mode: Mode, targets: &[Target], env: &Env) -> Result<Vec<(Target, Sa
     // Idle connections cost the upstreams nothing: only proxies are measured.
     for &t in targets
         .iter()
-        .filter(|t| mode != Mode::Idle || **t != Target::Direct)
+        .filter(|t| !mode.is_idle() || **t != Target::Direct)
     {
         let tag = format!("{}-{}", mode.name(), t.name());
         let s = run_one(mode, t, &tag, env)
@@ -236,7 +237,7 @@ mod tests {
     #[test]
     fn selects_modes_and_targets_by_name() {
         let (m, t) = select(&[], &[]).unwrap();
-        assert_eq!((m.len(), t.len()), (5, 5));
+        assert_eq!((m.len(), t.len()), (6, 5));
         let (m, t) = select(&["bulk".into()], &["haproxy".into(), "direct".into()]).unwrap();
         assert_eq!(m, vec![Mode::Bulk]);
         assert_eq!(

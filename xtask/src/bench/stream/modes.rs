@@ -7,7 +7,9 @@
 //! open for the whole window (answers far longer than the run) and measure memory per open
 //! stream and the delay added to each event: `scale-1k` (1,000 streams at 50 events/s) and
 //! `scale-8k` (8,000 at 2 events/s: the memory and wakeup test). `idle` opens keep-alive
-//! client connections that send nothing, for the memory of an idle connection.
+//! client connections that send nothing, for the memory of an idle connection; `idle-used`
+//! has each read one short answer first and then send nothing (a client's pooled connection
+//! between two requests: what a proxy keeps of a connection once it has served it).
 
 use std::time::Duration;
 
@@ -18,14 +20,16 @@ pub(super) enum Mode {
     Scale1k,
     Scale8k,
     Idle,
+    IdleUsed,
 }
 
-pub(super) const MODES: [Mode; 5] = [
+pub(super) const MODES: [Mode; 6] = [
     Mode::Paced,
     Mode::Bulk,
     Mode::Scale1k,
     Mode::Scale8k,
     Mode::Idle,
+    Mode::IdleUsed,
 ];
 
 /// Content events per answer in the scale modes: longer than any run, so streams stay open.
@@ -39,6 +43,7 @@ impl Mode {
             Mode::Scale1k => "scale-1k",
             Mode::Scale8k => "scale-8k",
             Mode::Idle => "idle",
+            Mode::IdleUsed => "idle-used",
         }
     }
 
@@ -51,6 +56,9 @@ impl Mode {
             Mode::Scale1k => "1,000 streams open for the whole window, 50 events/s each",
             Mode::Scale8k => "8,000 streams open for the whole window, 2 events/s each",
             Mode::Idle => "keep-alive client connections that send nothing",
+            Mode::IdleUsed => {
+                "keep-alive client connections idle after one answer of 5 events each"
+            }
         }
     }
 
@@ -60,7 +68,7 @@ impl Mode {
             Mode::Paced | Mode::Scale1k => 1000,
             Mode::Bulk => 32,
             Mode::Scale8k => 8000,
-            Mode::Idle => idle_connections,
+            Mode::Idle | Mode::IdleUsed => idle_connections,
         }
     }
 
@@ -72,11 +80,17 @@ impl Mode {
             Mode::Scale1k => (ENDLESS, Duration::from_millis(20), false),
             Mode::Scale8k => (ENDLESS, Duration::from_millis(500), false),
             Mode::Idle => (1, Duration::ZERO, true),
+            Mode::IdleUsed => (5, Duration::ZERO, true),
         }
     }
 
     pub(super) fn is_scale(self) -> bool {
         matches!(self, Mode::Scale1k | Mode::Scale8k)
+    }
+
+    /// Connections that hold no stream: only the proxies' memory per connection is measured.
+    pub(super) fn is_idle(self) -> bool {
+        matches!(self, Mode::Idle | Mode::IdleUsed)
     }
 }
 
@@ -101,5 +115,7 @@ mod tests {
         assert_eq!(Mode::Paced.pacing(), (50, Duration::from_millis(20), false));
         assert_eq!(Mode::Bulk.pacing().0, 200);
         assert_eq!(Mode::Idle.connections(123), 123);
+        assert_eq!(Mode::IdleUsed.connections(123), 123);
+        assert!(Mode::IdleUsed.is_idle() && !Mode::Scale8k.is_idle());
     }
 }

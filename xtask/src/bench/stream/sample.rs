@@ -280,8 +280,10 @@ fn load(mode: Mode, run: &Running, tag: &str, env: &Env) -> Result<String> {
     if let Some(p) = &run.proxy {
         cmd.args(["--watch", &format!("proxy={}", p.pid())]);
     }
-    if mode == Mode::Idle {
-        cmd.arg("--idle");
+    match mode {
+        Mode::Idle => drop(cmd.arg("--idle")),
+        Mode::IdleUsed => drop(cmd.arg("--idle-after-answer")),
+        _ => {}
     }
     pin_to_cpu(&mut cmd, LOAD_CPU);
     let out = cmd.output().context("running sse-load")?;

@@ -39,7 +39,7 @@ pub(super) fn render(mode: Mode, rows: &Rows) -> String {
     match mode {
         Mode::Paced | Mode::Bulk => throughput(rows),
         Mode::Scale1k | Mode::Scale8k => scale(mode, rows),
-        Mode::Idle => idle(rows),
+        Mode::Idle | Mode::IdleUsed => idle(rows),
     }
 }
 

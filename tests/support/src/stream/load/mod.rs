@@ -9,7 +9,8 @@
 //! arrive inside the window count. Around the window it reads the CPU time and RSS of the
 //! processes it is told to watch (the proxy), so the figures and the window are the same span.
 //! In idle mode it only opens the connections and sends nothing, for the memory an idle
-//! client connection costs.
+//! client connection costs; idle after an answer, each connection reads one whole answer and
+//! then sends nothing more (a client's keep-alive connection between two requests).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -33,6 +34,9 @@ pub struct LoadConfig {
     pub request: Vec<u8>,
     /// Open the connections and send nothing.
     pub idle: bool,
+    /// Send one request per connection, read its whole answer, then send nothing more: the
+    /// connection counts as open once that answer has ended.
+    pub idle_after_answer: bool,
     /// New connections per second, at most.
     pub connect_rate: u32,
     /// Every connection must be open (streaming, or connected when idle) within this.
@@ -346,7 +350,7 @@ impl Worker {
             return;
         }
         self.counts.closed += 1;
-        if self.cfg.idle {
+        if self.cfg.idle || (self.cfg.idle_after_answer && c.open) {
             self.shared.gone.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -363,6 +367,7 @@ impl Worker {
     fn consume(&mut self, c: &mut Client, bytes: &[u8], now: u64) -> bool {
         let shared = &self.shared;
         let counts = &mut self.counts;
+        let after_answer = self.cfg.idle_after_answer;
         let mut ended = 0;
         let fed = c.dec.feed(bytes, &mut |item| match item {
             Item::Head(status) => {
@@ -375,7 +380,7 @@ impl Worker {
                 sent_ns: Some(sent),
                 ..
             } => {
-                if !c.open {
+                if !c.open && !after_answer {
                     c.open = true;
                     shared.opened.fetch_add(1, Ordering::Relaxed);
                 }
@@ -393,6 +398,10 @@ impl Worker {
                 if shared.in_window(now) && !c.failed {
                     counts.answers += 1;
                 }
+                if after_answer && !c.failed && !c.open {
+                    c.open = true;
+                    shared.opened.fetch_add(1, Ordering::Relaxed);
+                }
                 c.last_ns = 0;
                 ended += 1;
             }
@@ -403,6 +412,9 @@ impl Worker {
         }
         if c.failed && ended > 0 {
             return false; // an error answer: start over on a new connection
+        }
+        if after_answer {
+            return true; // one answer only, then idle
         }
         (0..ended).all(|_| c.sock.write_all(&self.cfg.request).is_ok())
     }

@@ -20,6 +20,7 @@ fn config(targets: Vec<SocketAddr>, connections: usize) -> LoadConfig {
         threads: 2,
         request,
         idle: false,
+        idle_after_answer: false,
         connect_rate: 10_000,
         open_timeout: Duration::from_secs(20),
         warmup: Duration::from_millis(50),
@@ -62,6 +63,27 @@ fn idle_connections_send_nothing_and_stay_open() {
     let r = run(&cfg).unwrap();
     assert_eq!((r.opened, r.still_open, r.counts.events), (5, 5, 0));
     drop(l);
+}
+
+/// Idle after an answer: one whole answer per connection, counted open at its end, then
+/// nothing more on the connection (no second answer in the window).
+#[test]
+fn idle_after_an_answer_reads_one_answer_and_sends_nothing_more() {
+    let pacing = Pacing {
+        events: 3,
+        interval: Duration::ZERO,
+        bulk: true,
+    };
+    let mut cfg = config(vec![upstream(pacing)], 4);
+    cfg.idle_after_answer = true;
+    let r = run(&cfg).unwrap();
+    let c = &r.counts;
+    assert_eq!((r.opened, r.still_open, c.bad_status), (4, 4, 0));
+    assert_eq!(
+        (c.events, c.answers),
+        (0, 0),
+        "nothing streams in the window"
+    );
 }
 
 #[test]
