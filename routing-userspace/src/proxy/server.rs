@@ -278,12 +278,17 @@ where
                         .serve_connection(TokioIo::new(stream), service);
                     watcher.watch(conn).await.map_err(Into::into)
                 }
+                // Boxed: a task keeps room for its largest state for its whole life, and the
+                // auto connection (HTTP/1 and HTTP/2 state) is several times HTTP/1's.
                 Ok(Protocol::Undecided | Protocol::Http2) => {
-                    let conn = builders
-                        .auto
-                        .serve_connection(TokioIo::new(stream), service)
-                        .into_owned();
-                    watcher.watch(conn).await
+                    Box::pin(async move {
+                        let conn = builders
+                            .auto
+                            .serve_connection(TokioIo::new(stream), service)
+                            .into_owned();
+                        watcher.watch(conn).await
+                    })
+                    .await
                 }
                 Err(e) => Err(e.into()),
             };
