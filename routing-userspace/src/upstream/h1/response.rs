@@ -96,17 +96,16 @@ impl UpstreamBody {
     /// Read more from the socket into the connection's buffer; `Ok(0)` at end of stream.
     fn poll_fill(conn: &mut H1Conn, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
         let room = conn.make_room();
-        loop {
-            ready!(conn.io.poll_read_ready(cx))?;
-            match conn.io.try_read_buf(&mut conn.read_buf) {
-                Ok(n) => {
-                    conn.read_done(n, room);
-                    return Poll::Ready(Ok(n));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        // Through `AsyncRead`, not `try_read_buf`: a read that leaves room tells tokio the
+        // socket is drained, so the next poll waits for the next readiness instead of reading
+        // once more only to get EAGAIN (a system call per relayed SSE event).
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut conn.io),
+            cx,
+            &mut conn.read_buf
+        ))?;
+        conn.read_done(n, room);
+        Poll::Ready(Ok(n))
     }
 }
 
