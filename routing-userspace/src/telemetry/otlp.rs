@@ -5,7 +5,7 @@
 //! into the protobuf types (a new string for every attribute key and value, a map lookup per
 //! span to group by scope) was most of what tracing cost a proxy that samples every request.
 //! Here the messages live as long as the exporter: every span overwrites a reused `Span` in
-//! place, which prost encodes on its own (see [`RequestOfEncodedSpans`] for why), so after the
+//! place, which prost encodes on its own (see `RequestOfEncodedSpans` for why), so after the
 //! first batches an export allocates only the body it sends. The message
 //! types, their encoding and the wire format (`application/x-protobuf` POST, a 2xx answer,
 //! partial success in the answer's body) are the OTLP crates' and the specification's.
@@ -32,6 +32,8 @@ const SAMPLED: u32 = 0x01;
 #[derive(Debug)]
 pub struct Encoder {
     request: RequestOfEncodedSpans,
+    /// Span buffers of an earlier, larger batch, kept for the next one.
+    spare: Vec<Vec<u8>>,
     /// The message each server span is written into before prost encodes it, reused.
     server: Span,
     /// The same for client (upstream attempt) spans: kept apart so that each keeps the
@@ -66,6 +68,7 @@ impl Encoder {
         };
         Self {
             request,
+            spare: Vec::new(),
             server: Span::default(),
             client: Span::default(),
             last_len: 0,
@@ -75,7 +78,12 @@ impl Encoder {
     /// `batch` as the body of one export request.
     pub fn encode(&mut self, batch: &[EndedSpan]) -> Bytes {
         let encoded = &mut self.request.resource_spans[0].scope_spans[0].spans;
-        encoded.resize_with(batch.len(), Vec::new);
+        while encoded.len() > batch.len() {
+            self.spare.extend(encoded.pop());
+        }
+        while encoded.len() < batch.len() {
+            encoded.push(self.spare.pop().unwrap_or_default());
+        }
         for (out, span) in encoded.iter_mut().zip(batch) {
             let message = match span.kind {
                 SpanKind::Server => &mut self.server,
