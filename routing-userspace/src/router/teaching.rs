@@ -155,8 +155,9 @@ impl Prefill {
         WaitEnd::Reusable(None)
     }
 
-    /// Until the first token (or the lesson's end, on a shared cache), with the clock then.
-    async fn first_token_came(&self) -> Option<PrefillClock> {
+    /// Until the first token (or the lesson's end, on a shared cache): when the lesson's
+    /// request was sent, and when its first token came.
+    async fn first_token_came(&self) -> Option<(Instant, Instant)> {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -166,8 +167,8 @@ impl Prefill {
                 return None;
             }
             let clock = *crate::lock::lock(&self.clock);
-            if clock.first_token.is_some() {
-                return Some(clock);
+            if let Some(first) = clock.first_token {
+                return Some((clock.sent, first));
             }
             notified.await;
         }
@@ -175,11 +176,7 @@ impl Prefill {
 
     /// Until the slot has been busy past the first token for as long as the prompt took.
     async fn busy_longer_than_computing(&self) {
-        let Some(PrefillClock {
-            sent,
-            first_token: Some(first),
-        }) = self.first_token_came().await
-        else {
+        let Some((sent, first)) = self.first_token_came().await else {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(first + (first - sent)).await;
