@@ -4,8 +4,9 @@
 //! Why not the opentelemetry-otlp exporter: it takes the SDK's `SpanData`, and turning each
 //! into the protobuf types (a new string for every attribute key and value, a map lookup per
 //! span to group by scope) was most of what tracing cost a proxy that samples every request.
-//! Here the messages live as long as the exporter: every span overwrites a reused `Span` in
-//! place, which prost encodes on its own (see `RequestOfEncodedSpans` for why), so after the
+//! Here the messages live as long as the exporter: every span overwrites a reused span message
+//! in place, which prost encodes on its own (see `RequestOfEncodedSpans` for why), its
+//! attributes copied from their last encoding where they repeat (`attributes`), so after the
 //! first batches an export allocates only the body it sends. The message
 //! types, their encoding and the wire format (`application/x-protobuf` POST, a 2xx answer,
 //! partial success in the answer's body) are the OTLP crates' and the specification's.
@@ -14,14 +15,17 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, USER_AGENT};
 use opentelemetry_http::HttpClient;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
-use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{span, status, Span, SpanFlags, Status};
+use opentelemetry_proto::tonic::trace::v1::{span, status, SpanFlags, Status};
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
 use prost::Message;
 
 use super::export::Exporter;
-use super::span::{Attribute, EndedSpan, SpanKind, Value};
+use super::span::{EndedSpan, SpanKind};
+use attributes::{AttributeEncoder, Identity};
+
+mod attributes;
 
 /// The instrumentation scope of every span.
 const SCOPE_NAME: &str = "flexinfer-proxy";
@@ -35,10 +39,12 @@ pub struct Encoder {
     /// Span buffers of an earlier, larger batch, kept for the next one.
     spare: Vec<Vec<u8>>,
     /// The message each server span is written into before prost encodes it, reused.
-    server: Span,
+    server: ReusedSpan,
     /// The same for client (upstream attempt) spans: kept apart so that each keeps the
-    /// attribute strings of its own kind.
-    client: Span,
+    /// attribute buffers of its own kind.
+    client: ReusedSpan,
+    /// Attributes encoded, kept for the next span that repeats them.
+    attributes: AttributeEncoder,
     /// How large the last body was (the next one starts at that capacity).
     last_len: usize,
 }
@@ -69,8 +75,9 @@ impl Encoder {
         Self {
             request,
             spare: Vec::new(),
-            server: Span::default(),
-            client: Span::default(),
+            server: ReusedSpan::default(),
+            client: ReusedSpan::default(),
+            attributes: AttributeEncoder::default(),
             last_len: 0,
         }
     }
@@ -85,13 +92,16 @@ impl Encoder {
             encoded.push(self.spare.pop().unwrap_or_default());
         }
         for (out, span) in encoded.iter_mut().zip(batch) {
-            let message = match span.kind {
+            let reused = match span.kind {
                 SpanKind::Server => &mut self.server,
                 SpanKind::Client => &mut self.client,
             };
-            write_span(message, span);
+            write_span(reused, span, &mut self.attributes);
             out.clear();
-            message.encode(out).expect("a Vec grows to fit the message");
+            reused
+                .message
+                .encode(out)
+                .expect("a Vec grows to fit the message");
         }
         let mut body = Vec::with_capacity(self.last_len);
         self.request
@@ -139,8 +149,47 @@ struct ScopeOfEncodedSpans {
     schema_url: String,
 }
 
+/// `Span` with each attribute as prost encoded it (a `KeyValue`, see the `attributes` module): the same
+/// numbers and types as the OTLP message, less the fields a proxy span never sets (events,
+/// links, the dropped counts), which prost leaves out of the wire when empty anyway.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SpanOfEncodedAttributes {
+    #[prost(bytes = "vec", tag = "1")]
+    trace_id: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    span_id: Vec<u8>,
+    #[prost(string, tag = "3")]
+    trace_state: String,
+    #[prost(bytes = "vec", tag = "4")]
+    parent_span_id: Vec<u8>,
+    #[prost(fixed32, tag = "16")]
+    flags: u32,
+    #[prost(string, tag = "5")]
+    name: String,
+    #[prost(enumeration = "span::SpanKind", tag = "6")]
+    kind: i32,
+    #[prost(fixed64, tag = "7")]
+    start_time_unix_nano: u64,
+    #[prost(fixed64, tag = "8")]
+    end_time_unix_nano: u64,
+    /// `Span.attributes`: each an encoded `KeyValue`.
+    #[prost(bytes = "vec", repeated, tag = "9")]
+    attributes: Vec<Vec<u8>>,
+    #[prost(message, optional, tag = "15")]
+    status: Option<Status>,
+}
+
+/// A span message reused span after span, and what each of its attribute slots holds, so that
+/// an attribute the span before had in the same slot is not written again.
+#[derive(Debug, Default)]
+struct ReusedSpan {
+    message: SpanOfEncodedAttributes,
+    held: Vec<Option<Identity>>,
+}
+
 /// Overwrite `out` with `span`, reusing its buffers.
-fn write_span(out: &mut Span, span: &EndedSpan) {
+fn write_span(reused: &mut ReusedSpan, span: &EndedSpan, attributes: &mut AttributeEncoder) {
+    let out = &mut reused.message;
     set_bytes(&mut out.trace_id, &span.trace_id.to_bytes());
     set_bytes(&mut out.span_id, &span.span_id.to_bytes());
     if span.parent == opentelemetry::trace::SpanId::INVALID {
@@ -164,12 +213,17 @@ fn write_span(out: &mut Span, span: &EndedSpan) {
     } as i32;
     out.start_time_unix_nano = span.start_unix_nano;
     out.end_time_unix_nano = span.end_unix_nano;
-    write_attributes(&mut out.attributes, &span.attributes);
-    out.dropped_attributes_count = 0;
-    out.events.clear();
-    out.dropped_events_count = 0;
-    out.links.clear();
-    out.dropped_links_count = 0;
+    let slots = &mut out.attributes;
+    slots.truncate(span.attributes.len());
+    let held = &mut reused.held;
+    held.truncate(span.attributes.len());
+    for (i, a) in span.attributes.iter().enumerate() {
+        if i == slots.len() {
+            slots.push(Vec::new());
+            held.push(None);
+        }
+        attributes.write(a, &mut slots[i], &mut held[i]);
+    }
     let status = out.status.get_or_insert_with(Status::default);
     match &span.error {
         Some(message) => {
@@ -180,35 +234,6 @@ fn write_span(out: &mut Span, span: &EndedSpan) {
             status.code = status::StatusCode::Unset as i32;
             status.message.clear();
         }
-    }
-}
-
-fn write_attributes(out: &mut Vec<KeyValue>, attributes: &[Attribute]) {
-    out.truncate(attributes.len());
-    for (i, a) in attributes.iter().enumerate() {
-        if i == out.len() {
-            out.push(KeyValue::default());
-        }
-        let kv = &mut out[i];
-        if kv.key != a.key {
-            set_str(&mut kv.key, a.key);
-        }
-        let value = &mut kv.value.get_or_insert_with(AnyValue::default).value;
-        match &a.value {
-            Value::Static(s) => set_string_value(value, s),
-            Value::Shared(s) => set_string_value(value, s),
-            Value::Owned(s) => set_string_value(value, s),
-            Value::Int(n) => *value = Some(any_value::Value::IntValue(*n)),
-            Value::Float(x) => *value = Some(any_value::Value::DoubleValue(*x)),
-            Value::Bool(b) => *value = Some(any_value::Value::BoolValue(*b)),
-        }
-    }
-}
-
-fn set_string_value(value: &mut Option<any_value::Value>, s: &str) {
-    match value {
-        Some(any_value::Value::StringValue(old)) => set_str(old, s),
-        _ => *value = Some(any_value::Value::StringValue(s.to_owned())),
     }
 }
 

@@ -48,7 +48,9 @@ struct Sampled {
     /// `start` in Unix nanoseconds.
     start_unix_nano: u64,
     method: Method,
-    path: String,
+    /// `url.path`: one of the OpenAI paths as a static string (no copy, and its encoding is
+    /// kept at export), any other path copied.
+    path: Value,
     retries: u32,
     attempts: u32,
     /// The attempt whose answer is streaming (it ends with the request).
@@ -104,7 +106,7 @@ impl Trace {
             start,
             start_unix_nano: unix_nano(SystemTime::now()).saturating_sub(nanos(start.elapsed())),
             method: method.clone(),
-            path: path.to_owned(),
+            path: path_value(path),
             retries: 0,
             attempts: 0,
             open: None,
@@ -186,7 +188,8 @@ impl Trace {
             s.tracer.sink.send(span);
         }
         attributes.push(Attribute::new("http.request.method", method_str(&s.method)));
-        attributes.push(Attribute::new("url.path", std::mem::take(&mut s.path)));
+        let path = std::mem::replace(&mut s.path, Value::Static(""));
+        attributes.push(Attribute::new("url.path", path));
         attributes.push(Attribute::new("flexinfer.attempts", i64::from(s.attempts)));
         if let Some(code) = status {
             attributes.push(Attribute::new("http.response.status_code", i64::from(code)));
@@ -286,6 +289,24 @@ fn method_str(m: &Method) -> &'static str {
     match KNOWN.iter().position(|k| k == m) {
         Some(i) => NAMES[i],
         None => "_OTHER",
+    }
+}
+
+/// `path` as an attribute value: the paths of the OpenAI API as static strings.
+fn path_value(path: &str) -> Value {
+    const KNOWN: [&str; 8] = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/models",
+        "/v1/rerank",
+        "/v1/audio/transcriptions",
+        "/v1/moderations",
+    ];
+    match KNOWN.iter().find(|k| **k == path) {
+        Some(known) => Value::Static(known),
+        None => Value::Owned(path.to_owned()),
     }
 }
 

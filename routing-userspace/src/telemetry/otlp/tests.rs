@@ -3,6 +3,9 @@ use std::sync::Arc;
 use opentelemetry::trace::{SpanId, TraceId};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::Span;
+
+use crate::telemetry::span::{Attribute, EndedSpan, SpanKind};
 
 use super::*;
 

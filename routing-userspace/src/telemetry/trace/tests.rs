@@ -109,7 +109,7 @@ fn a_sampled_request_gives_the_pod_its_attempt_as_parent() {
     assert_eq!(server.attribute("flexinfer.attempts"), Some(&Value::Int(2)));
     assert_eq!(
         server.attribute("url.path"),
-        Some(&Value::Owned("/v1/chat/completions".into()))
+        Some(&Value::Static("/v1/chat/completions"))
     );
     assert_eq!(server.name, "POST");
     for s in &spans {
@@ -146,4 +146,26 @@ fn a_new_root_drops_an_orphan_tracestate() {
     assert!(!server.parent_is_remote);
     // The client went away: an error.
     assert_eq!(server.error.as_deref(), Some("the client went away"));
+}
+
+/// The OpenAI paths go into the span as static strings; any other path as the client sent it.
+#[test]
+fn url_path_is_the_request_path_known_or_not() {
+    let (t, q) = tracer("always_on", None);
+    let h = HeaderMap::new();
+    for path in [
+        "/v1/embeddings",
+        "/model/llama/v1/chat/completions",
+        "/v1/chat/completions/",
+    ] {
+        let mut trace = Trace::start(Some(&t), &h, &Method::POST, path, Instant::now());
+        trace.finish(Instant::now(), Some(200), Vec::new());
+        let span = q.take(16).pop().unwrap();
+        let expected = if path == "/v1/embeddings" {
+            Value::Static("/v1/embeddings")
+        } else {
+            Value::Owned(path.to_owned())
+        };
+        assert_eq!(span.attribute("url.path"), Some(&expected));
+    }
 }
