@@ -24,7 +24,11 @@ pub struct RequestCtx {
     /// What the record phase reports to: metrics, the router's cache feedback.
     pub shared: Arc<Shared>,
     pub start: Instant,
-    pub decision: Option<Decision>,
+    /// Boxed: the context travels inside the streamed response body, which is boxed per
+    /// response, and with the decision inline that box passed 1 KiB, the size past which
+    /// glibc's malloc leaves its per-thread cache for the slow path (sorting and merging free
+    /// chunks) on every request.
+    pub decision: Option<Box<Decision>>,
     /// The attempt whose target answered.
     pub served: Option<Attempt>,
     /// The status sent to the client (`None` while there is none yet).

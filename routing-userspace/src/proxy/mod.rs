@@ -182,7 +182,7 @@ async fn pipeline(
         let up_body = prepare::body(client_body, view.fields.as_ref(), served, limit);
         (decision, up_body)
     };
-    ctx.decision = Some(decision);
+    ctx.decision = Some(Box::new(decision));
     wait_for_prefill(knobs.cache_aware_prefill_wait, ctx).await;
 
     // 4. The upstream request's head.
