@@ -23,7 +23,7 @@ use prost::Message;
 
 use super::export::Exporter;
 use super::span::{EndedSpan, SpanKind};
-use attributes::{AttributeEncoder, Identity};
+use attributes::{AttributeEncoder, Held};
 
 mod attributes;
 
@@ -184,7 +184,7 @@ struct SpanOfEncodedAttributes {
 #[derive(Debug, Default)]
 struct ReusedSpan {
     message: SpanOfEncodedAttributes,
-    held: Vec<Option<Identity>>,
+    held: Vec<Option<Held>>,
 }
 
 /// Overwrite `out` with `span`, reusing its buffers.

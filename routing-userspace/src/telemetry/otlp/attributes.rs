@@ -9,7 +9,9 @@
 //! path as the client sent it, durations) are encoded every time.
 //!
 //! Cheapest of all is the attribute a reused span message already holds: when the attribute in
-//! a slot is the one written there for the span before, its bytes stay as they are.
+//! a slot is the one written there for the span before, its bytes stay as they are. That holds
+//! only while the cache has not started again since (`Held` says when it was written): a shared
+//! string's address stays its own only while the cache keeps the string alive.
 //!
 //! A value is known by identity, not content: a static string by its address, a shared
 //! `Arc<str>` by its allocation (the cache holds a clone, so no other string can take that
@@ -34,11 +36,20 @@ pub(super) struct AttributeEncoder {
     cache: HashMap<Identity, Encoded, RandomState>,
     /// The message an attribute is written into when prost encodes it afresh, reused.
     scratch: KeyValue,
+    /// How many times the cache has started again empty.
+    generation: u64,
+}
+
+/// What a slot holds: the attribute's identity, written while the cache was in `generation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Held {
+    id: Identity,
+    generation: u64,
 }
 
 /// What an attribute is, for the cache: its name's address and its value's identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct Identity {
+struct Identity {
     /// The name's address and length.
     key: (usize, usize),
     value: ValueIdentity,
@@ -62,25 +73,28 @@ struct Encoded {
 impl AttributeEncoder {
     /// Make `out` hold `a` encoded as an OTLP `KeyValue`. `held` is what `out` holds now
     /// (`None`: unknown), and is set to what it holds after.
-    pub(super) fn write(&mut self, a: &Attribute, out: &mut Vec<u8>, held: &mut Option<Identity>) {
-        let id = identity(a);
-        if id.is_some() && *held == id {
-            return;
-        }
-        *held = id;
-        out.clear();
-        let Some(id) = id else {
+    pub(super) fn write(&mut self, a: &Attribute, out: &mut Vec<u8>, held: &mut Option<Held>) {
+        let Some(id) = identity(a) else {
+            *held = None;
+            out.clear();
             self.encode(a, out);
             return;
         };
+        if *held == Some(self.held(id)) {
+            return;
+        }
+        out.clear();
         if let Some(known) = self.cache.get(&id) {
             out.extend_from_slice(&known.bytes);
+            *held = Some(self.held(id));
             return;
         }
         self.encode(a, out);
         if self.cache.len() >= CAPACITY {
             self.cache.clear();
+            self.generation += 1;
         }
+        *held = Some(self.held(id));
         let alive = match &a.value {
             Value::Shared(s) => Some(Arc::clone(s)),
             _ => None,
@@ -92,6 +106,13 @@ impl AttributeEncoder {
                 _alive: alive,
             },
         );
+    }
+
+    fn held(&self, id: Identity) -> Held {
+        Held {
+            id,
+            generation: self.generation,
+        }
     }
 
     /// Encodings held (for tests).
@@ -230,6 +251,32 @@ mod tests {
             );
         }
         assert_eq!(e.cached(), 4);
+    }
+
+    /// After the cache starts again, a slot's bytes are written again even for the attribute it
+    /// held: the shared string that attribute named may be gone, its address another's.
+    #[test]
+    fn a_slot_is_not_trusted_past_a_cache_restart() {
+        let mut e = AttributeEncoder::default();
+        let pod: Arc<str> = Arc::from("10.0.0.7:8000");
+        let a = Attribute::new("flexinfer.pod", Arc::clone(&pod));
+        let (mut slot, mut held) = (Vec::new(), None);
+        e.write(&a, &mut slot, &mut held);
+        assert_eq!(slot, fresh(&a));
+        // The slot is trusted as it stands (emptied here to see it).
+        slot.clear();
+        e.write(&a, &mut slot, &mut held);
+        assert!(slot.is_empty());
+        let mut other = Vec::new();
+        for n in 0..CAPACITY as i64 {
+            e.write(
+                &Attribute::new("flexinfer.retries", n),
+                &mut other,
+                &mut None,
+            );
+        }
+        e.write(&a, &mut slot, &mut held);
+        assert_eq!(slot, fresh(&a));
     }
 
     #[test]
