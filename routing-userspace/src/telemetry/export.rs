@@ -10,8 +10,8 @@
 //! passed. (A channel would wake it for every span: on a request worker a task switch and a
 //! timer set up again per request, on a thread of its own a futex wake and a context switch.)
 //! So the thread costs two context switches a batch, and in exchange a batch's encoding (about
-//! half a millisecond for 512 spans) never holds up the requests of a worker: on a node with a
-//! core to spare it runs beside them.
+//! 80 us for 512 spans) never holds up the requests of a worker: on a node with a core to spare
+//! it runs beside them.
 
 use std::collections::VecDeque;
 use std::future::Future;
