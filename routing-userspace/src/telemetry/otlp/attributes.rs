@@ -6,7 +6,7 @@
 //! encoding a `KeyValue` costs prost a length pass over it and its value, then a write pass:
 //! encoding attributes was three quarters of what exporting a span cost. Copying the bytes
 //! prost wrote the last time costs a hash lookup and a copy. Values that seldom repeat (the
-//! path as the client sent it, durations) are encoded every time.
+//! path as the client sent it, durations other than zero) are encoded every time.
 //!
 //! Cheapest of all is the attribute a reused span message already holds: when the attribute in
 //! a slot is the one written there for the span before, its bytes stay as they are. That holds
@@ -15,8 +15,9 @@
 //!
 //! A value is known by identity, not content: a static string by its address, a shared
 //! `Arc<str>` by its allocation (the cache holds a clone, so no other string can take that
-//! address while the entry lives), numbers and booleans by value. The cache is bounded: once it
-//! holds `CAPACITY` encodings it starts again empty, so names of pods long gone do not pile up.
+//! address while the entry lives), integers, booleans and a float of zero by value. The cache
+//! is bounded: once it holds `CAPACITY` encodings it starts again empty, so names of pods long
+//! gone do not pile up.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -61,6 +62,8 @@ enum ValueIdentity {
     Text(usize, usize),
     Int(i64),
     Bool(bool),
+    /// A float of zero (a request that did not queue); no other float is kept.
+    Zero,
 }
 
 /// An encoded `KeyValue`, and the shared string whose address its identity names.
@@ -148,6 +151,8 @@ fn identity(a: &Attribute) -> Option<Identity> {
         Value::Shared(s) => ValueIdentity::Text(s.as_ptr() as usize, s.len()),
         Value::Int(n) => ValueIdentity::Int(*n),
         Value::Bool(b) => ValueIdentity::Bool(*b),
+        // 0.0 exactly (not -0.0, whose encoding differs).
+        Value::Float(x) if x.to_bits() == 0 => ValueIdentity::Zero,
         Value::Owned(_) | Value::Float(_) => return None,
     };
     Some(Identity {
@@ -192,6 +197,8 @@ mod tests {
             Attribute::new("flexinfer.retries", 2i64),
             Attribute::new("flexinfer.ttft_seconds", 0.125),
             Attribute::new("flexinfer.spill", true),
+            Attribute::new("flexinfer.queue_wait_seconds", 0.0),
+            Attribute::new("flexinfer.queue_wait_seconds", -0.0),
         ];
         let mut e = AttributeEncoder::default();
         let mut out = Vec::new();
@@ -205,12 +212,13 @@ mod tests {
         assert_eq!(
             decoded(&out),
             (
-                "flexinfer.spill".into(),
-                Some(any_value::Value::BoolValue(true))
+                "flexinfer.queue_wait_seconds".into(),
+                Some(any_value::Value::DoubleValue(-0.0))
             )
         );
-        // strings by address, numbers and booleans by value; owned strings and floats never
-        assert_eq!(e.cached(), 4);
+        // strings by address, integers and booleans by value, a float of zero; owned strings
+        // and other floats (-0.0 among them: its bits differ) never
+        assert_eq!(e.cached(), 5);
     }
 
     /// The slot keeps its bytes only for the very attribute written there before; any other
