@@ -1,10 +1,11 @@
 //! Decoding `Transfer-Encoding: chunked` (RFC 9112 section 7.1), incrementally, from the front
-//! of a read buffer. Data is split off the buffer without copying. Extensions and trailers are
-//! read and dropped (the proxy forwards the data; hyper re-frames it for the client). Sizes,
-//! extension and trailer lengths are bounded, so a hostile upstream cannot make it buffer
-//! without end.
+//! of a read buffer. Data is split off the buffer without copying, and the framing is stepped
+//! over (`advance`: no handle on the buffer made and dropped per size line). Extensions and
+//! trailers are read and dropped (the proxy forwards the data; hyper re-frames it for the
+//! client). Sizes, extension and trailer lengths are bounded, so a hostile upstream cannot make
+//! it buffer without end.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 /// Longest chunk-size line (size, extensions and CRLF) or trailer section accepted.
 const MAX_LINE: usize = 4096;
@@ -101,7 +102,7 @@ impl ChunkedDecoder {
                         return Err(ChunkError::TooLong);
                     }
                     let size = parse_size(&buf[..end])?;
-                    let _ = buf.split_to(end);
+                    buf.advance(end);
                     self.state = if size == 0 {
                         State::Trailers
                     } else {
@@ -124,14 +125,14 @@ impl ChunkedDecoder {
                 }
                 State::DataEnd => {
                     if buf.first() == Some(&b'\n') {
-                        let _ = buf.split_to(1);
+                        buf.advance(1);
                     } else if buf.len() < 2 {
                         if buf.first().is_some_and(|&b| b != b'\r') {
                             return Err(ChunkError::MissingCrlf);
                         }
                         return Ok(Decoded::NeedMore);
                     } else if &buf[..2] == b"\r\n" {
-                        let _ = buf.split_to(2);
+                        buf.advance(2);
                     } else {
                         return Err(ChunkError::MissingCrlf);
                     }
@@ -148,8 +149,9 @@ impl ChunkedDecoder {
                     if end > MAX_LINE {
                         return Err(ChunkError::TooLong);
                     }
-                    let line = buf.split_to(end);
-                    if line.as_ref() == b"\r\n" || line.as_ref() == b"\n" {
+                    let empty = &buf[..end] == b"\r\n" || &buf[..end] == b"\n";
+                    buf.advance(end);
+                    if empty {
                         self.state = State::Done;
                     }
                 }
