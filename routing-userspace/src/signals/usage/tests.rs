@@ -289,3 +289,35 @@ fn golden_llamacpp_answers() {
         }
     }
 }
+
+/// The first key starting at or after `from`, by a plain search of every position.
+fn plain_next_key(hay: &[u8], from: usize) -> Option<(Key, usize)> {
+    (from..hay.len()).find_map(|start| {
+        [
+            (Key::Usage, &b"\"usage\""[..]),
+            (Key::Timings, &b"\"timings\""[..]),
+        ]
+        .into_iter()
+        .find(|(_, text)| hay[start..].starts_with(text))
+        .map(|(key, text)| (key, start + text.len()))
+    })
+}
+
+proptest! {
+    /// The scan anchored on `g` finds the key a plain search finds, in text made of the keys,
+    /// their pieces and the `g`s and quotes around them.
+    #[test]
+    fn the_key_scan_finds_what_a_plain_search_finds(
+        pieces in proptest::collection::vec(
+            prop::sample::select(vec![
+                "\"usage\"", "\"timings\"", "g", "\"", "usag", "timin", "gs\"", "\"usa", "e\"",
+                "ings\"", "{\"logprobs\":null}", "x", "\"timings\"\"usage\"",
+            ]),
+            0..24,
+        ),
+        from in 0usize..120,
+    ) {
+        let hay: Vec<u8> = pieces.concat().into_bytes();
+        prop_assert_eq!(KeyScan::new(&hay).next(from), plain_next_key(&hay, from));
+    }
+}
