@@ -149,9 +149,10 @@ struct ScopeOfEncodedSpans {
     schema_url: String,
 }
 
-/// `Span` with each attribute as prost encoded it (a `KeyValue`, see the `attributes` module): the same
-/// numbers and types as the OTLP message, less the fields a proxy span never sets (events,
-/// links, the dropped counts), which prost leaves out of the wire when empty anyway.
+/// `Span` with each attribute as prost encoded it (a `KeyValue`, see the `attributes`
+/// module): the same numbers and types as the OTLP message, less the fields a proxy span never
+/// sets (events, links, the dropped counts), which prost leaves out of the wire when empty
+/// anyway.
 #[derive(Clone, PartialEq, prost::Message)]
 struct SpanOfEncodedAttributes {
     #[prost(bytes = "vec", tag = "1")]
@@ -213,16 +214,12 @@ fn write_span(reused: &mut ReusedSpan, span: &EndedSpan, attributes: &mut Attrib
     } as i32;
     out.start_time_unix_nano = span.start_unix_nano;
     out.end_time_unix_nano = span.end_unix_nano;
-    let slots = &mut out.attributes;
-    slots.truncate(span.attributes.len());
-    let held = &mut reused.held;
-    held.truncate(span.attributes.len());
-    for (i, a) in span.attributes.iter().enumerate() {
-        if i == slots.len() {
-            slots.push(Vec::new());
-            held.push(None);
-        }
-        attributes.write(a, &mut slots[i], &mut held[i]);
+    let n = span.attributes.len();
+    out.attributes.resize_with(n, Vec::new);
+    reused.held.resize(n, None);
+    let slots = out.attributes.iter_mut().zip(&mut reused.held);
+    for (a, (slot, held)) in span.attributes.iter().zip(slots) {
+        attributes.write(a, slot, held);
     }
     let status = out.status.get_or_insert_with(Status::default);
     match &span.error {

@@ -26,6 +26,7 @@ use foldhash::fast::RandomState;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use prost::Message;
 
+use super::set_str;
 use crate::telemetry::span::{Attribute, Value};
 
 /// Encodings kept at most; past it the cache starts again empty.
@@ -128,8 +129,7 @@ impl AttributeEncoder {
     fn encode(&mut self, a: &Attribute, out: &mut Vec<u8>) {
         let kv = &mut self.scratch;
         if kv.key != a.key {
-            kv.key.clear();
-            kv.key.push_str(a.key);
+            set_str(&mut kv.key, a.key);
         }
         let value = &mut kv.value.get_or_insert_with(AnyValue::default).value;
         match &a.value {
@@ -144,7 +144,7 @@ impl AttributeEncoder {
     }
 }
 
-/// `a`'s identity, or `None` for values not worth keeping (owned strings, floats).
+/// `a`'s identity, or `None` for values not worth keeping (owned strings, floats but zero).
 fn identity(a: &Attribute) -> Option<Identity> {
     let value = match &a.value {
         Value::Static(s) => ValueIdentity::Text(s.as_ptr() as usize, s.len()),
@@ -163,10 +163,7 @@ fn identity(a: &Attribute) -> Option<Identity> {
 
 fn set_string_value(value: &mut Option<any_value::Value>, s: &str) {
     match value {
-        Some(any_value::Value::StringValue(old)) => {
-            old.clear();
-            old.push_str(s);
-        }
+        Some(any_value::Value::StringValue(old)) => set_str(old, s),
         _ => *value = Some(any_value::Value::StringValue(s.to_owned())),
     }
 }
