@@ -52,10 +52,23 @@ enum Key {
 }
 
 impl Key {
-    fn len(self) -> usize {
+    /// The key with its quotes, as it stands in the body.
+    fn text(self) -> &'static [u8] {
         match self {
-            Key::Usage => b"\"usage\"".len(),
-            Key::Timings => KEY_MAX,
+            Key::Usage => b"\"usage\"",
+            Key::Timings => b"\"timings\"",
+        }
+    }
+
+    fn len(self) -> usize {
+        self.text().len()
+    }
+
+    /// Where the `g` both keys have stands in this one.
+    fn g_at(self) -> usize {
+        match self {
+            Key::Usage => 4,
+            Key::Timings => 6,
         }
     }
 }
@@ -110,9 +123,8 @@ impl UsageObserver {
             self.start(key);
             at = self.advance(frame, end);
         }
-        let mut keys = KeyScan::new(frame);
         while at < frame.len() {
-            let Some((key, end)) = keys.next(at) else {
+            let Some((key, end)) = key_from(frame, at) else {
                 break;
             };
             self.start(key);
@@ -289,47 +301,28 @@ fn object_step(depth: u32, in_string: bool, escaped: bool, b: u8) -> (u32, bool,
 
 /// The first key in `hay`: which, and the index just past it.
 fn next_key(hay: &[u8]) -> Option<(Key, usize)> {
-    KeyScan::new(hay).next(0)
+    key_from(hay, 0)
 }
 
-/// The keys of one frame in order, found by one scan for the byte both keys have (`g`,
-/// rare in the JSON around them): a memchr over the frame, and each `g` checked against the
-/// bytes of `"usage"` and `"timings"` around it. With a memmem search per key instead (whose
-/// setup dominates at an SSE event's length), the observer's pass over a 200-byte event cost
-/// about 1,000 instructions; with this one, 340.
-struct KeyScan<'a> {
-    hay: &'a [u8],
-}
-
-/// Where `g` stands in each key, with its quotes.
-const USAGE_G: usize = 4;
-const TIMINGS_G: usize = 6;
-
-impl<'a> KeyScan<'a> {
-    fn new(hay: &'a [u8]) -> Self {
-        Self { hay }
-    }
-
-    /// The first key starting at or after `from`, and the index just past it.
-    fn next(&mut self, from: usize) -> Option<(Key, usize)> {
-        let hay = self.hay;
-        // The first `g` that could belong to a key starting at `from`.
-        let first = from.checked_add(USAGE_G)?;
-        for g in memchr::memchr_iter(b'g', hay.get(first..)?).map(|i| first + i) {
-            for (key, text, at) in [
-                (Key::Usage, &b"\"usage\""[..], USAGE_G),
-                (Key::Timings, &b"\"timings\""[..], TIMINGS_G),
-            ] {
-                let Some(start) = g.checked_sub(at).filter(|&s| s >= from) else {
-                    continue;
-                };
-                if hay.get(start..start + text.len()) == Some(text) {
-                    return Some((key, start + text.len()));
-                }
+/// The first key starting at or after `from` in `hay`, and the index just past it; found by
+/// one scan for the byte both keys have (`g`, rare in the JSON around them): a memchr over the
+/// frame, and each `g` checked against the bytes of `"usage"` and `"timings"` around it. With a
+/// memmem search per key instead (whose setup dominates at an SSE event's length), the
+/// observer's pass over a 200-byte event cost about 1,000 instructions; with this one, 340.
+fn key_from(hay: &[u8], from: usize) -> Option<(Key, usize)> {
+    // The first `g` that could belong to a key starting at `from`.
+    let first = from.checked_add(Key::Usage.g_at())?;
+    for g in memchr::memchr_iter(b'g', hay.get(first..)?).map(|i| first + i) {
+        for key in [Key::Usage, Key::Timings] {
+            let Some(start) = g.checked_sub(key.g_at()).filter(|&s| s >= from) else {
+                continue;
+            };
+            if hay.get(start..start + key.len()) == Some(key.text()) {
+                return Some((key, start + key.len()));
             }
         }
-        None
     }
+    None
 }
 
 #[cfg(test)]
