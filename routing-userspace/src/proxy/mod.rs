@@ -58,8 +58,8 @@ use stream::ObservedBody;
 /// What the proxy answers with: a streamed upstream body, or a small body of its own.
 ///
 /// The streamed body is boxed because hyper keeps a slot the size of the response body for
-/// each connection's life: unboxed (1.2 KB, most of it the request's context) every idle
-/// keep-alive connection would hold that much; boxed, only a response in progress does.
+/// each connection's life: unboxed (about 600 bytes, most of it the request's context) every
+/// idle keep-alive connection would hold that much; boxed, only a response in progress does.
 pub type ProxyBody = Either<Box<ObservedBody>, Full<Bytes>>;
 
 pub async fn handle(

@@ -2,8 +2,8 @@
 //! `flexinfer_test_support::stream::load`). Prints one `RESULT key=value ...` line.
 //!
 //! `sse-load --target ADDR [--target ADDR ...] --connections N [--threads T] [--body JSON]
-//!  [--path P] [--idle | --idle-after-answer] [--connect-rate R] [--open-timeout-ms MS] [--warmup-ms MS]
-//!  [--duration-ms MS] [--watch NAME=PID ...]`
+//!  [--path P] [--idle | --idle-after-answer] [--connect-rate R] [--open-timeout-ms MS]
+//!  [--warmup-ms MS] [--duration-ms MS] [--watch NAME=PID ...]`
 
 use std::net::SocketAddr;
 use std::time::Duration;
