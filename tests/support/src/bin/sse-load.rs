@@ -11,7 +11,7 @@ use std::time::Duration;
 use flexinfer_test_support::harness::http::Request;
 use flexinfer_test_support::harness::os::raise_nofile_limit;
 use flexinfer_test_support::stream::flags::Flags;
-use flexinfer_test_support::stream::load::{result_line, run, LoadConfig};
+use flexinfer_test_support::stream::load::{result_line, run, ClientMode, LoadConfig};
 
 const FLAGS: [&str; 12] = [
     "target",
@@ -67,13 +67,18 @@ fn config() -> Result<LoadConfig, String> {
         .collect::<Result<_, String>>()?;
     raise_nofile_limit().map_err(|e| format!("raising the open-files limit: {e}"))?;
     let ms = |name, default| f.get(name, default).map(Duration::from_millis);
+    let client = match (f.has("idle"), f.has("idle-after-answer")) {
+        (false, false) => ClientMode::Stream,
+        (true, false) => ClientMode::Idle,
+        (false, true) => ClientMode::IdleAfterAnswer,
+        (true, true) => return Err("--idle and --idle-after-answer exclude each other".into()),
+    };
     Ok(LoadConfig {
         targets,
         connections: f.get("connections", 100)?,
         threads: f.get("threads", 1)?,
         request,
-        idle: f.has("idle"),
-        idle_after_answer: f.has("idle-after-answer"),
+        client,
         connect_rate: f.get("connect-rate", 4000)?,
         open_timeout: ms("open-timeout-ms", 60_000)?,
         warmup: ms("warmup-ms", 2000)?,

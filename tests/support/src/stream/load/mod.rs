@@ -23,6 +23,18 @@ use super::wire::{Decoder, Item};
 use crate::harness::os::{mono_ns, tree_cpu, tree_rss_kib};
 use crate::harness::stats::Histogram;
 
+/// What a connection of the load does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientMode {
+    /// Stream one answer after another.
+    Stream,
+    /// Connect and send nothing.
+    Idle,
+    /// Send one request, read its whole answer, then send nothing more: the connection counts
+    /// as open once that answer has ended.
+    IdleAfterAnswer,
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct LoadConfig {
@@ -32,11 +44,8 @@ pub struct LoadConfig {
     pub threads: usize,
     /// The request each stream sends, whole (head and body, keep-alive).
     pub request: Vec<u8>,
-    /// Open the connections and send nothing.
-    pub idle: bool,
-    /// Send one request per connection, read its whole answer, then send nothing more: the
-    /// connection counts as open once that answer has ended.
-    pub idle_after_answer: bool,
+    /// What each connection does once connected.
+    pub client: ClientMode,
     /// New connections per second, at most.
     pub connect_rate: u32,
     /// Every connection must be open (streaming, or connected when idle) within this.
@@ -289,7 +298,7 @@ impl Worker {
         let attempt = || -> io::Result<TcpStream> {
             let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(5))?;
             let _ = s.set_nodelay(true);
-            if !self.cfg.idle {
+            if self.cfg.client != ClientMode::Idle {
                 s.write_all(&self.cfg.request)?;
             }
             s.set_nonblocking(true)?;
@@ -298,14 +307,15 @@ impl Worker {
         };
         match attempt() {
             Ok(sock) => {
-                if self.cfg.idle {
+                let idle = self.cfg.client == ClientMode::Idle;
+                if idle {
                     self.shared.opened.fetch_add(1, Ordering::Relaxed);
                 }
                 Some(Client {
                     sock,
                     target,
                     dec: Decoder::new(),
-                    open: self.cfg.idle,
+                    open: idle,
                     last_ns: 0,
                     failed: false,
                 })
@@ -350,7 +360,12 @@ impl Worker {
             return;
         }
         self.counts.closed += 1;
-        if self.cfg.idle || (self.cfg.idle_after_answer && c.open) {
+        let idle = match self.cfg.client {
+            ClientMode::Stream => false,
+            ClientMode::Idle => true,
+            ClientMode::IdleAfterAnswer => c.open,
+        };
+        if idle {
             self.shared.gone.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -367,7 +382,7 @@ impl Worker {
     fn consume(&mut self, c: &mut Client, bytes: &[u8], now: u64) -> bool {
         let shared = &self.shared;
         let counts = &mut self.counts;
-        let after_answer = self.cfg.idle_after_answer;
+        let after_answer = self.cfg.client == ClientMode::IdleAfterAnswer;
         let mut ended = 0;
         let fed = c.dec.feed(bytes, &mut |item| match item {
             Item::Head(status) => {

@@ -19,8 +19,7 @@ fn config(targets: Vec<SocketAddr>, connections: usize) -> LoadConfig {
         connections,
         threads: 2,
         request,
-        idle: false,
-        idle_after_answer: false,
+        client: ClientMode::Stream,
         connect_rate: 10_000,
         open_timeout: Duration::from_secs(20),
         warmup: Duration::from_millis(50),
@@ -59,7 +58,7 @@ fn streams_every_event_from_the_upstreams_and_times_it() {
 fn idle_connections_send_nothing_and_stay_open() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let mut cfg = config(vec![l.local_addr().unwrap()], 5);
-    cfg.idle = true;
+    cfg.client = ClientMode::Idle;
     let r = run(&cfg).unwrap();
     assert_eq!((r.opened, r.still_open, r.counts.events), (5, 5, 0));
     drop(l);
@@ -75,7 +74,7 @@ fn idle_after_an_answer_reads_one_answer_and_sends_nothing_more() {
         bulk: true,
     };
     let mut cfg = config(vec![upstream(pacing)], 4);
-    cfg.idle_after_answer = true;
+    cfg.client = ClientMode::IdleAfterAnswer;
     let r = run(&cfg).unwrap();
     let c = &r.counts;
     assert_eq!((r.opened, r.still_open, c.bad_status), (4, 4, 0));
