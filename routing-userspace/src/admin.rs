@@ -8,14 +8,13 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use serde_json::{json, Value};
 
 use crate::load::LoadGauge;
-use crate::proxy::Shared;
+use crate::proxy::{RequestBody, Shared};
 use crate::table::{LabelGroup, ModelRoute, Pod};
 
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+pub async fn handle(shared: Arc<Shared>, req: Request<RequestBody>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }

@@ -58,7 +58,7 @@ struct Target {
     what: &'static str,
 }
 
-const TARGETS: [Target; 7] = [
+const TARGETS: [Target; 8] = [
     Target {
         name: "keys",
         dict: "json",
@@ -93,6 +93,11 @@ const TARGETS: [Target; 7] = [
         name: "h1_chunked",
         dict: "http",
         what: "h1::chunked::ChunkedDecoder fed in arbitrary splits",
+    },
+    Target {
+        name: "h1_request",
+        dict: "http",
+        what: "proxy::h1 request head and body against hyper's server on the same bytes",
     },
 ];
 

@@ -164,6 +164,29 @@ impl ApiError {
         }
     }
 
+    /// An HTTP/1 request head the proxy will not read (see `proxy::h1::request`).
+    pub fn malformed_request(status: StatusCode, detail: impl std::fmt::Display) -> Self {
+        Self {
+            status,
+            kind: "invalid_request_error",
+            code: "malformed_request",
+            message: format!("The request could not be read as HTTP/1.1: {detail}."),
+            retry_after: None,
+        }
+    }
+
+    /// A request head that did not arrive whole within the header-read timeout.
+    pub fn head_timeout() -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            kind: "invalid_request_error",
+            code: "request_timeout",
+            message: "The request head did not arrive within the proxy's header-read timeout."
+                .into(),
+            retry_after: None,
+        }
+    }
+
     pub fn too_many_connections() -> Self {
         Self {
             status: StatusCode::SERVICE_UNAVAILABLE,

@@ -19,12 +19,14 @@ pub mod admit;
 pub mod context;
 pub mod errors;
 pub mod forward;
+pub mod h1;
 pub mod headers;
 pub mod model_list;
 pub mod prepare;
 pub mod queue;
 pub mod read_body;
 pub mod record;
+pub mod request_body;
 pub mod request_span;
 pub mod resolve;
 pub mod retry_budget;
@@ -39,7 +41,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
 use crate::body::{BodyError, BodyFields};
 use crate::keys::RequestParts;
@@ -50,6 +51,7 @@ use crate::telemetry::Trace;
 use context::RequestCtx;
 use errors::ApiError;
 use read_body::ClientBody;
+pub use request_body::RequestBody;
 use resolve::Resolved;
 use server::Peer;
 pub use shared::{RequestLimits, Shared};
@@ -64,7 +66,7 @@ pub type ProxyBody = Either<Box<ObservedBody>, Full<Bytes>>;
 
 pub async fn handle(
     shared: Arc<Shared>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     peer: Arc<Peer>,
 ) -> Response<ProxyBody> {
     let start = Instant::now();
@@ -124,7 +126,7 @@ enum Answer {
 async fn pipeline(
     shared: &Shared,
     parts: http::request::Parts,
-    body: &mut Option<Incoming>,
+    body: &mut Option<RequestBody>,
     peer: Arc<Peer>,
     ctx: &mut RequestCtx,
 ) -> Result<Answer, ApiError> {

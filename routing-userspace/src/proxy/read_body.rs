@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
+use http_body::Body as _;
 use http_body_util::BodyExt;
-use hyper::body::{Body as _, Incoming};
 
 use super::errors::ApiError;
+use super::request_body::RequestBody;
 use crate::keys::{self, KeyLimits};
 use crate::table::{ModelRoute, Route};
 use crate::vocab::{LabelGroupMode, Strategy};
@@ -20,7 +21,7 @@ use crate::vocab::{LabelGroupMode, Strategy};
 /// The client's body, read or still to be streamed.
 pub enum ClientBody {
     Read(Bytes),
-    Streamed(Incoming),
+    Streamed(RequestBody),
 }
 
 /// Whether routing `route` (already known from the head) needs to read the body.
@@ -49,7 +50,7 @@ pub fn route_needs_body(
 }
 
 /// Read the body in full (413 past `limit`) when `need`, else keep it for streaming.
-pub async fn read(body: Incoming, need: bool, limit: usize) -> Result<ClientBody, ApiError> {
+pub async fn read(body: RequestBody, need: bool, limit: usize) -> Result<ClientBody, ApiError> {
     if !need {
         return Ok(ClientBody::Streamed(body));
     }
@@ -92,7 +93,7 @@ const LINGER_TIME: Duration = Duration::from_secs(10);
 /// Reads and discards what is left of an oversized body, so the 413 reaches a client that
 /// writes its whole body before it reads: answering mid-upload closes the connection on
 /// unread data, which resets it and loses the answer. Bounded in bytes and time.
-pub async fn linger(mut body: Incoming) {
+pub async fn linger(mut body: RequestBody) {
     let deadline = tokio::time::sleep(LINGER_TIME);
     tokio::pin!(deadline);
     let mut left = LINGER_BYTES;

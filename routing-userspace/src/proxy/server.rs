@@ -1,15 +1,15 @@
 //! Accept loops for the proxy and admin listeners, with graceful drain on shutdown.
 //!
-//! Each client connection is served by hyper (HTTP/1.1, or h2c), with a deadline for reading
-//! each request's head (slowloris), a bounded head buffer, and a cap on open connections: past
-//! it, a new connection gets an OpenAI-shaped 503 with `Retry-After` and is closed.
+//! Each client connection is served by the proxy's own HTTP/1.1 server ([`super::h1`]) or, for
+//! h2c, by hyper, with a deadline for reading each request's head (slowloris), a bounded head
+//! buffer, and a cap on open connections: past it, a new connection gets an OpenAI-shaped 503
+//! with `Retry-After` and is closed.
 //!
 //! The protocol is told from the connection's first bytes, peeked, not read: a connection that
-//! does not open with the HTTP/2 preface goes straight to hyper's HTTP/1 server. (hyper-util's
-//! auto connection reads the first bytes itself and hands them back through a rewind buffer,
-//! so HTTP/1's first read returns only those bytes and its read buffer grows to 16 KiB, held
-//! for the connection's life: 8 KiB more per open stream.) The first byte must come within the
-//! header-read timeout too, so a client that connects and sends nothing is closed.
+//! opens with the HTTP/2 preface goes to hyper, any other to HTTP/1. (A connection whose first
+//! bytes so far are only a beginning of the preface goes to hyper-util's auto connection, which
+//! reads on and decides.) The first byte must come within the header-read timeout too, so a
+//! client that connects and sends nothing is closed.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,17 +19,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::errors::ApiError;
+use super::h1;
+use super::request_body::RequestBody;
 
 /// The client end of a connection, with what every request on it forwards (its
 /// `X-Forwarded-For` value is made once per connection, not per request).
@@ -145,34 +145,19 @@ async fn sniff(stream: &TcpStream, timeout: Duration) -> std::io::Result<Protoco
     Ok(protocol_of(&first[..n]))
 }
 
-/// hyper's connection builders for `opts`: HTTP/1.1 alone, and HTTP/1.1 or h2c (auto) for the
-/// connections whose first bytes did not decide.
-struct Builders {
-    http1: http1::Builder,
-    auto: Builder<TokioExecutor>,
-}
-
-/// Head and body (or chunk framing and data) go out as one buffer with one `send`, not a
-/// `writev` of several: 14.7 against 15.2 us of CPU per request, 3% more requests per second
-/// (`cargo xtask bench overhead --only haproxy,fx-userspace,session`). The copy it costs is small
-/// next to a model's time for the bodies it copies.
-macro_rules! http1_settings {
-    ($h1:expr, $opts:expr) => {
-        $h1.timer(TokioTimer::new())
-            .writev(false)
-            .max_buf_size(($opts.max_head_bytes + 16 * 1024).max(8192))
-            .header_read_timeout(
-                (!$opts.header_read_timeout.is_zero()).then_some($opts.header_read_timeout),
-            )
-    };
-}
-
-fn connection_builders(opts: &ServeOptions) -> Builders {
-    let mut http1 = http1::Builder::new();
-    http1_settings!(http1, opts);
+/// hyper's connection builder for the connections that open with the HTTP/2 preface or with
+/// only a beginning of it: h2c, or HTTP/1.1 if the bytes that follow say so. Its HTTP/1 side
+/// writes head and body as one buffer with one `send`, as the proxy's own HTTP/1 server does.
+fn auto_builder(opts: &ServeOptions) -> Builder<TokioExecutor> {
     let mut auto = Builder::new(TokioExecutor::new());
-    http1_settings!(auto.http1(), opts);
-    Builders { http1, auto }
+    auto.http1()
+        .timer(TokioTimer::new())
+        .writev(false)
+        .max_buf_size((opts.max_head_bytes + 16 * 1024).max(8192))
+        .header_read_timeout(
+            (!opts.header_read_timeout.is_zero()).then_some(opts.header_read_timeout),
+        );
+    auto
 }
 
 /// Connections refused past the limit: one warning per ten seconds of them, not one each.
@@ -206,7 +191,11 @@ pub enum Drained {
 }
 
 /// Serve HTTP/1.1 and h2c on `listener` with `handler` until `shutdown` resolves, then let
-/// open connections finish for up to `opts.drain`.
+/// open connections finish for up to `opts.drain`. A handler's future is boxed per request:
+/// a connection's task keeps room for what it awaits for its whole life, and the proxy's
+/// request pipeline is several KB (routing, admission and the attempt loop); boxed, that memory
+/// goes back when the response head is sent, not when a long stream or a keep-alive connection
+/// ends.
 pub async fn serve<H, F, B>(
     listener: TcpListener,
     handler: H,
@@ -214,16 +203,22 @@ pub async fn serve<H, F, B>(
     opts: ServeOptions,
 ) -> std::io::Result<Drained>
 where
-    H: Fn(Request<Incoming>, Arc<Peer>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>, Arc<Peer>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
-    let builders = Arc::new(connection_builders(&opts));
+    let auto = Arc::new(auto_builder(&opts));
     // Set when the loop stops: a connection still waiting for its first byte closes.
     let (stopped, stopping) = watch::channel(false);
     let open = Arc::new(AtomicUsize::new(0));
+    // Each HTTP/1 connection holds a sender; the drain waits until none is left.
+    let (http1_open, mut http1_closed) = mpsc::channel::<()>(1);
+    let http1_settings = h1::Settings {
+        header_read_timeout: opts.header_read_timeout,
+        max_head_bytes: opts.max_head_bytes,
+    };
     let mut refusals = Refusals::default();
     tokio::pin!(shutdown);
     loop {
@@ -252,18 +247,10 @@ where
             addr: peer,
             ip_header: super::headers::client_ip_header(peer.ip()),
         });
-        let service = service_fn(move |req| {
-            // Boxed per request: hyper keeps a slot the size of the service future for the
-            // connection's whole life, and the request pipeline's future is ~6.5 KB (its
-            // awaits hold routing, admission and the attempt loop). Boxed, the slot is a
-            // pointer, and the pipeline's memory goes back when the response head is sent,
-            // not when a long stream or a keep-alive connection ends.
-            let pipeline = Box::pin(handler(req, client.clone()));
-            async move { Ok::<_, Infallible>(pipeline.await) }
-        });
-        let builders = Arc::clone(&builders);
+        let auto = Arc::clone(&auto);
         let watcher = graceful.watcher();
         let mut stopping = stopping.clone();
+        let http1_open = http1_open.clone();
         let first_byte_timeout = opts.header_read_timeout;
         tokio::spawn(async move {
             let _guard = guard;
@@ -273,17 +260,23 @@ where
             };
             let ended: Result<(), Box<dyn std::error::Error + Send + Sync>> = match protocol {
                 Ok(Protocol::Http1) => {
-                    let conn = builders
-                        .http1
-                        .serve_connection(TokioIo::new(stream), service);
-                    watcher.watch(conn).await.map_err(Into::into)
+                    let _open = http1_open;
+                    let handler = move |req, peer| Box::pin(handler(req, peer));
+                    h1::serve_connection(stream, handler, client, http1_settings, stopping)
+                        .await
+                        .map_err(Into::into)
                 }
                 // Boxed: a task keeps room for its largest state for its whole life, and the
                 // auto connection (HTTP/1 and HTTP/2 state) is several times HTTP/1's.
                 Ok(Protocol::Undecided | Protocol::Http2) => {
+                    drop(http1_open);
+                    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let pipeline =
+                            Box::pin(handler(req.map(RequestBody::Hyper), client.clone()));
+                        async move { Ok::<_, Infallible>(pipeline.await) }
+                    });
                     Box::pin(async move {
-                        let conn = builders
-                            .auto
+                        let conn = auto
                             .serve_connection(TokioIo::new(stream), service)
                             .into_owned();
                         watcher.watch(conn).await
@@ -299,8 +292,13 @@ where
     }
     drop(listener);
     let _ = stopped.send(true);
+    drop(http1_open);
+    let all_closed = async {
+        graceful.shutdown().await;
+        while http1_closed.recv().await.is_some() {}
+    };
     Ok(tokio::select! {
-        _ = graceful.shutdown() => {
+        _ = all_closed => {
             tracing::info!(listener = opts.name, "all connections drained");
             Drained::All
         }
@@ -331,7 +329,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let handler = |req: Request<Incoming>, _peer: Arc<Peer>| async move {
+        let handler = |req: Request<RequestBody>, _peer: Arc<Peer>| async move {
             Response::new(Full::new(Bytes::from(format!("{:?}", req.version()))))
         };
         let served = tokio::spawn(serve(

@@ -4,9 +4,9 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::proxy::RequestBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 /// A streamed body grew past the limit.
 #[derive(Debug, thiserror::Error)]
@@ -21,7 +21,7 @@ pub enum UpBody {
     Bytes(Option<Bytes>),
     /// The client's body, streamed; `left` bytes may still pass.
     Stream {
-        inner: Incoming,
+        inner: RequestBody,
         left: usize,
         limit: usize,
     },
@@ -41,7 +41,7 @@ impl UpBody {
         }
     }
 
-    pub fn stream(inner: Incoming, limit: usize) -> Self {
+    pub fn stream(inner: RequestBody, limit: usize) -> Self {
         UpBody::Stream {
             inner,
             left: limit,
@@ -73,7 +73,7 @@ impl Body for UpBody {
                         }
                         Poll::Ready(Some(Ok(frame)))
                     }
-                    Some(Err(e)) => Poll::Ready(Some(Err(Box::new(e)))),
+                    Some(Err(e)) => Poll::Ready(Some(Err(e))),
                     None => Poll::Ready(None),
                 }
             }

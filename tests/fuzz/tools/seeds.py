@@ -310,6 +310,31 @@ CHUNKED = {
     "long-extension": "1;" + "x" * 5000 + "\r\nz\r\n0\r\n\r\n",
 }
 
+REQUESTS = {
+    "length": 'POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\nContent-Length: 17\r\n\r\n{"model":"llama"}',
+    "chunked": "POST /v1/completions HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-T: 1\r\n\r\n",
+    "cl-te": "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "te-cl": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+    "dup-length": "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+    "same-length-list": "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nhello",
+    "same-length-lines": "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+    "obs-fold": "POST / HTTP/1.1\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n",
+    "bare-lf": "POST / HTTP/1.1\nContent-Length: 5\n\nhello",
+    "bare-lf-chunk": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n",
+    "control-in-extension": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;a\x01\r\nhello\r\n0\r\n\r\n",
+    "gzip-chunked": "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+    "chunked-not-last": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+    "te-http10": "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "two-hosts": "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    "pipelined": "GET /v1/models HTTP/1.1\r\nHost: p\r\n\r\nGET /v1/models HTTP/1.1\r\n\r\n",
+    "chunk-overflow": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n",
+    "cut-body": "POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nshort",
+    "expect": "POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
+    "absolute-form": "GET http://a.example/v1/models HTTP/1.1\r\nHost: a.example\r\n\r\n",
+    "empty-line-first": "\r\nGET / HTTP/1.1\r\n\r\n",
+    "obs-text": "GET / HTTP/1.1\r\nX-Name: caf\xe9\r\n\r\n",
+}
+
 
 def write(target, name, data):
     d = os.path.join(ROOT, target)
@@ -321,7 +346,7 @@ def write(target, name, data):
 
 
 def main():
-    for t in ["keys", "body", "resolve", "models_file", "kube_translate", "h1_head", "h1_chunked"]:
+    for t in ["keys", "body", "resolve", "models_file", "kube_translate", "h1_head", "h1_chunked", "h1_request"]:
         shutil.rmtree(os.path.join(ROOT, t), ignore_errors=True)
     for name, body in BODIES.items():
         write("body", name + ".json", body)
@@ -337,6 +362,8 @@ def main():
         write("h1_head", name, text)
     for name, text in CHUNKED.items():
         write("h1_chunked", name, text)
+    for name, text in REQUESTS.items():
+        write("h1_request", name, text)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 //! not crash and still serves.
 //!
 //! Rows the pod answers (`Pod`) show that the proxy routed what it could not read instead of
-//! failing the request. Rows hyper rejects while reading the head (`Framing`) get a bare status
-//! with no body: they never became requests. Everything else is the proxy's own JSON error.
+//! failing the request. Everything else is the proxy's own JSON error, those its HTTP/1 reader
+//! refuses before they became requests (`malformed_request`: bad syntax, ambiguous framing)
+//! included.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -19,9 +20,10 @@ enum From {
     Proxy(&'static str),
     /// The model pod (the sim), reached through the proxy.
     Pod,
-    /// hyper's HTTP/1 reader: a status and no body.
-    Framing,
 }
+
+/// What the proxy's HTTP/1 reader answers a request it will not read.
+const MALFORMED: From = From::Proxy("malformed_request");
 
 struct Row {
     case: &'static str,
@@ -184,7 +186,7 @@ fn rows() -> Vec<Row> {
                 chat(&h, &ok_body())
             },
             status: 431,
-            from: From::Framing,
+            from: MALFORMED,
         },
         Row {
             case: "CONNECT with X-Model-ID",
@@ -208,43 +210,43 @@ fn rows() -> Vec<Row> {
             case: "request line that is not HTTP",
             request: raw("HELLO THERE\r\n\r\n"),
             status: 400,
-            from: From::Framing,
+            from: MALFORMED,
         },
         Row {
             case: "header line without a colon",
             request: raw("GET /v1/models HTTP/1.1\r\nhost: proxy\r\nbroken header\r\n\r\n"),
             status: 400,
-            from: From::Framing,
+            from: MALFORMED,
         },
         Row {
             case: "content-length that is not a number",
             request: raw("POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-length: abc\r\n\r\n{}"),
             status: 400,
-            from: From::Framing,
+            from: MALFORMED,
         },
         Row {
             case: "two different content-lengths",
             request: raw("POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}"),
             status: 400,
-            from: From::Framing,
+            from: MALFORMED,
         },
         Row {
             case: "transfer-encoding that does not end in chunked",
             request: raw("POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ntransfer-encoding: chunked, identity\r\n\r\n0\r\n\r\n"),
             status: 400,
-            from: From::Framing,
+            from: MALFORMED,
         },
         Row {
             case: "a control character in a header value (not a key that falls through: invalid HTTP)",
             request: chat(&[("x-session-id", b"ab\x01c".as_slice())], &ok_body()),
             status: 400,
-            from: From::Framing,
+            from: MALFORMED,
         },
         Row {
             case: "NUL in the path",
             request: raw("GET /v1/mod\0els HTTP/1.1\r\nhost: proxy\r\n\r\n"),
             status: 400,
-            from: From::Framing,
+            from: MALFORMED,
         },
     ];
     // Malformed routing keys fall through to the next source; none fails the request.
@@ -343,7 +345,6 @@ async fn every_bad_input_gets_its_status_and_the_proxy_keeps_serving() {
                 let from = match (&code, &pod) {
                     (_, Some(_)) => From::Pod,
                     (Some(c), None) => From::Proxy(Box::leak(c.clone().into_boxed_str())),
-                    (None, None) if r.body.is_empty() => From::Framing,
                     (None, None) => From::Proxy("<no code>"),
                 };
                 (r.status != row.status || from != row.from).then(|| {

@@ -1,9 +1,11 @@
 //! Decoding `Transfer-Encoding: chunked` (RFC 9112 section 7.1), incrementally, from the front
 //! of a read buffer. Data is split off the buffer without copying, and the framing is stepped
 //! over (`advance`: no handle on the buffer made and dropped per size line). Extensions and
-//! trailers are read and dropped (the proxy forwards the data; hyper re-frames it for the
-//! client). Sizes, extension and trailer lengths are bounded, so a hostile upstream cannot make
-//! it buffer without end.
+//! trailers are read and dropped (the proxy forwards the data and frames it anew for the
+//! client). Sizes, extension and trailer lengths are bounded, so a hostile peer cannot make
+//! it buffer without end. A pod's answer may end its lines with a bare LF; a client's request
+//! body is decoded [`ChunkedDecoder::strict`]: CRLF only, and no control byte in an extension,
+//! since a framing read two ways is how a request gets smuggled past the proxy.
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -29,6 +31,10 @@ pub enum ChunkError {
     TooLong,
     #[error("chunk data not followed by CRLF")]
     MissingCrlf,
+    #[error("a line of the chunked framing ends with a bare LF")]
+    BareLf,
+    #[error("a trailer line is not a header field")]
+    BadTrailer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,11 +53,16 @@ enum State {
 #[derive(Debug)]
 pub struct ChunkedDecoder {
     state: State,
+    /// CRLF only, and no control byte in an extension (a client's body).
+    strict: bool,
 }
 
 impl Default for ChunkedDecoder {
     fn default() -> Self {
-        Self { state: State::Size }
+        Self {
+            state: State::Size,
+            strict: false,
+        }
     }
 }
 
@@ -60,7 +71,29 @@ fn line_end(buf: &[u8]) -> Option<usize> {
     memchr::memchr(b'\n', buf).map(|i| i + 1)
 }
 
-fn parse_size(line: &[u8]) -> Result<u64, ChunkError> {
+/// `line` (its CRLF cut) is a header field: a token, a colon, and a value with no control byte
+/// but tab.
+fn is_field_line(line: &[u8]) -> bool {
+    let Some(colon) = line.iter().position(|&b| b == b':') else {
+        return false;
+    };
+    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    colon > 0
+        && line[..colon].iter().all(|&b| tchar(b))
+        && line[colon + 1..]
+            .iter()
+            .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
+/// `line` (ending in LF) ends in CRLF.
+fn ends_crlf(line: &[u8]) -> bool {
+    line.len() >= 2 && line[line.len() - 2] == b'\r'
+}
+
+fn parse_size(line: &[u8], strict: bool) -> Result<u64, ChunkError> {
+    if strict && !ends_crlf(line) {
+        return Err(ChunkError::BareLf);
+    }
     let line = line.strip_suffix(b"\n").ok_or(ChunkError::BadSize)?;
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let digits_end = line
@@ -69,6 +102,9 @@ fn parse_size(line: &[u8]) -> Result<u64, ChunkError> {
         .unwrap_or(line.len());
     let (digits, rest) = line.split_at(digits_end);
     if digits.is_empty() || digits.len() > 16 {
+        return Err(ChunkError::BadSize);
+    }
+    if strict && rest.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
         return Err(ChunkError::BadSize);
     }
     // Anything after the size is white space and `;extensions`.
@@ -81,6 +117,14 @@ fn parse_size(line: &[u8]) -> Result<u64, ChunkError> {
 }
 
 impl ChunkedDecoder {
+    /// A decoder for a client's body: CRLF only, no control byte in an extension.
+    pub fn strict() -> Self {
+        Self {
+            state: State::Size,
+            strict: true,
+        }
+    }
+
     pub fn is_done(&self) -> bool {
         self.state == State::Done
     }
@@ -101,7 +145,7 @@ impl ChunkedDecoder {
                     if end > MAX_LINE {
                         return Err(ChunkError::TooLong);
                     }
-                    let size = parse_size(&buf[..end])?;
+                    let size = parse_size(&buf[..end], self.strict)?;
                     buf.advance(end);
                     self.state = if size == 0 {
                         State::Trailers
@@ -124,7 +168,7 @@ impl ChunkedDecoder {
                     return Ok(Decoded::Data(data));
                 }
                 State::DataEnd => {
-                    if buf.first() == Some(&b'\n') {
+                    if buf.first() == Some(&b'\n') && !self.strict {
                         buf.advance(1);
                     } else if buf.len() < 2 {
                         if buf.first().is_some_and(|&b| b != b'\r') {
@@ -149,7 +193,13 @@ impl ChunkedDecoder {
                     if end > MAX_LINE {
                         return Err(ChunkError::TooLong);
                     }
+                    if self.strict && !ends_crlf(&buf[..end]) {
+                        return Err(ChunkError::BareLf);
+                    }
                     let empty = &buf[..end] == b"\r\n" || &buf[..end] == b"\n";
+                    if self.strict && !empty && !is_field_line(&buf[..end - 2]) {
+                        return Err(ChunkError::BadTrailer);
+                    }
                     buf.advance(end);
                     if empty {
                         self.state = State::Done;
@@ -197,6 +247,48 @@ mod tests {
         assert_eq!((data.as_slice(), ended), (&b"0123456789"[..], true));
         let (_, ended, _) = run(b"5\r\nhel", 3).unwrap();
         assert!(!ended, "a cut body has not ended");
+    }
+
+    #[test]
+    fn strict_refuses_bare_lf_and_control_bytes_in_extensions() {
+        let strict = |input: &[u8]| -> Result<Vec<u8>, ChunkError> {
+            let mut d = ChunkedDecoder::strict();
+            let mut buf = BytesMut::from(input);
+            let mut out = Vec::new();
+            loop {
+                match d.decode(&mut buf)? {
+                    Decoded::Data(b) => out.extend_from_slice(&b),
+                    Decoded::NeedMore | Decoded::End => return Ok(out),
+                }
+            }
+        };
+        assert_eq!(
+            strict(b"5;name=v\r\nhello\r\n0\r\nT: 1\r\n\r\n").unwrap(),
+            b"hello"
+        );
+        assert_eq!(strict(b"5\nhello\r\n0\r\n\r\n"), Err(ChunkError::BareLf));
+        assert_eq!(
+            strict(b"5\r\nhello\n0\r\n\r\n"),
+            Err(ChunkError::MissingCrlf)
+        );
+        assert_eq!(strict(b"5\r\nhello\r\n0\r\n\n"), Err(ChunkError::BareLf));
+        assert_eq!(strict(b"5;a\rb\r\nhello\r\n"), Err(ChunkError::BadSize));
+        assert_eq!(strict(b"5;a\x00\r\nhello\r\n"), Err(ChunkError::BadSize));
+        assert_eq!(strict(b"5\r\r\nhello\r\n"), Err(ChunkError::BadSize));
+        assert_eq!(
+            strict(b"0\r\n\r\x01 x\r\n\r\n"),
+            Err(ChunkError::BadTrailer)
+        );
+        assert_eq!(
+            strict(b"0\r\nno colon\r\n\r\n"),
+            Err(ChunkError::BadTrailer)
+        );
+        assert_eq!(
+            strict(b"0\r\nX-T: a\x00\r\n\r\n"),
+            Err(ChunkError::BadTrailer)
+        );
+        // The lenient decoder (a pod's answer) takes the bare LFs.
+        assert_eq!(run(b"5\nhello\n0\n\n", 100).unwrap().0, b"hello");
     }
 
     #[test]

@@ -331,7 +331,11 @@ async fn a_streamed_body_without_length_goes_out_chunked() {
                 head.headers.remove("content-length");
                 let r = conn(up)
                     .await
-                    .send(&head, UpBody::stream(incoming, 1 << 20), None)
+                    .send(
+                        &head,
+                        UpBody::stream(crate::proxy::RequestBody::Hyper(incoming), 1 << 20),
+                        None,
+                    )
                     .await
                     .unwrap()
                     .response;

@@ -1,0 +1,294 @@
+//! A client's request head: httparse reads the syntax, then the rules below decide where the
+//! body ends and whether the connection lives on.
+//!
+//! Where two readings of the same bytes are possible, the head is refused (400) rather than
+//! read one way: a proxy that frames a body differently from the server behind it or the
+//! proxy in front of it lets a client smuggle a second request inside the first. So a request
+//! with both `Content-Length` and `Transfer-Encoding`, with differing lengths, with a coding
+//! after `chunked`, with `Transfer-Encoding` in HTTP/1.0, with a line ended by a bare LF, with a
+//! folded header line (obs-fold) or with two `Host` headers is refused. hyper accepts the bare
+//! LF, the CL+TE pair (taking TE) and two hosts; the fuzz target `h1_request` holds us to
+//! hyper's reading of everything both accept, and to refusing only what these rules name.
+
+use bytes::BytesMut;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, StatusCode, Uri, Version};
+
+/// Most header lines in a request head (more: 431, as hyper's default).
+pub const MAX_HEADERS: usize = 100;
+
+/// How the request's body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (neither header, or `Content-Length: 0`).
+    Empty,
+    /// `Content-Length: n`, n > 0.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// A parsed head and what the connection needs from it.
+#[derive(Debug)]
+pub struct Head {
+    pub parts: http::request::Parts,
+    pub framing: Framing,
+    /// The client lets the connection carry another request after this one.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue`: the client waits for `100 Continue` before its body.
+    pub expect_continue: bool,
+}
+
+/// Why a head was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    #[error("malformed request head ({0})")]
+    Syntax(&'static str),
+    #[error("request head has more than {MAX_HEADERS} header lines")]
+    TooManyHeaders,
+    #[error("a line of the request head ends with a bare LF, not CRLF")]
+    BareLf,
+    #[error("request has both Content-Length and Transfer-Encoding")]
+    LengthAndTransferEncoding,
+    #[error("invalid Content-Length")]
+    BadContentLength,
+    #[error("Content-Length values differ")]
+    ConflictingContentLength,
+    #[error("Transfer-Encoding does not end with chunked")]
+    ChunkedNotLast,
+    #[error("Transfer-Encoding names chunked more than once")]
+    ChunkedTwice,
+    #[error("unsupported Transfer-Encoding (only chunked is accepted)")]
+    UnsupportedTransferEncoding,
+    #[error("Transfer-Encoding in an HTTP/1.0 request")]
+    TransferEncodingInHttp10,
+    #[error("more than one Host header")]
+    DuplicateHost,
+    #[error("invalid request target")]
+    BadTarget,
+}
+
+impl HeadError {
+    pub fn status(self) -> StatusCode {
+        match self {
+            HeadError::TooManyHeaders => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            HeadError::UnsupportedTransferEncoding => StatusCode::NOT_IMPLEMENTED,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+/// Parse the head at the front of `buf`: `Ok(None)` while it is incomplete, else the head,
+/// split off `buf`. The target and the header values point into the head's bytes instead of
+/// being copied.
+pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
+    // Left uninitialized: httparse writes the slots it fills (100 empty headers set up front
+    // cost about 500 instructions a request).
+    let mut slots =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut slots) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooManyHeaders),
+        Err(e) => return Err(HeadError::Syntax(syntax_name(e))),
+    };
+    if has_bare_lf(&buf[..len]) {
+        return Err(HeadError::BareLf);
+    }
+    let version = match req.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
+        .map_err(|_| HeadError::Syntax("method"))?;
+    let base = buf.as_ptr() as usize;
+    let span = |s: &[u8]| {
+        let from = s.as_ptr() as usize - base;
+        from..from + s.len()
+    };
+    let target = span(req.path.unwrap_or_default().as_bytes());
+    let count = req.headers.len();
+    // Where each name and value lies in the head, to slice them out of it once it is split off.
+    let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+    let mut rules = Rules::default();
+    for (h, at) in req.headers.iter().zip(spans.iter_mut()) {
+        rules.note(h.name.as_bytes(), h.value)?;
+        let (name, value) = (span(h.name.as_bytes()), span(h.value));
+        *at = (
+            name.start as u32,
+            name.end as u32,
+            value.start as u32,
+            value.end as u32,
+        );
+    }
+    let framing = rules.framing(version)?;
+    let keep_alive = rules.keep_alive(version);
+    let expect_continue = version == Version::HTTP_11 && rules.expect_continue;
+
+    let head = buf.split_to(len).freeze();
+    let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|_| HeadError::BadTarget)?;
+    let mut headers = HeaderMap::with_capacity(count);
+    for &(n0, n1, v0, v1) in &spans[..count] {
+        let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
+            .map_err(|_| HeadError::Syntax("header name"))?;
+        if name == header::CONTENT_LENGTH && headers.contains_key(header::CONTENT_LENGTH) {
+            // A repeated equal length (a different one was refused above) is kept once, so
+            // the pod is not sent two.
+            continue;
+        }
+        let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
+            .map_err(|_| HeadError::Syntax("header value"))?;
+        headers.append(name, value);
+    }
+    let mut parts = Request::new(()).into_parts().0;
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = version;
+    parts.headers = headers;
+    Ok(Some(Head {
+        parts,
+        framing,
+        keep_alive,
+        expect_continue,
+    }))
+}
+
+fn syntax_name(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "header name",
+        httparse::Error::HeaderValue => "header value",
+        httparse::Error::NewLine => "line ending",
+        httparse::Error::Status => "status",
+        httparse::Error::Token => "method or token",
+        httparse::Error::TooManyHeaders => "too many headers",
+        httparse::Error::Version => "version",
+    }
+}
+
+/// Whether a line of `head` ends with LF alone (httparse accepts it; a server behind us or a
+/// proxy in front may not, so the two would see different heads).
+fn has_bare_lf(head: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
+}
+
+/// What the framing and connection headers said, collected over the header lines.
+#[derive(Debug, Default)]
+struct Rules {
+    length: Option<u64>,
+    /// A Content-Length line that was no length, or differed from another (reported after
+    /// Transfer-Encoding is known: with it, the pair is the reason).
+    length_error: Option<HeadError>,
+    transfer_encoding: bool,
+    chunked_last: bool,
+    chunked_count: u32,
+    other_coding: bool,
+    hosts: u32,
+    close: bool,
+    keep_alive: bool,
+    expect_continue: bool,
+}
+
+impl Rules {
+    fn note(&mut self, name: &[u8], value: &[u8]) -> Result<(), HeadError> {
+        let is = |known: &HeaderName| name.eq_ignore_ascii_case(known.as_str().as_bytes());
+        if is(&header::CONTENT_LENGTH) {
+            // One number per line (a list is refused, as hyper refuses it); equal lines are one
+            // length.
+            match (parse_length(value.trim_ascii()), self.length) {
+                (Err(e), _) => self.length_error = self.length_error.or(Some(e)),
+                (Ok(n), Some(m)) if m != n => {
+                    self.length_error = self
+                        .length_error
+                        .or(Some(HeadError::ConflictingContentLength))
+                }
+                (Ok(n), _) => self.length = Some(n),
+            }
+        } else if is(&header::TRANSFER_ENCODING) {
+            self.transfer_encoding = true;
+            for item in value.split(|&b| b == b',') {
+                let coding = item.trim_ascii();
+                if coding.is_empty() {
+                    // `chunked,` does not end with chunked (hyper reads it so too).
+                    self.chunked_last = false;
+                    continue;
+                }
+                if coding.eq_ignore_ascii_case(b"chunked") {
+                    self.chunked_count += 1;
+                    self.chunked_last = true;
+                } else {
+                    self.other_coding = true;
+                    self.chunked_last = false;
+                }
+            }
+        } else if is(&header::HOST) {
+            self.hosts += 1;
+            if self.hosts > 1 {
+                return Err(HeadError::DuplicateHost);
+            }
+        } else if is(&header::CONNECTION) {
+            for token in value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    self.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    self.keep_alive = true;
+                }
+            }
+        } else if is(&header::EXPECT) {
+            self.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+        }
+        Ok(())
+    }
+
+    fn framing(&self, version: Version) -> Result<Framing, HeadError> {
+        if self.transfer_encoding {
+            if version == Version::HTTP_10 {
+                return Err(HeadError::TransferEncodingInHttp10);
+            }
+            if self.length.is_some() || self.length_error.is_some() {
+                return Err(HeadError::LengthAndTransferEncoding);
+            }
+            if !self.chunked_last {
+                return Err(HeadError::ChunkedNotLast);
+            }
+            if self.chunked_count > 1 {
+                return Err(HeadError::ChunkedTwice);
+            }
+            if self.other_coding {
+                return Err(HeadError::UnsupportedTransferEncoding);
+            }
+            return Ok(Framing::Chunked);
+        }
+        if let Some(e) = self.length_error {
+            return Err(e);
+        }
+        Ok(match self.length {
+            None | Some(0) => Framing::Empty,
+            Some(n) => Framing::Length(n),
+        })
+    }
+
+    fn keep_alive(&self, version: Version) -> bool {
+        match version {
+            Version::HTTP_10 => self.keep_alive && !self.close,
+            _ => !self.close,
+        }
+    }
+}
+
+/// A Content-Length value: decimal digits only (no sign, no space inside; leading zeros are
+/// fine), at most `u64::MAX`.
+fn parse_length(digits: &[u8]) -> Result<u64, HeadError> {
+    if digits.is_empty() {
+        return Err(HeadError::BadContentLength);
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        if !d.is_ascii_digit() {
+            return Err(HeadError::BadContentLength);
+        }
+        n.checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(d - b'0')))
+            .ok_or(HeadError::BadContentLength)
+    })
+}

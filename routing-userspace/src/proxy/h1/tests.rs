@@ -1,0 +1,553 @@
+use std::time::Instant;
+
+use bytes::BytesMut;
+use http::{Method, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::request::{parse, Framing, HeadError};
+use super::*;
+
+fn head(text: &str) -> Result<Option<request::Head>, HeadError> {
+    parse(&mut BytesMut::from(text.as_bytes()))
+}
+
+fn framing(text: &str) -> Result<Framing, HeadError> {
+    Ok(head(text)?.expect("a whole head").framing)
+}
+
+/// The request-smuggling table: each way two parsers can frame one request differently is
+/// refused with its own reason, and the plain forms are read as RFC 9112 says.
+#[test]
+fn the_smuggling_table() {
+    let cases: &[(&str, Result<Framing, HeadError>)] = &[
+        // Plain framings.
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+            Ok(Framing::Length(5)),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Ok(Framing::Chunked),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: ChUnKeD\r\n\r\n",
+            Ok(Framing::Chunked),
+        ),
+        ("GET / HTTP/1.1\r\n\r\n", Ok(Framing::Empty)),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            Ok(Framing::Empty),
+        ),
+        // CL + TE, in either order.
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Err(HeadError::LengthAndTransferEncoding),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            Err(HeadError::LengthAndTransferEncoding),
+        ),
+        // Duplicate Content-Length: equal lines are one length, different ones are refused, and a
+        // list in one line is no length (hyper refuses it too).
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+            Ok(Framing::Length(5)),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
+            Err(HeadError::BadContentLength),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            Err(HeadError::ConflictingContentLength),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5, 6\r\n\r\n",
+            Err(HeadError::BadContentLength),
+        ),
+        // Leading zeros are digits too; a length past u64 is none.
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 0000000000000000000000005\r\n\r\n",
+            Ok(Framing::Length(5)),
+        ),
+        // Lengths that are not plain decimal digits.
+        (
+            "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+            Err(HeadError::BadContentLength),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 0x5\r\n\r\n",
+            Err(HeadError::BadContentLength),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5 5\r\n\r\n",
+            Err(HeadError::BadContentLength),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            Err(HeadError::BadContentLength),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+            Err(HeadError::BadContentLength),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            Err(HeadError::BadContentLength),
+        ),
+        // Transfer codings other than a lone chunked; an empty element only in front.
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked,\r\n\r\n",
+            Err(HeadError::ChunkedNotLast),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: , chunked\r\n\r\n",
+            Ok(Framing::Chunked),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            Err(HeadError::ChunkedNotLast),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            Err(HeadError::ChunkedNotLast),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n",
+            Err(HeadError::ChunkedNotLast),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: x\r\n\r\n",
+            Err(HeadError::ChunkedNotLast),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            Err(HeadError::UnsupportedTransferEncoding),
+        ),
+        (
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+            Err(HeadError::ChunkedTwice),
+        ),
+        (
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Err(HeadError::TransferEncodingInHttp10),
+        ),
+        // obs-fold: a header line continued on the next.
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\n 6\r\n\r\n",
+            Err(HeadError::Syntax("header name")),
+        ),
+        (
+            "POST / HTTP/1.1\r\nX-A: a\r\n\tb\r\n\r\n",
+            Err(HeadError::Syntax("header name")),
+        ),
+        // Bare LF, anywhere in the head.
+        (
+            "POST / HTTP/1.1\nContent-Length: 5\r\n\r\n",
+            Err(HeadError::BareLf),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5\n\r\n",
+            Err(HeadError::BareLf),
+        ),
+        (
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\n\n",
+            Err(HeadError::BareLf),
+        ),
+        // White space before the colon, and a second Host.
+        (
+            "POST / HTTP/1.1\r\nContent-Length : 5\r\n\r\n",
+            Err(HeadError::Syntax("header name")),
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            Err(HeadError::DuplicateHost),
+        ),
+        // Versions other than 1.0 and 1.1.
+        ("GET / HTTP/1.2\r\n\r\n", Err(HeadError::Syntax("version"))),
+        ("GET / HTTP/2.0\r\n\r\n", Err(HeadError::Syntax("version"))),
+    ];
+    for (text, want) in cases {
+        assert_eq!(&framing(text), want, "{text:?}");
+    }
+    for e in [
+        HeadError::LengthAndTransferEncoding,
+        HeadError::BareLf,
+        HeadError::ConflictingContentLength,
+    ] {
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(
+        HeadError::UnsupportedTransferEncoding.status(),
+        StatusCode::NOT_IMPLEMENTED
+    );
+    assert_eq!(
+        HeadError::TooManyHeaders.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+}
+
+#[test]
+fn a_head_reads_its_method_target_version_headers_and_connection() {
+    let mut buf = BytesMut::from(
+        &b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: p\r\nX-Session-ID: s1\r\nx-session-id: s2\r\nConnection: Keep-Alive, Close\r\nExpect: 100-Continue\r\nContent-Length: 3\r\n\r\nabcNEXT"[..],
+    );
+    let h = parse(&mut buf).unwrap().unwrap();
+    assert_eq!(h.parts.method, Method::POST);
+    assert_eq!(h.parts.uri, "/v1/chat/completions?x=1");
+    assert_eq!(h.parts.version, Version::HTTP_11);
+    let sessions: Vec<_> = h.parts.headers.get_all("x-session-id").iter().collect();
+    assert_eq!(sessions, ["s1", "s2"], "repeated headers keep their order");
+    assert!(!h.keep_alive, "close wins");
+    assert!(h.expect_continue);
+    assert_eq!(h.framing, Framing::Length(3));
+    assert_eq!(
+        &buf[..],
+        b"abcNEXT",
+        "the head is split off, the body stays"
+    );
+
+    let h = head("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+    assert!(!h.keep_alive, "HTTP/1.0 closes unless asked");
+    let h = head("GET / HTTP/1.0\r\nConnection: keep-alive\r\nExpect: 100-continue\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert!(h.keep_alive && !h.expect_continue);
+    let h = head("GET http://a.example/x HTTP/1.1\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.parts.uri.path(), "/x", "absolute form");
+    let h = head("\r\nGET / HTTP/1.1\r\n\r\n").unwrap().unwrap();
+    assert_eq!(
+        h.parts.method,
+        Method::GET,
+        "an empty line before the request line is skipped"
+    );
+    assert!(
+        head("GET / HTTP/1.1\r\nHost: a\r\n").unwrap().is_none(),
+        "incomplete"
+    );
+    assert!(head("GET / HT").unwrap().is_none(), "incomplete");
+    let many: String = (0..=request::MAX_HEADERS)
+        .map(|i| format!("x-{i}: v\r\n"))
+        .collect();
+    assert_eq!(
+        head(&format!("GET / HTTP/1.1\r\n{many}\r\n")).unwrap_err(),
+        HeadError::TooManyHeaders
+    );
+}
+
+// ---- The connection, over loopback.
+
+/// Serve one connection per accept with a handler that answers `method path body-length
+/// body` (and a few special paths), until the test ends.
+async fn serving(settings: Settings) -> (std::net::SocketAddr, watch::Sender<bool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopping) = watch::channel(false);
+    tokio::spawn(async move {
+        loop {
+            let (io, peer) = listener.accept().await.unwrap();
+            let peer = Arc::new(Peer {
+                addr: peer,
+                ip_header: http::HeaderValue::from_static("127.0.0.1"),
+            });
+            let stopping = stopping.clone();
+            tokio::spawn(serve_connection(io, answer, peer, settings, stopping));
+        }
+    });
+    (addr, stop)
+}
+
+type Answer = http_body_util::Either<Full<Bytes>, Parts>;
+
+/// A body whose parts come from a channel.
+struct Parts(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Parts {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+async fn answer(req: Request<RequestBody>, _peer: Arc<Peer>) -> Response<Answer> {
+    let (parts, body) = req.into_parts();
+    match parts.uri.path() {
+        "/stream" => {
+            // Three chunks, 50 ms apart.
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            tokio::spawn(async move {
+                for part in ["one ", "two ", "three"] {
+                    let _ = tx.send(Bytes::from(part)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+            return Response::new(http_body_util::Either::Right(Parts(rx)));
+        }
+        "/no-content" => {
+            let mut r = Response::new(http_body_util::Either::Left(Full::new(Bytes::new())));
+            *r.status_mut() = StatusCode::NO_CONTENT;
+            return r;
+        }
+        "/ignore-body" => {
+            return Response::new(http_body_util::Either::Left(Full::new(Bytes::from(
+                "ignored",
+            ))));
+        }
+        "/slow" => tokio::time::sleep(Duration::from_secs(30)).await,
+        _ => {}
+    }
+    let text = match body.collect().await {
+        Ok(b) => {
+            let b = b.to_bytes();
+            format!(
+                "{} {} {} {}",
+                parts.method,
+                parts.uri,
+                b.len(),
+                String::from_utf8_lossy(&b)
+            )
+        }
+        Err(e) => format!("body error: {e}"),
+    };
+    Response::new(http_body_util::Either::Left(Full::new(Bytes::from(text))))
+}
+
+const SETTINGS: Settings = Settings {
+    header_read_timeout: Duration::from_secs(5),
+    max_head_bytes: 16 * 1024,
+};
+
+/// Send `raw`, then read until the server closes or `until` appears; returns what came.
+async fn exchange(addr: std::net::SocketAddr, raw: &[u8], until: Option<&str>) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw).await.unwrap();
+    read_until(&mut s, until).await
+}
+
+async fn read_until(s: &mut TcpStream, until: Option<&str>) -> String {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+            if until.is_some_and(|u| String::from_utf8_lossy(&got).contains(u)) {
+                return;
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn keep_alive_pipelining_and_bodies_of_every_framing() {
+    let (addr, _stop) = serving(SETTINGS).await;
+    let raw = b"POST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc\
+POST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2;x=y\r\nhe\r\n3\r\nllo\r\n0\r\nT: 1\r\n\r\n\
+GET /c HTTP/1.1\r\nConnection: close\r\n\r\n";
+    let got = exchange(addr, raw, None).await;
+    let answers: Vec<&str> = got.split("HTTP/1.1 200 OK").skip(1).collect();
+    assert_eq!(answers.len(), 3, "{got}");
+    assert!(answers[0].ends_with("POST /a 3 abc"), "{got}");
+    assert!(answers[1].ends_with("POST /b 5 hello"), "{got}");
+    assert!(answers[2].contains("connection: close"), "{got}");
+    assert!(answers[2].ends_with("GET /c 0 "), "{got}");
+    assert!(answers[0].contains("content-length: 13\r\n") && answers[0].contains("date: "));
+}
+
+#[tokio::test]
+async fn a_body_split_over_many_writes_and_one_that_waits_for_100_continue() {
+    let (addr, _stop) = serving(SETTINGS).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /a HTTP/1.1\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
+        .await
+        .unwrap();
+    let interim = read_until(&mut s, Some("\r\n\r\n")).await;
+    assert_eq!(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+    for _ in 0..10 {
+        s.write_all(&[b'x'; 10_000]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let got = read_until(&mut s, Some("xxxxxxxxxx")).await;
+    assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
+    assert!(got.contains("POST /a 100000 xxxx"), "{}", &got[..200]);
+    // The connection serves the next request.
+    s.write_all(b"GET /next HTTP/1.1\r\n\r\n").await.unwrap();
+    let got = read_until(&mut s, Some("GET /next 0 ")).await;
+    assert!(got.ends_with("GET /next 0 "), "{got}");
+}
+
+#[tokio::test]
+async fn a_streamed_answer_is_chunked_and_each_part_goes_out_as_it_comes() {
+    let (addr, _stop) = serving(SETTINGS).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /stream HTTP/1.1\r\n\r\n").await.unwrap();
+    let first = read_until(&mut s, Some("one \r\n")).await;
+    assert!(first.contains("transfer-encoding: chunked\r\n"), "{first}");
+    assert!(
+        first.ends_with("\r\n\r\n4\r\none \r\n"),
+        "the first part before the rest: {first}"
+    );
+    let rest = read_until(&mut s, Some("0\r\n\r\n")).await;
+    assert!(
+        rest.ends_with("4\r\ntwo \r\n5\r\nthree\r\n0\r\n\r\n"),
+        "{rest}"
+    );
+    // HTTP/1.0: no chunks, the close ends the body.
+    let got = exchange(addr, b"GET /stream HTTP/1.0\r\n\r\n", None).await;
+    assert!(
+        got.contains("connection: close\r\n") && got.ends_with("\r\n\r\none two three"),
+        "{got}"
+    );
+}
+
+#[tokio::test]
+async fn head_and_no_content_answers_have_no_body() {
+    let (addr, _stop) = serving(SETTINGS).await;
+    let raw = b"HEAD /h HTTP/1.1\r\n\r\nGET /no-content HTTP/1.1\r\n\r\nGET /z HTTP/1.1\r\nConnection: close\r\n\r\n";
+    let got = exchange(addr, raw, None).await;
+    let answers: Vec<&str> = got.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(answers.len(), 3, "{got}");
+    assert!(answers[0].starts_with("200 OK") && answers[0].contains("content-length: 10\r\n"));
+    assert!(
+        answers[0].ends_with("\r\n\r\n"),
+        "a HEAD answer has no body: {got}"
+    );
+    assert!(
+        answers[1].starts_with("204 No Content") && answers[1].ends_with("\r\n\r\n"),
+        "{got}"
+    );
+    assert!(!answers[1].contains("content-length") && !answers[1].contains("transfer-encoding"));
+    assert!(answers[2].ends_with("GET /z 0 "), "{got}");
+}
+
+#[tokio::test]
+async fn malformed_heads_get_an_openai_error_and_a_close() {
+    let (addr, _stop) = serving(SETTINGS).await;
+    for (raw, status) in [
+        (
+            &b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nhello"[..],
+            "400 Bad Request",
+        ),
+        (
+            b"POST / HTTP/1.1\nContent-Length: 5\n\nhello",
+            "400 Bad Request",
+        ),
+        (
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "501 Not Implemented",
+        ),
+        (b"GET / HTTP/1.1\r\nX: \x01\r\n\r\n", "400 Bad Request"),
+        (b"GARBAGE\r\n\r\n", "400 Bad Request"),
+    ] {
+        let got = exchange(addr, raw, None).await;
+        assert!(
+            got.starts_with(&format!("HTTP/1.1 {status}\r\n")),
+            "{raw:?}: {got}"
+        );
+        assert!(got.contains("connection: close\r\n"), "{got}");
+        assert!(got.contains(r#""code":"malformed_request""#), "{got}");
+    }
+    // A head past the limit: 431.
+    let big = format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(20_000));
+    let got = exchange(addr, big.as_bytes(), None).await;
+    assert!(
+        got.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+        "{got}"
+    );
+    // A bad chunk in a body: the handler sees the error, the connection closes.
+    let got = exchange(
+        addr,
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\nGET /x HTTP/1.1\r\n\r\n",
+        None,
+    )
+    .await;
+    assert!(got.contains("body error: invalid chunked body"), "{got}");
+    assert!(
+        !got.contains("GET /x"),
+        "nothing after a broken body is read as a request: {got}"
+    );
+}
+
+#[tokio::test]
+async fn an_unread_body_closes_the_connection_after_the_answer() {
+    let (addr, _stop) = serving(SETTINGS).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    // Part of the body, which reads like a request: the handler answers without reading it.
+    s.write_all(b"POST /ignore-body HTTP/1.1\r\nContent-Length: 200000\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let got = read_until(&mut s, None).await;
+    assert!(
+        got.starts_with("HTTP/1.1 200 OK") && got.ends_with("ignored"),
+        "the answer, and nothing for the body's bytes: {got}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3), "closed at once");
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_cancels_its_request_and_a_silent_one_is_closed() {
+    let settings = Settings {
+        header_read_timeout: Duration::from_millis(300),
+        ..SETTINGS
+    };
+    let (addr, _stop) = serving(settings).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /slow HTTP/1.1\r\n\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.shutdown().await.unwrap();
+    let started = Instant::now();
+    let got = read_until(&mut s, None).await;
+    assert_eq!(got, "", "closed without an answer");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "closed at once, not after the handler"
+    );
+
+    // A partial head past the timeout: 408.
+    let got = exchange(addr, b"GET / HTTP/1.1\r\nHost:", None).await;
+    assert!(got.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{got}");
+    // An idle keep-alive connection is closed at the timeout, without an answer.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /a HTTP/1.1\r\n\r\n").await.unwrap();
+    let got = read_until(&mut s, Some("GET /a 0 ")).await;
+    assert!(got.ends_with("GET /a 0 "));
+    let started = Instant::now();
+    assert_eq!(read_until(&mut s, None).await, "");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn stopping_closes_idle_connections_and_ends_the_one_in_progress_with_close() {
+    let (addr, stop) = serving(SETTINGS).await;
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /a HTTP/1.1\r\n\r\n").await.unwrap();
+    read_until(&mut idle, Some("GET /a 0 ")).await;
+    let mut busy = TcpStream::connect(addr).await.unwrap();
+    busy.write_all(b"GET /stream HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    read_until(&mut busy, Some("one \r\n")).await;
+    stop.send(true).unwrap();
+    assert_eq!(read_until(&mut idle, None).await, "", "the idle one closes");
+    let rest = read_until(&mut busy, None).await;
+    assert!(
+        rest.ends_with("0\r\n\r\n"),
+        "the stream in progress ends whole: {rest}"
+    );
+}
