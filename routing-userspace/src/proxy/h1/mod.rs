@@ -16,6 +16,7 @@
 //! side cancels the request, as in hyper by default).
 
 pub mod body;
+mod pool;
 pub mod request;
 pub mod response;
 
@@ -164,6 +165,9 @@ where
         };
         let (parts, body) = response.into_parts();
         let size = body.size_hint().exact();
+        if out.capacity() == 0 {
+            out = pool::write_buffer();
+        }
         // Room for the head and a body that comes whole, made once: grown a push at a time,
         // the buffer went through seven reallocations per short answer.
         out.reserve(HEAD_WRITE + size.map_or(0, |n| n.min(FLUSH_AT as u64) as usize));
@@ -258,6 +262,9 @@ async fn read_head(
                 Err(e) => return Ok(Next::Refused(refusal(e))),
             }
         }
+        if buf.capacity() == 0 {
+            *buf = pool::read_buffer();
+        }
         let room = buf.capacity() - buf.len();
         if room < 512 {
             let grow = if buf.capacity() == 0 {
@@ -276,8 +283,8 @@ async fn read_head(
         let idle = buf.is_empty();
         if idle {
             // Between two requests a connection holds no buffer.
-            *buf = BytesMut::new();
-            *out = Vec::new();
+            pool::give_read_buffer(std::mem::take(buf));
+            pool::give_write_buffer(std::mem::take(out));
         }
         let wait = async {
             match deadline {

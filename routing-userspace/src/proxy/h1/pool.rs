@@ -1,0 +1,88 @@
+//! Buffers of connections that wait for their next request, kept on their worker thread for
+//! the next connection that needs one.
+//!
+//! A connection between two requests holds no buffer (a keep-alive pool of thousands of idle
+//! client connections would otherwise hold thousands of buffers), so every request needs a read
+//! buffer and a response buffer again. From the allocator, a 4 KiB block costs a slow path each
+//! way; from here, a pop and a push. At most [`POOLED`] of each kind stay per thread, so the
+//! pool's memory is bounded whatever the number of connections.
+
+use std::cell::RefCell;
+
+use bytes::BytesMut;
+
+/// Buffers of each kind kept per worker thread.
+const POOLED: usize = 64;
+/// A buffer grown past this (a large head or body) goes back to the allocator instead.
+const LARGEST: usize = 16 * 1024;
+
+thread_local! {
+    static READ: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    static WRITE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An empty read buffer, pooled if one is there (its room is reclaimed by the first
+/// `reserve`).
+pub(super) fn read_buffer() -> BytesMut {
+    READ.with(|p| p.borrow_mut().pop()).unwrap_or_default()
+}
+
+/// Give back a read buffer whose bytes were all consumed.
+pub(super) fn give_read_buffer(mut buf: BytesMut) {
+    buf.clear();
+    if buf.capacity() == 0 || buf.capacity() > LARGEST {
+        return;
+    }
+    READ.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < POOLED {
+            p.push(buf);
+        }
+    });
+}
+
+/// An empty response buffer, pooled if one is there.
+pub(super) fn write_buffer() -> Vec<u8> {
+    WRITE.with(|p| p.borrow_mut().pop()).unwrap_or_default()
+}
+
+/// Give back a response buffer that was written out.
+pub(super) fn give_write_buffer(mut out: Vec<u8>) {
+    out.clear();
+    if out.capacity() == 0 || out.capacity() > LARGEST {
+        return;
+    }
+    WRITE.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < POOLED {
+            p.push(out);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_come_back_empty_and_the_pool_is_bounded() {
+        let mut b = BytesMut::with_capacity(4096);
+        b.extend_from_slice(b"left over");
+        give_read_buffer(b);
+        let b = read_buffer();
+        assert!(
+            b.is_empty() && b.capacity() >= 4096,
+            "the pooled one, emptied"
+        );
+        for _ in 0..POOLED + 10 {
+            give_write_buffer(Vec::with_capacity(512));
+        }
+        assert_eq!(WRITE.with(|p| p.borrow().len()), POOLED);
+        give_read_buffer(BytesMut::with_capacity(LARGEST * 2));
+        assert_eq!(
+            READ.with(|p| p.borrow().len()),
+            0,
+            "a grown buffer is not kept"
+        );
+    }
+}
