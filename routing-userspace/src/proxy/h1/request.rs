@@ -4,11 +4,12 @@
 //! Where two readings of the same bytes are possible, the head is refused (400) rather than
 //! read one way: a proxy that frames a body differently from the server behind it or the
 //! proxy in front of it lets a client smuggle a second request inside the first. So a request
-//! with both `Content-Length` and `Transfer-Encoding`, with differing lengths, with a coding
-//! after `chunked`, with `Transfer-Encoding` in HTTP/1.0, with a line ended by a bare LF, with a
-//! folded header line (obs-fold) or with two `Host` headers is refused. hyper accepts the bare
-//! LF, the CL+TE pair (taking TE) and two hosts; the fuzz target `h1_request` holds us to
-//! hyper's reading of everything both accept, and to refusing only what these rules name.
+//! with both `Content-Length` and `Transfer-Encoding`, with differing lengths or a list of them
+//! in one line, with a coding after `chunked` (or `chunked` twice), with `Transfer-Encoding` in
+//! HTTP/1.0, with a line ended by a bare LF, with a folded header line (obs-fold) or with two
+//! `Host` headers is refused. hyper accepts the bare LF, the CL+TE pair (taking TE) and two
+//! hosts; the fuzz target `h1_request` holds us to hyper's reading of everything both accept,
+//! and to refusing only what these rules name.
 
 use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
