@@ -9,8 +9,13 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
-/// Longest chunk-size line (size, extensions and CRLF) or trailer section accepted.
+/// Longest chunk-size line (size, extensions and CRLF) or trailer line accepted.
 const MAX_LINE: usize = 4096;
+/// A client's trailer section (strict): at most this many lines, and fewer bytes than
+/// [`MAX_TRAILER_BYTES`] with its closing CRLF; hyper's server limits, so that no request is
+/// read whole here that hyper would refuse.
+const MAX_TRAILER_LINES: u32 = 100;
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
 
 /// What the decoder got out of the buffer.
 #[derive(Debug, PartialEq, Eq)]
@@ -35,6 +40,8 @@ pub enum ChunkError {
     BareLf,
     #[error("a trailer line is not a header field")]
     BadTrailer,
+    #[error("more than {MAX_TRAILER_LINES} trailer lines, or {MAX_TRAILER_BYTES} bytes of them")]
+    TooManyTrailers,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +62,9 @@ pub struct ChunkedDecoder {
     state: State,
     /// CRLF only, and no control byte in an extension (a client's body).
     strict: bool,
+    /// Trailer lines and bytes read so far (counted when strict).
+    trailer_lines: u32,
+    trailer_bytes: usize,
 }
 
 impl Default for ChunkedDecoder {
@@ -62,6 +72,8 @@ impl Default for ChunkedDecoder {
         Self {
             state: State::Size,
             strict: false,
+            trailer_lines: 0,
+            trailer_bytes: 0,
         }
     }
 }
@@ -120,8 +132,8 @@ impl ChunkedDecoder {
     /// A decoder for a client's body: CRLF only, no control byte in an extension.
     pub fn strict() -> Self {
         Self {
-            state: State::Size,
             strict: true,
+            ..Self::default()
         }
     }
 
@@ -183,23 +195,39 @@ impl ChunkedDecoder {
                     self.state = State::Size;
                 }
                 State::Trailers => {
+                    // A client's trailer line may be as long as the section's room allows.
+                    let (longest, too_long) = if self.strict {
+                        (
+                            MAX_TRAILER_BYTES - 1 - self.trailer_bytes,
+                            ChunkError::TooManyTrailers,
+                        )
+                    } else {
+                        (MAX_LINE, ChunkError::TooLong)
+                    };
                     let Some(end) = line_end(buf) else {
-                        return if buf.len() > MAX_LINE {
-                            Err(ChunkError::TooLong)
+                        return if buf.len() > longest {
+                            Err(too_long)
                         } else {
                             Ok(Decoded::NeedMore)
                         };
                     };
-                    if end > MAX_LINE {
-                        return Err(ChunkError::TooLong);
+                    if end > longest {
+                        return Err(too_long);
                     }
                     if self.strict && !ends_crlf(&buf[..end]) {
                         return Err(ChunkError::BareLf);
                     }
                     let empty = &buf[..end] == b"\r\n" || &buf[..end] == b"\n";
-                    if self.strict && !empty && !is_field_line(&buf[..end - 2]) {
-                        return Err(ChunkError::BadTrailer);
+                    if self.strict && !empty {
+                        if !is_field_line(&buf[..end - 2]) {
+                            return Err(ChunkError::BadTrailer);
+                        }
+                        self.trailer_lines += 1;
+                        if self.trailer_lines > MAX_TRAILER_LINES {
+                            return Err(ChunkError::TooManyTrailers);
+                        }
                     }
+                    self.trailer_bytes += end;
                     buf.advance(end);
                     if empty {
                         self.state = State::Done;
@@ -286,6 +314,29 @@ mod tests {
         assert_eq!(
             strict(b"0\r\nX-T: a\x00\r\n\r\n"),
             Err(ChunkError::BadTrailer)
+        );
+        // hyper's limits on a trailer section: 100 lines, and under 16 KiB with its last CRLF.
+        let lines = |n: usize| {
+            let mut b = b"0\r\n".to_vec();
+            for _ in 0..n {
+                b.extend_from_slice(b"X-T: 1\r\n");
+            }
+            b.extend_from_slice(b"\r\n");
+            b
+        };
+        assert!(strict(&lines(100)).is_ok());
+        assert_eq!(strict(&lines(101)), Err(ChunkError::TooManyTrailers));
+        // One trailer line making the section (the line, then the closing CRLF) this long.
+        let bytes = |section: usize| {
+            let mut b = b"0\r\nX-T: ".to_vec();
+            b.extend(std::iter::repeat_n(b'a', section - 2 - 5 - 2));
+            b.extend_from_slice(b"\r\n\r\n");
+            b
+        };
+        assert!(strict(&bytes(MAX_TRAILER_BYTES - 1)).is_ok());
+        assert_eq!(
+            strict(&bytes(MAX_TRAILER_BYTES)),
+            Err(ChunkError::TooManyTrailers)
         );
         // The lenient decoder (a pod's answer) takes the bare LFs.
         assert_eq!(run(b"5\nhello\n0\n\n", 100).unwrap().0, b"hello");
