@@ -113,7 +113,16 @@ fn parse_size(line: &[u8], strict: bool) -> Result<u64, ChunkError> {
         .position(|b| !b.is_ascii_hexdigit())
         .unwrap_or(line.len());
     let (digits, rest) = line.split_at(digits_end);
-    if digits.is_empty() || digits.len() > 16 {
+    if digits.is_empty() {
+        return Err(ChunkError::BadSize);
+    }
+    // Leading zeros are no part of the size's width (hyper reads `000...05` as 5).
+    let significant = digits
+        .iter()
+        .position(|&b| b != b'0')
+        .unwrap_or(digits.len() - 1);
+    let digits = &digits[significant..];
+    if digits.len() > 16 {
         return Err(ChunkError::BadSize);
     }
     if strict && rest.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
@@ -347,6 +356,14 @@ mod tests {
         assert_eq!(run(b"zz\r\n", 10), Err(ChunkError::BadSize));
         assert_eq!(run(b"\r\n", 10), Err(ChunkError::BadSize));
         assert_eq!(run(b"11111111111111111\r\n", 40), Err(ChunkError::BadSize));
+        let padded = format!("{}5\r\nhello\r\n0\r\n\r\n", "0".repeat(40));
+        assert_eq!(
+            run(padded.as_bytes(), 7).unwrap().0,
+            b"hello",
+            "leading zeros"
+        );
+        let zero = format!("{}\r\n\r\n", "0".repeat(40));
+        assert!(run(zero.as_bytes(), 100).unwrap().1, "a padded last chunk");
         assert_eq!(run(b"3\r\nabcXY", 10), Err(ChunkError::MissingCrlf));
         let long = vec![b'1'; MAX_LINE + 10];
         assert_eq!(run(&long, 1000), Err(ChunkError::TooLong));
