@@ -8,6 +8,7 @@
 //! pool's memory is bounded whatever the number of connections.
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 
 use bytes::BytesMut;
 
@@ -16,24 +17,52 @@ const POOLED: usize = 64;
 /// A buffer grown past this (a large head or body) goes back to the allocator instead.
 const LARGEST: usize = 16 * 1024;
 
+/// A growable byte buffer the pool can empty and size up.
+pub(super) trait Buffer: Default + 'static {
+    fn clear(&mut self);
+    fn capacity(&self) -> usize;
+}
+
+impl Buffer for BytesMut {
+    fn clear(&mut self) {
+        BytesMut::clear(self);
+    }
+    fn capacity(&self) -> usize {
+        BytesMut::capacity(self)
+    }
+}
+
+impl Buffer for Vec<u8> {
+    fn clear(&mut self) {
+        Vec::clear(self);
+    }
+    fn capacity(&self) -> usize {
+        Vec::capacity(self)
+    }
+}
+
+/// One kind of buffer's pool on each thread.
+type Shelf<B> = LocalKey<RefCell<Vec<B>>>;
+
 thread_local! {
     static READ: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
     static WRITE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// An empty read buffer, pooled if one is there (its room is reclaimed by the first
+/// An empty buffer, pooled if one is there (a read buffer's room is reclaimed by its first
 /// `reserve`).
-pub(super) fn read_buffer() -> BytesMut {
-    READ.with(|p| p.borrow_mut().pop()).unwrap_or_default()
+fn take<B: Buffer>(shelf: &'static Shelf<B>) -> B {
+    shelf.with(|p| p.borrow_mut().pop()).unwrap_or_default()
 }
 
-/// Give back a read buffer whose bytes were all consumed.
-pub(super) fn give_read_buffer(mut buf: BytesMut) {
+/// Give back a buffer whose bytes were all consumed or written out; kept unless it never grew,
+/// grew past [`LARGEST`], or the shelf is full.
+fn give<B: Buffer>(shelf: &'static Shelf<B>, mut buf: B) {
     buf.clear();
     if buf.capacity() == 0 || buf.capacity() > LARGEST {
         return;
     }
-    READ.with(|p| {
+    shelf.with(|p| {
         let mut p = p.borrow_mut();
         if p.len() < POOLED {
             p.push(buf);
@@ -41,23 +70,24 @@ pub(super) fn give_read_buffer(mut buf: BytesMut) {
     });
 }
 
-/// An empty response buffer, pooled if one is there.
-pub(super) fn write_buffer() -> Vec<u8> {
-    WRITE.with(|p| p.borrow_mut().pop()).unwrap_or_default()
+/// An empty read buffer.
+pub(super) fn read_buffer() -> BytesMut {
+    take(&READ)
 }
 
-/// Give back a response buffer that was written out.
-pub(super) fn give_write_buffer(mut out: Vec<u8>) {
-    out.clear();
-    if out.capacity() == 0 || out.capacity() > LARGEST {
-        return;
-    }
-    WRITE.with(|p| {
-        let mut p = p.borrow_mut();
-        if p.len() < POOLED {
-            p.push(out);
-        }
-    });
+/// Give back a read buffer.
+pub(super) fn give_read_buffer(buf: BytesMut) {
+    give(&READ, buf);
+}
+
+/// An empty response buffer.
+pub(super) fn write_buffer() -> Vec<u8> {
+    take(&WRITE)
+}
+
+/// Give back a response buffer.
+pub(super) fn give_write_buffer(out: Vec<u8>) {
+    give(&WRITE, out);
 }
 
 #[cfg(test)]
@@ -84,5 +114,14 @@ mod tests {
             0,
             "a grown buffer is not kept"
         );
+        give_write_buffer(Vec::new());
+        let mut fresh = write_buffer();
+        assert!(
+            fresh.capacity() >= 512,
+            "a buffer that never grew is not kept"
+        );
+        fresh.extend_from_slice(b"x");
+        give_write_buffer(fresh);
+        assert!(write_buffer().is_empty());
     }
 }
