@@ -15,6 +15,8 @@ use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 
+use crate::upstream::h1::head::decimal_length;
+
 /// Most header lines in a request head (more: 431, as hyper's default).
 pub const MAX_HEADERS: usize = 100;
 
@@ -196,7 +198,7 @@ impl Rules {
         if is(&header::CONTENT_LENGTH) {
             // One number per line (a list is refused, as hyper refuses it); equal lines are one
             // length.
-            match (parse_length(value.trim_ascii()), self.length) {
+            match (length(value), self.length) {
                 (Err(e), _) => self.length_error = self.length_error.or(Some(e)),
                 (Ok(n), Some(m)) if m != n => {
                     self.length_error = self
@@ -278,18 +280,7 @@ impl Rules {
     }
 }
 
-/// A Content-Length value: decimal digits only (no sign, no space inside; leading zeros are
-/// fine), at most `u64::MAX`.
-fn parse_length(digits: &[u8]) -> Result<u64, HeadError> {
-    if digits.is_empty() {
-        return Err(HeadError::BadContentLength);
-    }
-    digits.iter().try_fold(0u64, |n, &d| {
-        if !d.is_ascii_digit() {
-            return Err(HeadError::BadContentLength);
-        }
-        n.checked_mul(10)
-            .and_then(|n| n.checked_add(u64::from(d - b'0')))
-            .ok_or(HeadError::BadContentLength)
-    })
+/// One Content-Length line's value (white space around it allowed).
+fn length(value: &[u8]) -> Result<u64, HeadError> {
+    decimal_length(value.trim_ascii()).ok_or(HeadError::BadContentLength)
 }

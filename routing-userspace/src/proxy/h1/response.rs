@@ -11,6 +11,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::header::{self, HeaderMap};
 use http::{Method, StatusCode, Version};
 
+use crate::upstream::h1::head::decimal_length;
+
 /// How the response body goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyFraming {
@@ -73,11 +75,7 @@ pub fn write_head(
             continue;
         }
         if name == header::CONTENT_LENGTH {
-            match value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-            {
+            match decimal_length(value.as_bytes().trim_ascii()) {
                 Some(n) if length.is_none() => length = Some(n),
                 // A second or a broken one: the first valid length frames the body.
                 _ => continue,
