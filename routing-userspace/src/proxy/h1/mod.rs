@@ -24,7 +24,7 @@ pub mod response;
 mod tests;
 
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -34,6 +34,7 @@ use bytes::{Bytes, BytesMut};
 use http::{Request, Response};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::Sleep;
 
 pub use body::{Body, BodyError};
 use body::{Handback, Link};
@@ -88,10 +89,21 @@ where
     B: http_body::Body<Data = Bytes>,
 {
     let link = Arc::new(Link::new(io));
+    // The header-read timer, re-armed lazily (see `read_head`); never earlier than a deadline.
+    let mut timer = pin!(tokio::time::sleep(settings.header_read_timeout));
     let mut buf = BytesMut::new();
     let mut out: Vec<u8> = Vec::new();
     loop {
-        let head = match read_head(&link, &mut buf, &mut out, &settings, &mut stopping).await? {
+        let head = match read_head(
+            &link,
+            &mut buf,
+            &mut out,
+            &settings,
+            &mut stopping,
+            timer.as_mut(),
+        )
+        .await?
+        {
             Next::Head(h) => h,
             Next::Closed => return Ok(()),
             Next::Refused(error) => {
@@ -175,7 +187,8 @@ where
         drop(parts);
         let sent = send_body(&link, &mut out, body, written.framing, &mut watch, &mut buf).await?;
         if !sent || !written.keep_alive || *stopping.borrow() {
-            return close(&link);
+            close(&link);
+            return Ok(());
         }
         if watch.lent {
             if let Some(Handback {
@@ -191,7 +204,8 @@ where
         if watch.lent || !watch.body_finished {
             // The body was left unread (or is still held): what follows on the socket is not a
             // request head.
-            return close(&link);
+            close(&link);
+            return Ok(());
         }
     }
 }
@@ -246,6 +260,7 @@ async fn read_head(
     out: &mut Vec<u8>,
     settings: &Settings,
     stopping: &mut watch::Receiver<bool>,
+    mut timer: Pin<&mut Sleep>,
 ) -> std::io::Result<Next> {
     let timeout = settings.header_read_timeout;
     let deadline = (!timeout.is_zero()).then(|| tokio::time::Instant::now() + timeout);
@@ -287,9 +302,23 @@ async fn read_head(
             pool::give_write_buffer(std::mem::take(out));
         }
         let wait = async {
-            match deadline {
-                Some(d) => tokio::time::timeout_at(d, link.io.readable()).await.ok(),
-                None => Some(link.io.readable().await),
+            let Some(d) = deadline else {
+                return Some(link.io.readable().await);
+            };
+            // The connection's one timer is armed at a deadline no later than this head's, and
+            // moved on only when it fires early: a busy connection touches the timer wheel
+            // once per timeout, not once per request.
+            loop {
+                tokio::select! {
+                    biased;
+                    ready = link.io.readable() => return Some(ready),
+                    () = timer.as_mut() => {
+                        if timer.deadline() >= d {
+                            return None;
+                        }
+                        timer.as_mut().reset(d);
+                    }
+                }
             }
         };
         tokio::select! {
@@ -437,9 +466,9 @@ async fn write_all(link: &Link, mut bytes: &[u8]) -> std::io::Result<()> {
 
 /// Close the connection: the write side at once (the client reads the end of the answer even
 /// while a body of this request still holds the socket), the socket itself as the link drops.
-fn close(link: &Link) -> std::io::Result<()> {
+fn close(link: &Link) {
+    // Already shut or reset by the client: nothing left to close.
     let _ = socket2::SockRef::from(&link.io).shutdown(std::net::Shutdown::Write);
-    Ok(())
 }
 
 /// Answer a request head the proxy will not read, then close after a short drain of what the
@@ -467,7 +496,7 @@ async fn refuse(link: &Link, out: &mut Vec<u8>, error: ApiError) {
     if write_all(link, out).await.is_err() {
         return;
     }
-    let _ = close(link);
+    close(link);
     let mut sink = BytesMut::with_capacity(4096);
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         loop {

@@ -533,6 +533,33 @@ async fn a_client_that_leaves_cancels_its_request_and_a_silent_one_is_closed() {
 }
 
 #[tokio::test]
+async fn every_head_has_the_whole_timeout_from_its_own_wait() {
+    // The connection's one timer is re-armed lazily: a request that comes after the first
+    // head's deadline, but within the timeout of its own wait, is served; and the wait after
+    // the last answer still ends at its own deadline, not at an earlier one.
+    let settings = Settings {
+        header_read_timeout: Duration::from_millis(300),
+        ..SETTINGS
+    };
+    let (addr, _stop) = serving(settings).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let opened = Instant::now();
+    for path in ["/a", "/b", "/c", "/d"] {
+        s.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let want = format!("GET {path} 0 ");
+        let got = read_until(&mut s, Some(&want)).await;
+        assert!(got.ends_with(&want), "{path}: {got:?}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(opened.elapsed() > Duration::from_millis(600), "past two timeouts in all");
+    let waited = Instant::now();
+    assert_eq!(read_until(&mut s, None).await, "", "closed when idle");
+    assert!(waited.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
 async fn stopping_closes_idle_connections_and_ends_the_one_in_progress_with_close() {
     let (addr, stop) = serving(SETTINGS).await;
     let mut idle = TcpStream::connect(addr).await.unwrap();
