@@ -8,7 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use foldhash::fast::RandomState;
+
 use super::h1::H1Conn;
+
+/// Idle connections by target. Keys are pod addresses and configured Service names, never a
+/// client's bytes, so they are hashed with foldhash (seeded per process), not SipHash: two
+/// lookups per request.
+type IdleMap = HashMap<PoolKey, Vec<Idle>, RandomState>;
 
 /// Where a connection goes: a pod's address, or a Service's `host:port` (resolved at connect).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -37,7 +44,7 @@ struct Idle {
 /// second or so), so taking and returning a connection reads no clock.
 #[derive(Debug)]
 pub struct Pool {
-    idle: Mutex<HashMap<PoolKey, Vec<Idle>>>,
+    idle: Mutex<IdleMap>,
     max_per_target: usize,
     idle_timeout: Duration,
     start: Instant,
@@ -48,7 +55,7 @@ pub struct Pool {
 impl Pool {
     pub fn new(max_per_target: usize, idle_timeout: Duration) -> Self {
         Self {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(IdleMap::default()),
             max_per_target,
             idle_timeout,
             start: Instant::now(),
@@ -60,7 +67,7 @@ impl Pool {
         Duration::from_millis(now.saturating_sub(since)) < self.idle_timeout
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Vec<Idle>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdleMap> {
         crate::lock::lock(&self.idle)
     }
 

@@ -347,10 +347,13 @@ impl H1Conn {
     /// Read until a response head to `method` is complete.
     async fn read_head(&mut self, method: &http::Method) -> Result<ResponseHead, ReadFailure> {
         loop {
-            if let Some(h) =
-                head::parse_response(&mut self.read_buf, method).map_err(ReadFailure::Head)?
-            {
-                return Ok(h);
+            // A connection's buffer is empty until the answer comes (nothing to parse yet).
+            if !self.read_buf.is_empty() {
+                if let Some(h) =
+                    head::parse_response(&mut self.read_buf, method).map_err(ReadFailure::Head)?
+                {
+                    return Ok(h);
+                }
             }
             let room = self.make_room();
             let got_nothing = self.read_buf.is_empty();
