@@ -66,7 +66,7 @@ const STREAM: usize = 11;
 #[derive(Debug)]
 pub struct BodyFields<'a> {
     /// Raw value text of each of [`FIELDS`], when present.
-    raw: [Option<&'a [u8]>; FIELDS.len()],
+    raw: [Option<&'a str>; FIELDS.len()],
     /// `messages` read as a list of messages (in the scan that validates the body); `None`
     /// when it does not read so.
     messages: Option<Vec<Message<'a>>>,
@@ -74,15 +74,15 @@ pub struct BodyFields<'a> {
 
 /// A value that is `null` or absent reads as `None`; a string as its text; anything else is a
 /// type error (`Err`), which invalidates the struct it is part of.
-fn optional_string(raw: Option<&[u8]>) -> Result<Option<JsonStr<'_>>, ()> {
+fn optional_string(raw: Option<&str>) -> Result<Option<JsonStr<'_>>, ()> {
     match raw {
-        None | Some(b"null") => Ok(None),
+        None | Some("null") => Ok(None),
         Some(r) => JsonStr::new(r).map(Some).ok_or(()),
     }
 }
 
 /// A value that must be a string.
-fn as_str(raw: Option<&[u8]>) -> Option<JsonStr<'_>> {
+fn as_str(raw: Option<&str>) -> Option<JsonStr<'_>> {
     JsonStr::new(raw?)
 }
 
@@ -91,12 +91,12 @@ fn as_str(raw: Option<&[u8]>) -> Option<JsonStr<'_>> {
 /// sequence form of a struct). `required` is the number of leading positions a sequence must
 /// fill. `None` when the value is neither, or invalid.
 fn struct_fields<'a, const N: usize>(
-    raw: &'a [u8],
+    raw: &'a str,
     names: [&str; N],
     required: usize,
-) -> Option<[Option<&'a [u8]>; N]> {
+) -> Option<[Option<&'a str>; N]> {
     let mut out = [None; N];
-    match raw.first() {
+    match raw.as_bytes().first() {
         Some(b'{') => {
             for (k, v) in members(raw) {
                 let key = JsonStr::new(k)?;
@@ -129,18 +129,18 @@ fn struct_fields<'a, const N: usize>(
 #[derive(Debug)]
 struct Message<'a> {
     role: Option<JsonStr<'a>>,
-    content: Option<&'a [u8]>,
+    content: Option<&'a str>,
 }
 
-fn message(raw: &[u8]) -> Option<Message<'_>> {
+fn message(raw: &str) -> Option<Message<'_>> {
     let [role, content] = struct_fields(raw, ["role", "content"], 0)?;
     message_from(role, content)
 }
 
-fn message_from<'a>(role: Option<&'a [u8]>, content: Option<&'a [u8]>) -> Option<Message<'a>> {
+fn message_from<'a>(role: Option<&'a str>, content: Option<&'a str>) -> Option<Message<'a>> {
     Some(Message {
         role: optional_string(role).ok()?,
-        content: content.filter(|c| *c != b"null"),
+        content: content.filter(|c| *c != "null"),
     })
 }
 
@@ -151,7 +151,7 @@ fn message_from<'a>(role: Option<&'a [u8]>, content: Option<&'a [u8]>) -> Option
 /// them all).
 fn scan_messages<'a>(
     s: &mut Scanner<'a>,
-) -> Result<(&'a [u8], Option<Vec<Message<'a>>>), ScanError> {
+) -> Result<(&'a str, Option<Vec<Message<'a>>>), ScanError> {
     s.skip_ws();
     let start = s.pos();
     if s.peek() != Some(b'[') {
@@ -223,8 +223,8 @@ impl ChatMessage<'_> {
 
 /// Text of a message content: a plain string, or the text parts of an array (parts without a
 /// type, or of type `text` / `input_text`) joined by spaces. Any malformed part hides them all.
-fn content_text(raw: &[u8]) -> Option<Text<'_>> {
-    match raw.first() {
+fn content_text(raw: &str) -> Option<Text<'_>> {
+    match raw.as_bytes().first() {
         Some(b'"') => JsonStr::new(raw).map(Text::One),
         Some(b'[') => {
             let mut texts = Vec::new();
@@ -255,7 +255,7 @@ fn is_role(role: Option<JsonStr<'_>>, names: &[&str]) -> bool {
 /// (`max_tokens`, `max_completion_tokens`); `None` when absent or not a whole number. A scan of
 /// its own, run only when a token budget needs it.
 pub fn top_level_count(body: &[u8], keys: &[&str]) -> Option<u64> {
-    let mut s = Scanner::new(body, DEFAULT_MAX_DEPTH);
+    let mut s = Scanner::new(std::str::from_utf8(body).ok()?, DEFAULT_MAX_DEPTH);
     if s.open() != Some(true) {
         return None;
     }
@@ -267,9 +267,7 @@ pub fn top_level_count(body: &[u8], keys: &[&str]) -> Option<u64> {
         let Some(rank) = keys.iter().position(|k| key.eq_str(k)) else {
             continue;
         };
-        let n = std::str::from_utf8(value)
-            .ok()
-            .and_then(|v| v.trim().parse().ok());
+        let n = value.trim().parse().ok();
         if let Some(n) = n.filter(|_| found.is_none_or(|(r, _)| rank < r)) {
             found = Some((rank, n));
         }
@@ -289,10 +287,11 @@ impl<'a> BodyFields<'a> {
             ScanError::TooDeep => BodyError::TooDeep,
             ScanError::Syntax => BodyError::NotObject,
         };
-        if std::str::from_utf8(body).is_err() {
+        // The one UTF-8 check of the body: every value read from it is a slice of this `str`.
+        let Ok(text) = std::str::from_utf8(body) else {
             return Err(BodyError::NotObject);
-        }
-        let mut s = Scanner::new(body, max_depth);
+        };
+        let mut s = Scanner::new(text, max_depth);
         if s.open() != Some(true) {
             return Err(BodyError::NotObject);
         }
@@ -330,7 +329,7 @@ impl<'a> BodyFields<'a> {
             }
             seen |= 1 << i;
             // `null` reads as absent, as for an optional field.
-            raw[i] = (value != b"null").then_some(value);
+            raw[i] = (value != "null").then_some(value);
         }
         if !s.at_end() {
             return Err(BodyError::NotObject);
@@ -357,7 +356,7 @@ impl<'a> BodyFields<'a> {
 
     /// Whether the request asks for a streamed answer (`"stream": true`).
     pub fn streams(&self) -> bool {
-        self.raw[STREAM] == Some(b"true")
+        self.raw[STREAM] == Some("true")
     }
 
     pub fn session_id(&self) -> Option<Cow<'a, str>> {
@@ -416,7 +415,7 @@ impl<'a> BodyFields<'a> {
             .into_iter()
             .find_map(|f| as_str(self.raw[f]));
         direct.or_else(|| {
-            let docs = self.raw[DOCUMENTS].filter(|d| d.first() == Some(&b'['))?;
+            let docs = self.raw[DOCUMENTS].filter(|d| d.starts_with('['))?;
             let first = elements(docs).next()?;
             if let Some(s) = JsonStr::new(first) {
                 return Some(s);
@@ -433,7 +432,7 @@ impl<'a> BodyFields<'a> {
         if let Some(s) = JsonStr::new(raw) {
             return Some(s);
         }
-        if raw.first() != Some(&b'[') {
+        if !raw.starts_with('[') {
             return None;
         }
         let mut list = elements(raw).map(JsonStr::new);

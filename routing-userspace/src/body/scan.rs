@@ -82,18 +82,26 @@ impl Kinds {
 }
 
 /// An object member as raw text: `(key with its quotes, value)`.
-pub type RawMember<'a> = (&'a [u8], &'a [u8]);
+pub type RawMember<'a> = (&'a str, &'a str);
 
-/// A cursor over one JSON text.
+/// A cursor over one JSON text. The text is a `str` (UTF-8 checked once, by whoever made it),
+/// and every value handed out is a slice of it: values start and end at ASCII bytes, so
+/// slicing is a bounds check, not a second validation.
 pub struct Scanner<'a> {
+    s: &'a str,
     b: &'a [u8],
     i: usize,
     max_depth: u32,
 }
 
 impl<'a> Scanner<'a> {
-    pub fn new(b: &'a [u8], max_depth: u32) -> Self {
-        Self { b, i: 0, max_depth }
+    pub fn new(s: &'a str, max_depth: u32) -> Self {
+        Self {
+            s,
+            b: s.as_bytes(),
+            i: 0,
+            max_depth,
+        }
     }
 
     pub fn pos(&self) -> usize {
@@ -132,7 +140,7 @@ impl<'a> Scanner<'a> {
 
     /// A string starting at the cursor (on its opening quote); returns its raw text, quotes
     /// included.
-    pub fn string(&mut self) -> Result<&'a [u8], ScanError> {
+    pub fn string(&mut self) -> Result<&'a str, ScanError> {
         let start = self.i;
         if self.peek() != Some(b'"') {
             return Err(ScanError::Syntax);
@@ -145,7 +153,7 @@ impl<'a> Scanner<'a> {
             match self.b[i] {
                 b'"' => {
                     self.i = i + 1;
-                    return Ok(&self.b[start..self.i]);
+                    return Ok(&self.s[start..self.i]);
                 }
                 b'\\' => i = self.escape(i)?,
                 c if c < 0x20 => return Err(ScanError::Syntax),
@@ -163,7 +171,7 @@ impl<'a> Scanner<'a> {
             i += k;
             if self.b[i] == b'"' {
                 self.i = i + 1;
-                return Ok(&self.b[start..self.i]);
+                return Ok(&self.s[start..self.i]);
             }
             i = self.escape(i)?;
         }
@@ -254,7 +262,7 @@ impl<'a> Scanner<'a> {
 
     /// Skip one complete value at `depth` (the number of containers already open around it)
     /// and return its raw text. Iterative: a stack of open containers instead of recursion.
-    pub fn value(&mut self, depth: u32) -> Result<&'a [u8], ScanError> {
+    pub fn value(&mut self, depth: u32) -> Result<&'a str, ScanError> {
         self.skip_ws();
         let start = self.i;
         let mut kinds = Kinds::default();
@@ -285,7 +293,7 @@ impl<'a> Scanner<'a> {
             // A value ended: close containers or move to the next element.
             loop {
                 let Some(object) = kinds.last() else {
-                    return Ok(&self.b[start..self.i]);
+                    return Ok(&self.s[start..self.i]);
                 };
                 self.skip_ws();
                 match (object, self.peek()) {
@@ -307,7 +315,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// `"key" :` inside an object.
-    fn member_key(&mut self) -> Result<&'a [u8], ScanError> {
+    fn member_key(&mut self) -> Result<&'a str, ScanError> {
         self.skip_ws();
         let k = self.string()?;
         self.expect(b':')?;
@@ -315,8 +323,8 @@ impl<'a> Scanner<'a> {
     }
 
     /// The text from `start` to the cursor.
-    pub fn since(&self, start: usize) -> &'a [u8] {
-        &self.b[start..self.i]
+    pub fn since(&self, start: usize) -> &'a str {
+        &self.s[start..self.i]
     }
 
     /// Fails as [`Scanner::value`] does for a container opened at `depth`.
@@ -329,7 +337,7 @@ impl<'a> Scanner<'a> {
 
     /// The next key of an object opened with [`Scanner::open`], with its quotes, the cursor
     /// past its colon (read its value next); `None` at the closing brace.
-    pub fn next_key(&mut self, first: bool) -> Result<Option<&'a [u8]>, ScanError> {
+    pub fn next_key(&mut self, first: bool) -> Result<Option<&'a str>, ScanError> {
         self.skip_ws();
         match self.peek() {
             Some(b'}') => {
@@ -389,7 +397,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// The next element of an array opened with [`Scanner::open`], or `None` at `]`.
-    pub fn next_element(&mut self, first: bool, depth: u32) -> Result<Option<&'a [u8]>, ScanError> {
+    pub fn next_element(&mut self, first: bool, depth: u32) -> Result<Option<&'a str>, ScanError> {
         if !self.element_start(first)? {
             return Ok(None);
         }
@@ -399,10 +407,10 @@ impl<'a> Scanner<'a> {
 
 /// Validate that `b` is exactly one JSON value (white space around it allowed).
 pub fn validate(b: &[u8], max_depth: u32) -> Result<(), ScanError> {
-    if std::str::from_utf8(b).is_err() {
+    let Ok(text) = std::str::from_utf8(b) else {
         return Err(ScanError::Syntax);
-    }
-    let mut s = Scanner::new(b, max_depth);
+    };
+    let mut s = Scanner::new(text, max_depth);
     s.value(0)?;
     if s.at_end() {
         Ok(())
@@ -413,7 +421,7 @@ pub fn validate(b: &[u8], max_depth: u32) -> Result<(), ScanError> {
 
 /// Iterate over the elements of an already validated array value (`raw` is its text).
 /// Yields nothing when `raw` is not an array.
-pub fn elements(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub fn elements(raw: &str) -> impl Iterator<Item = &str> {
     let mut s = Scanner::new(raw, u32::MAX);
     let mut state = match s.open() {
         Some(false) => Some(true),
@@ -436,7 +444,7 @@ pub fn elements(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// Iterate over the members of an already validated object value as `(raw key, raw value)`.
 /// Yields nothing when `raw` is not an object.
-pub fn members(raw: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+pub fn members(raw: &str) -> impl Iterator<Item = (&str, &str)> {
     let mut s = Scanner::new(raw, u32::MAX);
     let mut state = match s.open() {
         Some(true) => Some(true),
@@ -539,15 +547,15 @@ mod tests {
 
     #[test]
     fn walks_members_and_elements() {
-        let raw = br#"{ "a" : [1, {"b":2}] , "c":"d" }"#;
+        let raw = r#"{ "a" : [1, {"b":2}] , "c":"d" }"#;
         let m: Vec<_> = members(raw).collect();
         assert_eq!(m.len(), 2);
-        assert_eq!(m[0].0, br#""a""#);
-        assert_eq!(m[0].1, br#"[1, {"b":2}]"#);
-        assert_eq!(m[1], (&br#""c""#[..], &br#""d""#[..]));
+        assert_eq!(m[0].0, r#""a""#);
+        assert_eq!(m[0].1, r#"[1, {"b":2}]"#);
+        assert_eq!(m[1], (r#""c""#, r#""d""#));
         let e: Vec<_> = elements(m[0].1).collect();
-        assert_eq!(e, vec![&b"1"[..], &br#"{"b":2}"#[..]]);
-        assert_eq!(elements(b"{}").count(), 0);
-        assert_eq!(members(b"[]").count(), 0);
+        assert_eq!(e, vec!["1", r#"{"b":2}"#]);
+        assert_eq!(elements("{}").count(), 0);
+        assert_eq!(members("[]").count(), 0);
     }
 }

@@ -9,24 +9,23 @@ use std::borrow::Cow;
 
 /// A raw JSON string (with its quotes) that passed [`super::scan`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JsonStr<'a>(&'a [u8]);
+pub struct JsonStr<'a>(&'a str);
 
 impl<'a> JsonStr<'a> {
     /// `raw` if it is a JSON string (starts with a quote); scanned input only.
-    pub fn new(raw: &'a [u8]) -> Option<Self> {
-        (raw.len() >= 2 && raw[0] == b'"').then_some(Self(raw))
+    pub fn new(raw: &'a str) -> Option<Self> {
+        (raw.len() >= 2 && raw.as_bytes()[0] == b'"').then_some(Self(raw))
     }
 
-    fn inner(&self) -> &'a [u8] {
+    fn inner(&self) -> &'a str {
         &self.0[1..self.0.len() - 1]
     }
 
     /// The decoded text; borrowed when it has no escapes.
     pub fn decode(&self) -> Cow<'a, str> {
         let inner = self.inner();
-        if memchr::memchr(b'\\', inner).is_none() {
-            // The scanner validated UTF-8 for the whole body.
-            return Cow::Borrowed(std::str::from_utf8(inner).unwrap_or_default());
+        if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
+            return Cow::Borrowed(inner);
         }
         Cow::Owned(self.chars().collect())
     }
@@ -34,15 +33,15 @@ impl<'a> JsonStr<'a> {
     /// The text between the quotes when it has no escapes (so it is the decoded text).
     #[inline]
     pub fn plain(&self) -> Option<&'a [u8]> {
-        let inner = self.inner();
+        let inner = self.inner().as_bytes();
         memchr::memchr(b'\\', inner).is_none().then_some(inner)
     }
 
     /// Whether the decoded text equals `s` (keys are compared this way, escapes and all).
     pub fn eq_str(&self, s: &str) -> bool {
         let inner = self.inner();
-        if memchr::memchr(b'\\', inner).is_none() {
-            return inner == s.as_bytes();
+        if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
+            return inner == s;
         }
         self.chars().eq(s.chars())
     }
@@ -55,8 +54,7 @@ impl<'a> JsonStr<'a> {
 
     /// The text between the quotes, escapes not decoded.
     pub fn raw_inner(&self) -> &'a str {
-        // The scanner validated UTF-8 for the whole body.
-        std::str::from_utf8(self.inner()).unwrap_or_default()
+        self.inner()
     }
 
     /// Decodes the escape `s` starts with (`\n`, `\u00e9`, a surrogate pair...), returning the
@@ -159,15 +157,15 @@ mod tests {
 
     #[test]
     fn decodes_escapes_and_surrogate_pairs() {
-        let raw = br#""a\"b\\c\/d\n\u00e9\ud83d\ude00 z""#;
+        let raw = r#""a\"b\\c\/d\n\u00e9\ud83d\ude00 z""#;
         let s = JsonStr::new(raw).unwrap();
-        let want: String = serde_json::from_slice(raw).unwrap();
+        let want: String = serde_json::from_str(raw).unwrap();
         assert_eq!(s.decode(), want);
         assert!(s.eq_str(&want));
         assert!(!s.eq_str("a"));
-        let plain = JsonStr::new(br#""model""#).unwrap();
+        let plain = JsonStr::new(r#""model""#).unwrap();
         assert!(matches!(plain.decode(), Cow::Borrowed("model")));
-        assert!(JsonStr::new(br#""mod\u0065l""#).unwrap().eq_str("model"));
+        assert!(JsonStr::new(r#""mod\u0065l""#).unwrap().eq_str("model"));
     }
 
     #[test]
@@ -178,7 +176,7 @@ mod tests {
             (r#""\ud800\u0041""#, "\u{fffd}A"),
             (r#""\ude00\ud83d\ude00""#, "\u{fffd}\u{1f600}"),
         ] {
-            let s = JsonStr::new(raw.as_bytes()).unwrap();
+            let s = JsonStr::new(raw).unwrap();
             assert_eq!(s.decode(), want, "{raw}");
             assert!(s.eq_str(want), "{raw}");
             assert_eq!(s.chars().collect::<String>(), want, "{raw}");
@@ -188,8 +186,8 @@ mod tests {
     #[test]
     fn parts_join_with_a_space() {
         let t = Text::Parts(vec![
-            JsonStr::new(br#""a""#).unwrap(),
-            JsonStr::new(br#""b c""#).unwrap(),
+            JsonStr::new(r#""a""#).unwrap(),
+            JsonStr::new(r#""b c""#).unwrap(),
         ]);
         assert_eq!(t.chars().collect::<String>(), "a b c");
         assert_eq!(t.to_text(), "a b c");

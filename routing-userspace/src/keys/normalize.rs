@@ -328,7 +328,7 @@ mod tests {
         ) {
             let raws: Vec<String> = pieces.iter().map(|p| format!("\"{p}\"")).collect();
             let strs: Vec<JsonStr<'_>> =
-                raws.iter().map(|r| JsonStr::new(r.as_bytes()).unwrap()).collect();
+                raws.iter().map(|r| JsonStr::new(r).unwrap()).collect();
             let text = if strs.len() == 1 { Text::One(strs[0]) } else { Text::Parts(strs) };
             prop_assert_eq!(text_prefix(&text, max), slow(&text, max));
         }
