@@ -221,7 +221,9 @@ impl UsageObserver {
     }
 
     /// Inside the object: walk `frame[at..]` until the object closes, grows past
-    /// [`MAX_CAPTURE`] (it is dropped) or the frame ends, then copy the run in one go.
+    /// [`MAX_CAPTURE`] (it is dropped) or the frame ends, then copy the run in one go. Inside a
+    /// string the walk jumps to the next quote or backslash (most of a `usage` object is its
+    /// keys), so the bytes looked at one by one are the few between the strings.
     fn copy_object(
         &mut self,
         key: Key,
@@ -230,19 +232,37 @@ impl UsageObserver {
         (mut depth, mut in_string, mut escaped): (u32, bool, bool),
     ) -> usize {
         let room = (MAX_CAPTURE + 1).saturating_sub(self.scratch.len());
-        for (n, &b) in frame[at..].iter().enumerate() {
+        // Bytes past `at + room - 1` are never looked at: the object is dropped there.
+        let limit = at.saturating_add(room);
+        let end = frame.len().min(limit);
+        let mut i = at;
+        while i < end {
+            let b = frame[i];
+            if in_string && !escaped && b != b'"' && b != b'\\' {
+                match memchr::memchr2(b'"', b'\\', &frame[i..end]) {
+                    Some(k) => {
+                        i += k;
+                        continue;
+                    }
+                    None => {
+                        i = end;
+                        break;
+                    }
+                }
+            }
             (depth, in_string, escaped) = object_step(depth, in_string, escaped, b);
+            i += 1;
             if depth == 0 {
-                self.scratch.extend_from_slice(&frame[at..=at + n]);
+                self.scratch.extend_from_slice(&frame[at..i]);
                 self.complete(key);
                 self.capture = None;
-                return at + n + 1;
+                return i;
             }
-            if n + 1 >= room {
-                self.scratch.clear();
-                self.capture = None;
-                return at + n + 1;
-            }
+        }
+        if i >= limit {
+            self.scratch.clear();
+            self.capture = None;
+            return i;
         }
         self.scratch.extend_from_slice(&frame[at..]);
         let phase = Phase::Object {

@@ -553,7 +553,10 @@ async fn every_head_has_the_whole_timeout_from_its_own_wait() {
         assert!(got.ends_with(&want), "{path}: {got:?}");
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    assert!(opened.elapsed() > Duration::from_millis(600), "past two timeouts in all");
+    assert!(
+        opened.elapsed() > Duration::from_millis(600),
+        "past two timeouts in all"
+    );
     let waited = Instant::now();
     assert_eq!(read_until(&mut s, None).await, "", "closed when idle");
     assert!(waited.elapsed() < Duration::from_secs(3));

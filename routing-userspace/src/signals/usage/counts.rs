@@ -272,4 +272,90 @@ mod tests {
         );
         assert_eq!(parse(&objects), None);
     }
+
+    #[test]
+    fn a_count_is_what_a_json_reader_calls_an_unsigned_integer() {
+        for (body, want) in [
+            (r#"{"prompt_tokens":0}"#, Some(0)),
+            (r#"{"prompt_tokens":-0}"#, None),
+            (r#"{"prompt_tokens":1E2}"#, None),
+            (r#"{"prompt_tokens":1.0}"#, None),
+            (r#"{"prompt_tokens": 7 }"#, Some(7)),
+            (r#"{"prompt_tokens":1099511627776}"#, Some(MAX_TOKENS)),
+        ] {
+            assert_eq!(parse(body).unwrap().prompt_tokens, want, "{body}");
+        }
+        // Within a details object, the same.
+        let c = parse(r#"{"prompt_tokens_details":{"cached_tokens":3,"cached_tokens":4}}"#);
+        assert_eq!(c.unwrap().prompt_cached, Some(4));
+    }
+
+    /// What a JSON value reader makes of the same object (`serde_json::Value`: the last of a
+    /// repeated key, escapes decoded, `-0` and `1.0` floats).
+    fn reference(text: &str) -> Option<Counts> {
+        let value: serde_json::Value = serde_json::from_str(text).ok()?;
+        let object = value.as_object()?;
+        let n = |k: &str| {
+            object
+                .get(k)
+                .and_then(serde_json::Value::as_u64)
+                .filter(|&n| n <= MAX_TOKENS)
+        };
+        let cached = |k: &str| {
+            object
+                .get(k)?
+                .as_object()?
+                .get("cached_tokens")?
+                .as_u64()
+                .filter(|&n| n <= MAX_TOKENS)
+        };
+        Some(Counts {
+            prompt_tokens: n("prompt_tokens"),
+            completion_tokens: n("completion_tokens"),
+            input_tokens: n("input_tokens"),
+            output_tokens: n("output_tokens"),
+            prompt_cached: cached("prompt_tokens_details"),
+            input_cached: cached("input_tokens_details"),
+            cached_tokens: n("cached_tokens"),
+            cache_n: n("cache_n"),
+            prompt_n: n("prompt_n"),
+            predicted_n: n("predicted_n"),
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn reads_as_a_json_value_reader_does(
+            members in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        r#""prompt_tokens""#, r#""completion_tokens""#, r#""input_tokens""#,
+                        r#""output_tokens""#, r#""cached_tokens""#, r#""cache_n""#,
+                        r#""prompt_n""#, r#""predicted_n""#, r#""prompt_tokens_details""#,
+                        r#""input_tokens_details""#, r#""prompt\u005ftokens""#, r#""other""#,
+                    ]),
+                    proptest::sample::select(vec![
+                        "0", "7", "-0", "-3", "1.0", "2e3", "1099511627776", "1099511627777",
+                        "18446744073709551616", r#""5""#, "null", "true", "[1,2]",
+                        r#"{"cached_tokens":4}"#, r#"{"cached_tokens":4.5}"#,
+                        r#"{"cached_tokens":1,"cached_tokens":2}"#, r#"{"x":{"cached_tokens":9}}"#,
+                    ]),
+                ),
+                0..8,
+            ),
+            broken in proptest::bool::weighted(0.1),
+        ) {
+            let mut text = String::from("{");
+            for (i, (k, v)) in members.iter().enumerate() {
+                if i > 0 {
+                    text.push(',');
+                }
+                text.push_str(&format!("{k}:{v}"));
+            }
+            if !broken {
+                text.push('}');
+            }
+            proptest::prop_assert_eq!(parse(&text), reference(&text), "{}", text);
+        }
+    }
 }
