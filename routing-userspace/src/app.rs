@@ -25,7 +25,7 @@ use crate::load::userspace::UserspaceGauge;
 use crate::load::LoadGauge;
 use crate::metrics::Metrics;
 use crate::proxy::retry_budget::RetryBudget;
-use crate::proxy::server::{Drained, ServeOptions};
+use crate::proxy::server::{Drained, RefusalCounter, ServeOptions};
 use crate::proxy::Shared;
 use crate::router::Router;
 use crate::signals::{Fleet, ScrapeConfig, ScrapeTargets, Scraper, SignalStore};
@@ -332,6 +332,7 @@ async fn run_listeners(
         move |req, _peer| admin::handle(admin_shared.clone(), req),
         stopped(admin_stop_rx),
         ServeOptions::ADMIN,
+        RefusalCounter::default(),
     ));
     let proxy_shared = shared.clone();
     let serving = proxy::server::serve(
@@ -339,6 +340,7 @@ async fn run_listeners(
         move |req, peer| proxy::handle(proxy_shared.clone(), req, peer),
         stopped(stop_rx),
         settings.server,
+        RefusalCounter::new(shared.metrics.requests.client_refusals_total.clone()),
     );
     tokio::select! {
         served = serving => {

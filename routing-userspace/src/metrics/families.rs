@@ -154,6 +154,8 @@ pub struct RequestFamilies {
     pub upstream_retries_total: IntCounterVec,
     pub outlier_ejections_total: IntCounterVec,
     pub ready_endpoints: IntGaugeVec,
+    /// Clients answered with an error before a request was read (`code`, `status`).
+    pub client_refusals_total: IntCounterVec,
 }
 
 impl RequestFamilies {
@@ -188,6 +190,11 @@ impl RequestFamilies {
                 "flexinfer_proxy_ready_endpoints",
                 "Ready pod endpoints per model",
                 &["model"],
+            ),
+            client_refusals_total: f.counter(
+                "flexinfer_proxy_client_refusals_total",
+                "Client connections answered with an error and closed before a request was read (code malformed_request: a head the proxy will not read, status 400, 431 or 501; header_too_large: 431 past --max-header-bytes; request_timeout: 408, a head begun but not whole within --header-read-timeout; too_many_connections: 503 past --max-connections)",
+                &["code", "status"],
             ),
         }
     }

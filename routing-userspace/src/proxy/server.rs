@@ -23,6 +23,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
+use prometheus::IntCounterVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -75,6 +76,25 @@ impl ServeOptions {
 impl Default for ServeOptions {
     fn default() -> Self {
         Self::ADMIN
+    }
+}
+
+/// Counts the clients answered with an error before any request was read (a connection past
+/// the cap, a head the HTTP/1 reader refuses or that did not come in time): they never become
+/// requests, so `requests_total` does not see them. Empty for a listener that does not count.
+#[derive(Clone, Default)]
+pub struct RefusalCounter(Option<IntCounterVec>);
+
+impl RefusalCounter {
+    pub fn new(counter: IntCounterVec) -> Self {
+        Self(Some(counter))
+    }
+
+    pub fn count(&self, error: &ApiError) {
+        if let Some(c) = &self.0 {
+            c.with_label_values(&[error.code, error.status.as_str()])
+                .inc();
+        }
     }
 }
 
@@ -201,6 +221,7 @@ pub async fn serve<H, F, B>(
     handler: H,
     shutdown: impl Future<Output = ()>,
     opts: ServeOptions,
+    counted: RefusalCounter,
 ) -> std::io::Result<Drained>
 where
     H: Fn(Request<RequestBody>, Arc<Peer>) -> F + Clone + Send + Sync + 'static,
@@ -238,6 +259,7 @@ where
         if open.fetch_add(1, Ordering::Relaxed) >= opts.max_connections {
             open.fetch_sub(1, Ordering::Relaxed);
             refusals.refused(peer, opts.max_connections);
+            counted.count(&ApiError::too_many_connections());
             tokio::spawn(refuse(stream));
             continue;
         }
@@ -251,6 +273,7 @@ where
         let watcher = graceful.watcher();
         let mut stopping = stopping.clone();
         let http1_open = http1_open.clone();
+        let counted = counted.clone();
         let first_byte_timeout = opts.header_read_timeout;
         tokio::spawn(async move {
             let _guard = guard;
@@ -262,7 +285,7 @@ where
                 Ok(Protocol::Http1) => {
                     let _open = http1_open;
                     let handler = move |req, peer| Box::pin(handler(req, peer));
-                    h1::serve_connection(stream, handler, client, http1_settings, stopping)
+                    h1::serve_connection(stream, handler, client, http1_settings, stopping, counted)
                         .await
                         .map_err(Into::into)
                 }
@@ -339,6 +362,7 @@ mod tests {
                 let _ = stopped.await;
             },
             opts,
+            RefusalCounter::default(),
         ));
         (addr, stop, served)
     }

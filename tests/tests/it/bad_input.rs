@@ -331,6 +331,7 @@ async fn every_bad_input_gets_its_status_and_the_proxy_keeps_serving() {
     )
     .await;
     let mut failures = Vec::new();
+    let mut refused = std::collections::BTreeMap::new();
     for row in rows() {
         let got = exchange(proxy.addr, row.request.clone()).await;
         let verdict = match &got {
@@ -361,6 +362,9 @@ async fn every_bad_input_gets_its_status_and_the_proxy_keeps_serving() {
         if let Some(v) = verdict {
             failures.push(format!("{}: {v}", row.case));
         }
+        if let (From::Proxy(code @ "malformed_request"), Ok(Some(_))) = (row.from, &got) {
+            *refused.entry((code, row.status)).or_insert(0.0) += 1.0;
+        }
         still_serves(&mut proxy, row.case).await;
     }
     assert!(
@@ -369,6 +373,15 @@ async fn every_bad_input_gets_its_status_and_the_proxy_keeps_serving() {
         failures.len(),
         failures.join("\n")
     );
+    // The heads refused unread are counted by code and status (they are no requests).
+    assert!(!refused.is_empty());
+    let text = proxy.metrics().await;
+    for ((code, status), want) in refused {
+        let status = status.to_string();
+        let labels = [("code", code), ("status", status.as_str())];
+        let got = metric_value(&text, "flexinfer_proxy_client_refusals_total", &labels);
+        assert_eq!(got, Some(want), "{code} {status}");
+    }
 }
 
 /// Slowloris: a head sent a byte at a time is cut off at the header-read timeout, while other

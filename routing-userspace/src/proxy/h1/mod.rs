@@ -43,7 +43,7 @@ use response::{Asked, BodyFraming};
 
 use super::errors::ApiError;
 use super::request_body::RequestBody;
-use super::server::Peer;
+use super::server::{Peer, RefusalCounter};
 
 /// The first read of a request head: most heads (and small bodies) fit.
 const HEAD_READ: usize = 4 * 1024;
@@ -75,13 +75,15 @@ enum Next {
 
 /// Serve HTTP/1.1 requests on `io` with `handler` until the client or the proxy closes.
 /// `stopping` turns true when the proxy stops: a connection then closes between two requests,
-/// and the request in progress is answered with `connection: close`.
+/// and the request in progress is answered with `connection: close`. A head refused unread is
+/// counted in `refusals`.
 pub async fn serve_connection<H, F, B>(
     io: TcpStream,
     handler: H,
     peer: Arc<Peer>,
     settings: Settings,
     mut stopping: watch::Receiver<bool>,
+    refusals: RefusalCounter,
 ) -> std::io::Result<()>
 where
     H: Fn(Request<RequestBody>, Arc<Peer>) -> F,
@@ -107,6 +109,7 @@ where
             Next::Head(h) => h,
             Next::Closed => return Ok(()),
             Next::Refused(error) => {
+                refusals.count(&error);
                 refuse(&link, &mut out, error).await;
                 return Ok(());
             }

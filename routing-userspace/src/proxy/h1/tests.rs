@@ -244,9 +244,27 @@ fn a_head_reads_its_method_target_version_headers_and_connection() {
 /// Serve one connection per accept with a handler that answers `method path body-length
 /// body` (and a few special paths), until the test ends.
 async fn serving(settings: Settings) -> (std::net::SocketAddr, watch::Sender<bool>) {
+    let (addr, stop, _) = serving_counted(settings).await;
+    (addr, stop)
+}
+
+/// A server whose refusals are counted in the returned family (`code`, `status`).
+async fn serving_counted(
+    settings: Settings,
+) -> (
+    std::net::SocketAddr,
+    watch::Sender<bool>,
+    prometheus::IntCounterVec,
+) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopping) = watch::channel(false);
+    let counter = prometheus::IntCounterVec::new(
+        prometheus::Opts::new("refusals", "refusals"),
+        &["code", "status"],
+    )
+    .unwrap();
+    let refusals = RefusalCounter::new(counter.clone());
     tokio::spawn(async move {
         loop {
             let (io, peer) = listener.accept().await.unwrap();
@@ -255,10 +273,17 @@ async fn serving(settings: Settings) -> (std::net::SocketAddr, watch::Sender<boo
                 ip_header: http::HeaderValue::from_static("127.0.0.1"),
             });
             let stopping = stopping.clone();
-            tokio::spawn(serve_connection(io, answer, peer, settings, stopping));
+            tokio::spawn(serve_connection(
+                io,
+                answer,
+                peer,
+                settings,
+                stopping,
+                refusals.clone(),
+            ));
         }
     });
-    (addr, stop)
+    (addr, stop, counter)
 }
 
 type Answer = http_body_util::Either<Full<Bytes>, Parts>;
@@ -437,7 +462,7 @@ async fn head_and_no_content_answers_have_no_body() {
 
 #[tokio::test]
 async fn malformed_heads_get_an_openai_error_and_a_close() {
-    let (addr, _stop) = serving(SETTINGS).await;
+    let (addr, _stop, refusals) = serving_counted(SETTINGS).await;
     for (raw, status) in [
         (
             &b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nhello"[..],
@@ -469,6 +494,11 @@ async fn malformed_heads_get_an_openai_error_and_a_close() {
         got.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
         "{got}"
     );
+    // Each refusal counted by its code and status; a bad body (below) is a request's error.
+    let count = |code: &str, status: &str| refusals.with_label_values(&[code, status]).get();
+    assert_eq!(count("malformed_request", "400"), 4);
+    assert_eq!(count("malformed_request", "501"), 1);
+    assert_eq!(count("header_too_large", "431"), 1);
     // A bad chunk in a body: the handler sees the error, the connection closes.
     let got = exchange(
         addr,
@@ -481,6 +511,7 @@ async fn malformed_heads_get_an_openai_error_and_a_close() {
         !got.contains("GET /x"),
         "nothing after a broken body is read as a request: {got}"
     );
+    assert_eq!(count("malformed_request", "400"), 4);
 }
 
 #[tokio::test]
@@ -506,7 +537,7 @@ async fn a_client_that_leaves_cancels_its_request_and_a_silent_one_is_closed() {
         header_read_timeout: Duration::from_millis(300),
         ..SETTINGS
     };
-    let (addr, _stop) = serving(settings).await;
+    let (addr, _stop, refusals) = serving_counted(settings).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /slow HTTP/1.1\r\n\r\n").await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -522,6 +553,8 @@ async fn a_client_that_leaves_cancels_its_request_and_a_silent_one_is_closed() {
     // A partial head past the timeout: 408.
     let got = exchange(addr, b"GET / HTTP/1.1\r\nHost:", None).await;
     assert!(got.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{got}");
+    let timeouts = refusals.with_label_values(&["request_timeout", "408"]);
+    assert_eq!(timeouts.get(), 1);
     // An idle keep-alive connection is closed at the timeout, without an answer.
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /a HTTP/1.1\r\n\r\n").await.unwrap();
@@ -530,6 +563,11 @@ async fn a_client_that_leaves_cancels_its_request_and_a_silent_one_is_closed() {
     let started = Instant::now();
     assert_eq!(read_until(&mut s, None).await, "");
     assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(
+        timeouts.get(),
+        1,
+        "an idle connection closed is not a refusal"
+    );
 }
 
 #[tokio::test]
