@@ -205,7 +205,8 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 38, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 39, "{text}");
+        assert!(text.contains("# TYPE flexinfer_proxy_client_refusals_total counter\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_engine_scrapes_total counter\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_depth gauge\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_wait_seconds histogram\n"));
