@@ -296,10 +296,14 @@ impl SignalStore {
         let Some(p) = self.pods.get(slot as usize) else {
             return node_in_flight;
         };
+        let reports = [&p.reports[0], &p.reports[1]].map(Record::read);
+        if reports.iter().all(Option::is_none) {
+            // No engine report (yet, or at all): no clock to read.
+            return node_in_flight;
+        }
         let now_ns = self.ns(now);
         let local = self.local.active(slot);
-        let [a, b] = [&p.reports[0], &p.reports[1]]
-            .map(|r| r.read().filter(|s| s.fresh(now_ns) && s.running.is_some()));
+        let [a, b] = reports.map(|r| r.filter(|s| s.fresh(now_ns) && s.running.is_some()));
         let newest = match (a, b) {
             (Some(a), Some(b)) => Some(if a.at_ns >= b.at_ns { a } else { b }),
             (a, b) => a.or(b),
@@ -319,11 +323,11 @@ impl SignalStore {
     /// The pod's waiting requests and KV-cache use, each from the freshest report carrying it
     /// that is younger than [`QUEUE_STATE_FRESHNESS`] (`None` where none is).
     pub fn queue_state(&self, slot: Slot, now: Instant) -> (Option<u64>, Option<f64>) {
-        let Some(fresh) = self.fresh(slot, now) else {
+        let Some((fresh, now_ns)) = self.fresh(slot, now) else {
             return (None, None);
         };
         let window = u64::try_from(QUEUE_STATE_FRESHNESS.as_nanos()).unwrap_or(u64::MAX);
-        let since = self.ns(now).saturating_sub(window);
+        let since = now_ns.saturating_sub(window);
         let newest = |field: fn(&Snap) -> bool| {
             fresh
                 .iter()
@@ -353,10 +357,17 @@ impl SignalStore {
             .is_some_and(|s| s.at_ns > since && s.running.is_some() && s.waiting.is_some())
     }
 
-    fn fresh(&self, slot: Slot, now: Instant) -> Option<[Option<Snap>; 2]> {
+    /// The pod's fresh reports and the time they were judged at; `None` when the slot is past
+    /// capacity or the pod never reported (the common case without engine signals, which then
+    /// reads no clock).
+    fn fresh(&self, slot: Slot, now: Instant) -> Option<([Option<Snap>; 2], u64)> {
         let p = self.pods.get(slot as usize)?;
+        let reports = [&p.reports[0], &p.reports[1]].map(Record::read);
+        if reports.iter().all(Option::is_none) {
+            return None;
+        }
         let now_ns = self.ns(now);
-        Some([&p.reports[0], &p.reports[1]].map(|r| r.read().filter(|s| s.fresh(now_ns))))
+        Some((reports.map(|r| r.filter(|s| s.fresh(now_ns))), now_ns))
     }
 
     /// The pod's signals with their ages, for `/debug/routing` and metrics; `None` for a slot
