@@ -193,7 +193,7 @@ impl RequestFamilies {
             ),
             client_refusals_total: f.counter(
                 "flexinfer_proxy_client_refusals_total",
-                "Client connections answered with an error and closed before a request was read (code malformed_request: a head the proxy will not read, status 400, 431 or 501; header_too_large: 431 past --max-header-bytes; request_timeout: 408, a head begun but not whole within --header-read-timeout; too_many_connections: 503 past --max-connections)",
+                "Client connections answered with an error and closed before a request was read (code malformed_request: a head the proxy will not read, status 400, 431 or 501; header_too_large: 431 past --max-header-bytes; request_timeout: 408, a head begun but not whole within --header-read-timeout; too_many_connections: 503 past --max-client-connections)",
                 &["code", "status"],
             ),
         }
