@@ -458,6 +458,12 @@ async fn connections_past_the_limit_get_503_with_retry_after() {
     assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
     let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(j["error"]["code"], "too_many_connections");
+    let refused = metric_value(
+        &proxy.metrics().await,
+        "flexinfer_proxy_client_refusals_total",
+        &[("code", "too_many_connections"), ("status", "503")],
+    );
+    assert_eq!(refused, Some(1.0), "the refused connection is counted");
     drop(held);
     // The slots free once the proxy sees the closes: until then a new client still gets 503.
     let deadline = Instant::now() + Duration::from_secs(10);
