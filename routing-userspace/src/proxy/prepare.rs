@@ -51,6 +51,11 @@ pub fn origin_uri(uri: &Uri, forward_path: Option<PathAndQuery>) -> Uri {
     Uri::from(pq)
 }
 
+/// Header lines [`head`] may add to a client's request: the four forwarding headers and
+/// `Host`. The proxy's HTTP/1 reader makes its header map with this much room to spare, so
+/// that adding them never grows (and rehashes) the map.
+pub const ADDED_HEADERS: usize = 5;
+
 /// The upstream head. `read_len` is the length of a body the proxy read (`None` when it
 /// streams the client's body, whose own length header then stays).
 pub fn head(mut parts: Parts, uri: Uri, client_ip: &HeaderValue, read_len: Option<usize>) -> Parts {
@@ -65,8 +70,8 @@ pub fn head(mut parts: Parts, uri: Uri, client_ip: &HeaderValue, read_len: Optio
     parts.version = Version::HTTP_11;
     headers::strip_hop_by_hop(&mut parts.headers);
     // Room for the four forwarding headers and `Host`: the map grows (and rehashes) once at
-    // most, not on the way.
-    parts.headers.reserve(5);
+    // most, not on the way; not at all when the HTTP/1 reader made it (see ADDED_HEADERS).
+    parts.headers.reserve(ADDED_HEADERS);
     headers::add_forwarding(&mut parts.headers, client_ip, original_host);
     if let Some(len) = read_len {
         let bodyless = len == 0

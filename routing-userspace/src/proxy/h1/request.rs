@@ -15,6 +15,7 @@ use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 
+use crate::proxy::prepare::ADDED_HEADERS;
 use crate::upstream::h1::head::decimal_length;
 
 /// Most header lines in a request head (more: 431, as hyper's default).
@@ -131,7 +132,8 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
 
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|_| HeadError::BadTarget)?;
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for what the proxy adds before forwarding, so the map is built once.
+    let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
     for &(n0, n1, v0, v1) in &spans[..count] {
         let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
             .map_err(|_| HeadError::Syntax("header name"))?;

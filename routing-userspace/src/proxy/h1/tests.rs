@@ -200,6 +200,11 @@ fn a_head_reads_its_method_target_version_headers_and_connection() {
     assert_eq!(h.parts.version, Version::HTTP_11);
     let sessions: Vec<_> = h.parts.headers.get_all("x-session-id").iter().collect();
     assert_eq!(sessions, ["s1", "s2"], "repeated headers keep their order");
+    let room = h.parts.headers.capacity() - h.parts.headers.len();
+    assert!(
+        room >= crate::proxy::prepare::ADDED_HEADERS,
+        "the forwarding headers fit without growing the map: {room}"
+    );
     assert!(!h.keep_alive, "close wins");
     assert!(h.expect_continue);
     assert_eq!(h.framing, Framing::Length(3));
