@@ -32,6 +32,10 @@ mod counts;
 /// Largest `usage` or `timings` object kept; a larger one is skipped.
 pub const MAX_CAPTURE: usize = 4096;
 
+/// Room made for a captured object when it starts (an OpenAI `usage` with its details is
+/// about 200 bytes).
+const CAPTURE_START: usize = 256;
+
 /// The longest key, with its quotes.
 const KEY_MAX: usize = b"\"timings\"".len();
 const CARRY: usize = KEY_MAX - 1;
@@ -199,6 +203,8 @@ impl UsageObserver {
                 _ if b.is_ascii_whitespace() => Some((key, phase)),
                 Phase::Colon if b == b':' => Some((key, Phase::Value)),
                 Phase::Value if b == b'{' => {
+                    // Room for a usual `usage` object at once, not grown byte run by run.
+                    self.scratch.reserve(CAPTURE_START);
                     self.scratch.push(b);
                     Some((
                         key,
