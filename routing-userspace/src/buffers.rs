@@ -1,11 +1,13 @@
-//! Buffers of connections that wait for their next request, kept on their worker thread for
-//! the next connection that needs one.
+//! I/O buffers of connections between two requests, kept on their worker thread for the next
+//! request that needs one.
 //!
 //! A connection between two requests holds no buffer (a keep-alive pool of thousands of idle
-//! client connections would otherwise hold thousands of buffers), so every request needs a read
-//! buffer and a response buffer again. From the allocator, a 4 KiB block costs a slow path each
-//! way; from here, a pop and a push. At most [`POOLED`] of each kind stay per thread, so the
-//! pool's memory is bounded whatever the number of connections.
+//! client connections, or of pooled upstream connections, would otherwise hold thousands of
+//! buffers), so every request needs its buffers again: the client's read and response buffers
+//! (`proxy::h1`) and the upstream request's write buffer (`upstream::h1`), all on the thread
+//! that runs the request. From the allocator, a block of a few KiB costs a slow path each way;
+//! from here, a pop and a push. At most [`POOLED`] of each kind stay per thread, so the pools'
+//! memory is bounded whatever the number of connections.
 
 use std::cell::RefCell;
 use std::thread::LocalKey;
@@ -18,7 +20,7 @@ const POOLED: usize = 64;
 const LARGEST: usize = 16 * 1024;
 
 /// A growable byte buffer the pool can empty and size up.
-pub(super) trait Buffer: Default + 'static {
+pub trait Buffer: Default + 'static {
     fn clear(&mut self);
     fn capacity(&self) -> usize;
 }
@@ -71,22 +73,22 @@ fn give<B: Buffer>(shelf: &'static Shelf<B>, mut buf: B) {
 }
 
 /// An empty read buffer.
-pub(super) fn read_buffer() -> BytesMut {
+pub fn read_buffer() -> BytesMut {
     take(&READ)
 }
 
 /// Give back a read buffer.
-pub(super) fn give_read_buffer(buf: BytesMut) {
+pub fn give_read_buffer(buf: BytesMut) {
     give(&READ, buf);
 }
 
 /// An empty response buffer.
-pub(super) fn write_buffer() -> Vec<u8> {
+pub fn write_buffer() -> Vec<u8> {
     take(&WRITE)
 }
 
 /// Give back a response buffer.
-pub(super) fn give_write_buffer(out: Vec<u8>) {
+pub fn give_write_buffer(out: Vec<u8>) {
     give(&WRITE, out);
 }
 

@@ -15,6 +15,7 @@ pub mod admission;
 pub mod app;
 pub mod balance;
 pub mod body;
+pub mod buffers;
 pub mod config;
 pub mod demo;
 pub mod discovery;

@@ -16,7 +16,6 @@
 //! side cancels the request, as in hyper by default).
 
 pub mod body;
-mod pool;
 pub mod request;
 pub mod response;
 
@@ -44,6 +43,7 @@ use response::{Asked, BodyFraming};
 use super::errors::ApiError;
 use super::request_body::RequestBody;
 use super::server::{Peer, RefusalCounter};
+use crate::buffers;
 
 /// The first read of a request head: most heads (and small bodies) fit.
 const HEAD_READ: usize = 4 * 1024;
@@ -181,7 +181,7 @@ where
         let (parts, body) = response.into_parts();
         let size = body.size_hint().exact();
         if out.capacity() == 0 {
-            out = pool::write_buffer();
+            out = buffers::write_buffer();
         }
         // Room for the head and a body that comes whole, made once: grown a push at a time,
         // the buffer went through seven reallocations per short answer.
@@ -281,7 +281,7 @@ async fn read_head(
             }
         }
         if buf.capacity() == 0 {
-            *buf = pool::read_buffer();
+            *buf = buffers::read_buffer();
         }
         let room = buf.capacity() - buf.len();
         if room < 512 {
@@ -301,8 +301,8 @@ async fn read_head(
         let idle = buf.is_empty();
         if idle {
             // Between two requests a connection holds no buffer.
-            pool::give_read_buffer(std::mem::take(buf));
-            pool::give_write_buffer(std::mem::take(out));
+            buffers::give_read_buffer(std::mem::take(buf));
+            buffers::give_write_buffer(std::mem::take(out));
         }
         let wait = async {
             let Some(d) = deadline else {

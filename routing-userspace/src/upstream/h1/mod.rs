@@ -208,11 +208,14 @@ impl H1Conn {
         }
     }
 
-    /// An empty write buffer with room for a request head and `body` bytes after it. The
-    /// buffer is let go once the response head is in (see [`Self::respond`]): a pooled or
-    /// streaming connection would otherwise hold the largest request it ever wrote, up to
-    /// [`INLINE_BODY`] past the head.
+    /// An empty write buffer with room for a request head and `body` bytes after it, from the
+    /// thread's buffer pool ([`crate::buffers`]). The buffer goes back there once the response
+    /// head is in (see [`Self::respond`]): a pooled or streaming connection would otherwise
+    /// hold the largest request it ever wrote, up to [`INLINE_BODY`] past the head.
     fn start_write(&mut self, body: usize) {
+        if self.write_buf.capacity() == 0 {
+            self.write_buf = crate::buffers::write_buffer();
+        }
         self.write_buf.clear();
         self.write_buf.reserve(HEAD_ROOM + body);
     }
@@ -405,7 +408,7 @@ impl H1Conn {
         release: Option<response::Release>,
     ) -> Response<UpstreamBody> {
         self.served += 1;
-        self.write_buf = Vec::new();
+        crate::buffers::give_write_buffer(std::mem::take(&mut self.write_buf));
         let ResponseHead {
             status,
             headers,
