@@ -624,3 +624,26 @@ async fn stopping_closes_idle_connections_and_ends_the_one_in_progress_with_clos
         "the stream in progress ends whole: {rest}"
     );
 }
+
+#[tokio::test]
+async fn a_short_read_clears_readiness_and_the_next_bytes_still_wake_the_reader() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let mut buf = BytesMut::with_capacity(4096);
+    for round in 0..3u8 {
+        client.write_all(&[b'a' + round; 10]).await.unwrap();
+        // Whatever tokio knew before, the bytes make the socket readable.
+        tokio::time::timeout(Duration::from_secs(5), server.readable())
+            .await
+            .expect("woken by the client's bytes")
+            .unwrap();
+        assert_eq!(read_ready(&server, &mut buf).unwrap(), 10, "round {round}");
+        // The short read drained the socket: nothing more, and no wait succeeds falsely.
+        let again = read_ready(&server, &mut buf).unwrap_err();
+        assert_eq!(again.kind(), std::io::ErrorKind::WouldBlock);
+    }
+    assert_eq!(&buf[..], b"aaaaaaaaaabbbbbbbbbbcccccccccc");
+}
