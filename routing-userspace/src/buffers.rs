@@ -6,7 +6,7 @@
 //! buffers), so every request needs its buffers again: the client's read and response buffers
 //! (`proxy::h1`) and the upstream request's write buffer (`upstream::h1`), all on the thread
 //! that runs the request. From the allocator, a block of a few KiB costs a slow path each way;
-//! from here, a pop and a push. At most [`POOLED`] of each kind stay per thread, so the pools'
+//! from here, a pop and a push. At most `POOLED` (64) of each kind stay per thread, so the pools'
 //! memory is bounded whatever the number of connections.
 
 use std::cell::RefCell;
