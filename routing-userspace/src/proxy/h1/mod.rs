@@ -131,21 +131,17 @@ where
             Framing::Length(n) if buf.len() as u64 >= n => {
                 Body::full(buf.split_to(n as usize).freeze())
             }
-            Framing::Length(n) => {
+            // Streamed: a length not all here yet, or chunks (no length).
+            Framing::Length(_) | Framing::Chunked => {
                 lent = true;
+                let length = match framing {
+                    Framing::Length(n) => Some(n),
+                    _ => None,
+                };
                 Body::streamed(
                     Arc::clone(&link),
                     std::mem::take(&mut buf),
-                    Some(n),
-                    expect_continue,
-                )
-            }
-            Framing::Chunked => {
-                lent = true;
-                Body::streamed(
-                    Arc::clone(&link),
-                    std::mem::take(&mut buf),
-                    None,
+                    length,
                     expect_continue,
                 )
             }
