@@ -1,6 +1,7 @@
 //! What a sampled request costs in tracing, in two parts that add up: its spans on the request
-//! path (start, one attempt, the server span's attributes, both spans queued), and the export
-//! task's encoding of them into an OTLP request (per span, in batches of the default 512).
+//! path (start, one attempt, the server span's attributes, both spans encoded and queued), and
+//! the export task's framing of them into an OTLP request (per span, in batches of the default
+//! 512).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -10,25 +11,23 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use http::{HeaderMap, Method};
 use routing_userspace::telemetry::export::SpanQueue;
 use routing_userspace::telemetry::otlp::Encoder;
-use routing_userspace::telemetry::span::{EndedSpan, Value};
-use routing_userspace::telemetry::{AttemptEnd, Attribute, Sampler, SpanSink, Trace, Tracer};
+use routing_userspace::telemetry::span::Value;
+use routing_userspace::telemetry::{AttemptEnd, Attributes, Sampler, SpanSink, Trace, Tracer};
 
-/// The server span's attributes of a routed request, as the request path builds them.
-fn request_attributes(model: &Arc<str>, pod: &Arc<str>) -> Vec<Attribute> {
-    let mut a = Vec::with_capacity(18);
-    a.push(Attribute::new("gen_ai.request.model", Arc::clone(model)));
-    a.push(Attribute::new("flexinfer.model", Arc::clone(model)));
-    a.push(Attribute::new("flexinfer.strategy", "session-affinity"));
-    a.push(Attribute::new("flexinfer.key_source", "session-header"));
-    a.push(Attribute::new("flexinfer.outcome", "pod"));
-    a.push(Attribute::new("flexinfer.spill", false));
-    a.push(Attribute::new("flexinfer.pod", Arc::clone(pod)));
-    a.push(Attribute::new("flexinfer.retries", 0i64));
-    a.push(Attribute::new("flexinfer.queue_wait_seconds", 0.0));
-    a.push(Attribute::new("flexinfer.ttft_seconds", 0.000_412));
-    a.push(Attribute::new("gen_ai.usage.input_tokens", 12i64));
-    a.push(Attribute::new("gen_ai.usage.output_tokens", 3i64));
-    a
+/// The server span's attributes of a routed request, as the request path adds them.
+fn request_attributes(a: &mut Attributes, model: &Arc<str>, pod: &Arc<str>) {
+    a.set("gen_ai.request.model", Arc::clone(model));
+    a.set("flexinfer.model", Arc::clone(model));
+    a.set("flexinfer.strategy", "session-affinity");
+    a.set("flexinfer.key_source", "session-header");
+    a.set("flexinfer.outcome", "pod");
+    a.set("flexinfer.spill", false);
+    a.set("flexinfer.pod", Arc::clone(pod));
+    a.set("flexinfer.retries", 0i64);
+    a.measured("flexinfer.queue_wait_seconds", 0.0);
+    a.measured("flexinfer.ttft_seconds", 0.000_412);
+    a.measured("gen_ai.usage.input_tokens", 12i64);
+    a.measured("gen_ai.usage.output_tokens", 3i64);
 }
 
 /// The spans of one sampled request, as the export queue receives them.
@@ -43,7 +42,9 @@ fn one_request(tracer: &Arc<Tracer>, model: &Arc<str>, pod: &Arc<str>) {
     );
     trace.attempt_started(|| Value::Shared(Arc::clone(pod)), &mut headers);
     trace.attempt_ended(AttemptEnd::Answered(200));
-    trace.finish(Instant::now(), Some(200), request_attributes(model, pod));
+    trace.finish(Instant::now(), Some(200), |a| {
+        request_attributes(a, model, pod)
+    });
 }
 
 /// A tracer that samples every request, and the queue its spans go to.
@@ -61,7 +62,7 @@ fn trace(c: &mut Criterion) {
     // Per request: 64 of them per iteration, the queue emptied (untimed) before each.
     g.throughput(Throughput::Elements(64));
     g.bench_function(
-        "request path/start, attempt, finish (2 spans queued)",
+        "request path/start, attempt, finish (2 spans encoded and queued)",
         |b| {
             let (tracer, queue) = sampling_everything();
             b.iter_batched(
@@ -80,13 +81,13 @@ fn trace(c: &mut Criterion) {
     for _ in 0..256 {
         one_request(&tracer, &model, &pod);
     }
-    let batch: Vec<EndedSpan> = queue.take_at_least(1, usize::MAX);
+    let batch = queue.take_at_least(1, usize::MAX);
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name("flexinfer-proxy")
         .build();
     let mut encoder = Encoder::new(&resource);
     g.throughput(Throughput::Elements(batch.len() as u64));
-    g.bench_function("export/encode a batch of 512 spans (per span)", |b| {
+    g.bench_function("export/frame a batch of 512 spans (per span)", |b| {
         b.iter(|| black_box(encoder.encode(black_box(&batch))))
     });
     g.finish();

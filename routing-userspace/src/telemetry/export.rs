@@ -1,5 +1,12 @@
-//! Batched, bounded export: ended spans go into a bounded queue without waiting, and a thread
-//! of its own (`otlp-export`, a one-thread runtime) sends them to the collector in batches.
+//! Batched, bounded export: ended spans are encoded where they end and go into a bounded queue
+//! without waiting, and a thread of its own (`otlp-export`, a one-thread runtime) sends them to
+//! the collector in batches.
+//!
+//! Why encode on the request thread: handing the export thread typed spans cost more than
+//! encoding them (a span's attributes in a list of their own, shared names counted up on one
+//! thread and down on another, two queue entries a request), and a span encoded from a
+//! thread's own cache of repeated attributes is a few copies. The queue holds bytes only, so
+//! what it holds is exactly what it costs in memory.
 //!
 //! The request path never waits for the collector: when the queue is full (the collector is
 //! slow, hung or down) a span is dropped and counted, and an export that fails or passes its
@@ -9,11 +16,10 @@
 //! Queueing a span wakes nobody: the export loop wakes when a batch is full or its delay has
 //! passed. (A channel would wake it for every span: on a request worker a task switch and a
 //! timer set up again per request, on a thread of its own a futex wake and a context switch.)
-//! So the thread costs two context switches a batch, and in exchange a batch's encoding (about
-//! 80 us for 512 spans) never holds up the requests of a worker: on a node with a core to spare
-//! it runs beside them.
+//! So the thread costs two context switches a batch, and in exchange sending a batch (framing
+//! it and the HTTP request) never holds up the requests of a worker.
 
-use std::collections::VecDeque;
+use std::cell::RefCell;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,6 +29,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 
 use super::metrics::TraceFamilies;
+use super::otlp::SpanEncoder;
 use super::settings::TraceSettings;
 use super::span::EndedSpan;
 
@@ -30,7 +37,76 @@ use super::span::EndedSpan;
 /// ([`super::otlp::OtlpHttpExporter`]), a recorder in tests.
 pub trait Exporter: Send + 'static {
     /// Send `batch`; an error says why it was lost (the caller counts and logs it).
-    fn export(&mut self, batch: &[EndedSpan]) -> impl Future<Output = Result<(), String>> + Send;
+    fn export(&mut self, batch: &SpanBatch) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// Spans encoded as OTLP `Span` messages, one after another.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct SpanBatch {
+    bytes: Vec<u8>,
+    /// Where each span ends in `bytes`.
+    ends: Vec<usize>,
+}
+
+impl SpanBatch {
+    /// How many spans.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Each span's encoding.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(&self.ends).map(|(a, &b)| &self.bytes[a..b])
+    }
+
+    /// Append an encoded span.
+    pub fn push(&mut self, span: &[u8]) {
+        self.bytes.extend_from_slice(span);
+        self.ends.push(self.bytes.len());
+    }
+
+    /// Empty, keeping the room.
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    /// The spans as a collector decodes them (tests).
+    #[cfg(test)]
+    pub(crate) fn decoded(&self) -> Vec<opentelemetry_proto::tonic::trace::v1::Span> {
+        use prost::Message;
+        self.iter()
+            .map(|b| {
+                opentelemetry_proto::tonic::trace::v1::Span::decode(b).expect("an encoded Span")
+            })
+            .collect()
+    }
+
+    /// The first `n` spans, taken out (the rest move to the front).
+    fn split_front(&mut self, n: usize) -> SpanBatch {
+        let cut = self.ends[n - 1];
+        let front = SpanBatch {
+            bytes: self.bytes[..cut].to_vec(),
+            ends: self.ends[..n].to_vec(),
+        };
+        self.bytes.drain(..cut);
+        self.ends.drain(..n);
+        for end in &mut self.ends {
+            *end -= cut;
+        }
+        front
+    }
+}
+
+thread_local! {
+    /// Each request thread's span encoder, and the buffer a span is encoded into before it goes
+    /// into the queue (the queue's lock is held only for the copy).
+    static ENCODER: RefCell<(SpanEncoder, Vec<u8>)> = RefCell::default();
 }
 
 /// Where ended spans go: the bounded queue in front of the export task.
@@ -42,7 +118,7 @@ pub struct SpanSink {
 /// The spans waiting for export, and the export task's wake-up for a full batch.
 #[derive(Debug)]
 pub struct SpanQueue {
-    spans: Mutex<VecDeque<EndedSpan>>,
+    spans: Mutex<Queued>,
     capacity: usize,
     batch_size: usize,
     batch_full: Notify,
@@ -58,7 +134,7 @@ impl SpanSink {
         queue_full: prometheus::IntCounter,
     ) -> (Self, Arc<SpanQueue>) {
         let queue = Arc::new(SpanQueue {
-            spans: Mutex::new(VecDeque::new()),
+            spans: Mutex::new(Queued::default()),
             capacity: size.max(1),
             batch_size: batch_size.clamp(1, size.max(1)),
             batch_full: Notify::new(),
@@ -72,47 +148,72 @@ impl SpanSink {
         )
     }
 
-    /// Queue a span, or drop (and count) it when the queue is full. Wakes the export task
-    /// only when this span completes a batch.
-    pub fn send(&self, span: EndedSpan) {
-        let q = &*self.queue;
-        let mut spans = q.lock();
-        if spans.len() >= q.capacity {
-            drop(spans);
-            q.queue_full.inc();
-            return;
-        }
-        spans.push_back(span);
-        let full = spans.len() == q.batch_size;
-        drop(spans);
-        if full {
-            q.batch_full.notify_one();
-        }
+    /// Encode and queue a span, or drop (and count) it when the queue is full. Wakes the
+    /// export task only when this span completes a batch.
+    pub fn send(&self, span: &EndedSpan<'_>) {
+        ENCODER.with_borrow_mut(|(encoder, encoded)| {
+            encoded.clear();
+            encoder.encode(span, encoded);
+            self.queue.push(encoded);
+        });
     }
 }
 
+/// The queued spans, and an emptied batch to take their place when they go.
+#[derive(Debug, Default)]
+struct Queued {
+    batch: SpanBatch,
+    spare: Option<SpanBatch>,
+}
+
 impl SpanQueue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<EndedSpan>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queued> {
         // A panic while holding the lock leaves a queue of whole spans: keep using it.
         crate::lock::lock(&self.spans)
     }
 
+    fn push(&self, span: &[u8]) {
+        let mut q = self.lock();
+        if q.batch.len() >= self.capacity {
+            drop(q);
+            self.queue_full.inc();
+            return;
+        }
+        q.batch.push(span);
+        let full = q.batch.len() == self.batch_size;
+        drop(q);
+        if full {
+            self.batch_full.notify_one();
+        }
+    }
+
     /// Up to `max` of the oldest queued spans, or none while fewer than `min` are queued (the
     /// whole queue, without copying, when it holds no more than `max`).
-    pub fn take_at_least(&self, min: usize, max: usize) -> Vec<EndedSpan> {
-        let mut spans = self.lock();
-        if spans.len() < min.max(1) {
-            return Vec::new();
+    pub fn take_at_least(&self, min: usize, max: usize) -> SpanBatch {
+        let mut q = self.lock();
+        let queued = q.batch.len();
+        if queued < min.max(1) {
+            return SpanBatch::default();
         }
-        if spans.len() <= max {
-            return Vec::from(std::mem::take(&mut *spans));
+        if queued <= max {
+            let spare = q.spare.take().unwrap_or_default();
+            return std::mem::replace(&mut q.batch, spare);
         }
-        spans.drain(..max).collect()
+        q.batch.split_front(max)
+    }
+
+    /// Keep `batch`'s room for the next time the queue is taken.
+    pub fn recycle(&self, mut batch: SpanBatch) {
+        batch.clear();
+        let mut q = self.lock();
+        if q.spare.is_none() {
+            q.spare = Some(batch);
+        }
     }
 
     /// Up to `max` of the oldest queued spans.
     #[cfg(test)]
-    pub(crate) fn take(&self, max: usize) -> Vec<EndedSpan> {
+    pub(crate) fn take(&self, max: usize) -> SpanBatch {
         self.take_at_least(1, max)
     }
 }
@@ -268,13 +369,14 @@ async fn export_queued<E: Exporter>(
             return;
         }
         export(exporter, &batch, b.timeout, metrics).await;
+        queue.recycle(batch);
     }
 }
 
 /// Send one batch, bounded by `timeout`; count what came of it.
 async fn export<E: Exporter>(
     exporter: &mut E,
-    batch: &[EndedSpan],
+    batch: &SpanBatch,
     timeout: Duration,
     metrics: &TraceFamilies,
 ) {

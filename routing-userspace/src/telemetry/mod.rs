@@ -25,7 +25,7 @@ pub use export::{ExportHandle, SpanSink};
 pub use metrics::TraceFamilies;
 pub use sampler::Sampler;
 pub use settings::TraceSettings;
-pub use span::Attribute;
+pub use span::{Attribute, Attributes};
 pub use trace::{AttemptEnd, Trace, Tracer};
 
 /// Why tracing could not start.

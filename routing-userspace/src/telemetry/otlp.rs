@@ -4,10 +4,10 @@
 //! Why not the opentelemetry-otlp exporter: it takes the SDK's `SpanData`, and turning each
 //! into the protobuf types (a new string for every attribute key and value, a map lookup per
 //! span to group by scope) was most of what tracing cost a proxy that samples every request.
-//! Here the messages live as long as the exporter: every span overwrites a reused span message
-//! in place, which prost encodes on its own (see `RequestOfEncodedSpans` for why), its
-//! attributes copied from their last encoding where they repeat (`attributes`), so after the
-//! first batches an export allocates only the body it sends. The message
+//! Here a span is encoded when it ends ([`SpanEncoder`], one per request thread), into reused
+//! messages, its attributes copied from their last encoding where they repeat (`attributes`);
+//! the export request frames the encoded spans (see `RequestOfEncodedSpans` for why), so an
+//! export allocates only the body it sends. The message
 //! types, their encoding and the wire format (`application/x-protobuf` POST, a 2xx answer,
 //! partial success in the answer's body) are the OTLP crates' and the specification's.
 
@@ -17,20 +17,39 @@ use opentelemetry_http::HttpClient;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{span, status, SpanFlags, Status};
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
 use prost::Message;
 
-use super::export::Exporter;
-use super::span::{EndedSpan, SpanKind};
-use attributes::{AttributeEncoder, Held};
+use super::export::{Exporter, SpanBatch};
+use super::span::EndedSpan;
+use attributes::AttributeEncoder;
+use fields::SpanFields;
 
 mod attributes;
+mod fields;
 
 /// The instrumentation scope of every span.
 const SCOPE_NAME: &str = "flexinfer-proxy";
-/// W3C trace flags of an exported span: sampled.
-const SAMPLED: u32 = 0x01;
+
+/// Writes ended spans as encoded OTLP `Span`s, reusing its messages and the attributes it has
+/// encoded before. The request path keeps one per thread ([`super::export::SpanSink`]).
+#[derive(Debug, Default)]
+pub struct SpanEncoder {
+    /// The fields of a span before and after its attributes.
+    fields: SpanFields,
+    /// Attributes encoded, kept for the next span that repeats them.
+    attributes: AttributeEncoder,
+}
+
+impl SpanEncoder {
+    /// Append `span` to `out` as an encoded OTLP `Span`: its head, its attributes and its tail
+    /// (see `fields` for why in three parts).
+    pub fn encode(&mut self, span: &EndedSpan<'_>, out: &mut Vec<u8>) {
+        self.fields.write_head(span, out);
+        self.attributes.write(span.attributes, out);
+        self.fields.write_tail(span, out);
+    }
+}
 
 /// One export request, reused batch after batch.
 #[derive(Debug)]
@@ -38,13 +57,6 @@ pub struct Encoder {
     request: RequestOfEncodedSpans,
     /// Span buffers of an earlier, larger batch, kept for the next one.
     spare: Vec<Vec<u8>>,
-    /// The message each server span is written into before prost encodes it, reused.
-    server: ReusedSpan,
-    /// The same for client (upstream attempt) spans: kept apart so that each keeps the
-    /// attribute buffers of its own kind.
-    client: ReusedSpan,
-    /// Attributes encoded, kept for the next span that repeats them.
-    attributes: AttributeEncoder,
     /// How large the last body was (the next one starts at that capacity).
     last_len: usize,
 }
@@ -75,15 +87,12 @@ impl Encoder {
         Self {
             request,
             spare: Vec::new(),
-            server: ReusedSpan::default(),
-            client: ReusedSpan::default(),
-            attributes: AttributeEncoder::default(),
             last_len: 0,
         }
     }
 
-    /// `batch` as the body of one export request.
-    pub fn encode(&mut self, batch: &[EndedSpan]) -> Bytes {
+    /// `batch` (encoded spans) as the body of one export request.
+    pub fn encode(&mut self, batch: &SpanBatch) -> Bytes {
         let encoded = &mut self.request.resource_spans[0].scope_spans[0].spans;
         while encoded.len() > batch.len() {
             self.spare.extend(encoded.pop());
@@ -91,17 +100,9 @@ impl Encoder {
         while encoded.len() < batch.len() {
             encoded.push(self.spare.pop().unwrap_or_default());
         }
-        for (out, span) in encoded.iter_mut().zip(batch) {
-            let reused = match span.kind {
-                SpanKind::Server => &mut self.server,
-                SpanKind::Client => &mut self.client,
-            };
-            write_span(reused, span, &mut self.attributes);
+        for (out, span) in encoded.iter_mut().zip(batch.iter()) {
             out.clear();
-            reused
-                .message
-                .encode(out)
-                .expect("a Vec grows to fit the message");
+            out.extend_from_slice(span);
         }
         let mut body = Vec::with_capacity(self.last_len);
         self.request
@@ -147,91 +148,6 @@ struct ScopeOfEncodedSpans {
     spans: Vec<Vec<u8>>,
     #[prost(string, tag = "3")]
     schema_url: String,
-}
-
-/// `Span` with each attribute as prost encoded it (a `KeyValue`, see the `attributes`
-/// module): the same numbers and types as the OTLP message, less the fields a proxy span never
-/// sets (events, links, the dropped counts), which prost leaves out of the wire when empty
-/// anyway.
-#[derive(Clone, PartialEq, prost::Message)]
-struct SpanOfEncodedAttributes {
-    #[prost(bytes = "vec", tag = "1")]
-    trace_id: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    span_id: Vec<u8>,
-    #[prost(string, tag = "3")]
-    trace_state: String,
-    #[prost(bytes = "vec", tag = "4")]
-    parent_span_id: Vec<u8>,
-    #[prost(fixed32, tag = "16")]
-    flags: u32,
-    #[prost(string, tag = "5")]
-    name: String,
-    #[prost(enumeration = "span::SpanKind", tag = "6")]
-    kind: i32,
-    #[prost(fixed64, tag = "7")]
-    start_time_unix_nano: u64,
-    #[prost(fixed64, tag = "8")]
-    end_time_unix_nano: u64,
-    /// `Span.attributes`: each an encoded `KeyValue`.
-    #[prost(bytes = "vec", repeated, tag = "9")]
-    attributes: Vec<Vec<u8>>,
-    #[prost(message, optional, tag = "15")]
-    status: Option<Status>,
-}
-
-/// A span message reused span after span, and what each of its attribute slots holds, so that
-/// an attribute the span before had in the same slot is not written again.
-#[derive(Debug, Default)]
-struct ReusedSpan {
-    message: SpanOfEncodedAttributes,
-    held: Vec<Option<Held>>,
-}
-
-/// Overwrite `out` with `span`, reusing its buffers.
-fn write_span(reused: &mut ReusedSpan, span: &EndedSpan, attributes: &mut AttributeEncoder) {
-    let out = &mut reused.message;
-    set_bytes(&mut out.trace_id, &span.trace_id.to_bytes());
-    set_bytes(&mut out.span_id, &span.span_id.to_bytes());
-    if span.parent == opentelemetry::trace::SpanId::INVALID {
-        out.parent_span_id.clear();
-    } else {
-        set_bytes(&mut out.parent_span_id, &span.parent.to_bytes());
-    }
-    set_str(
-        &mut out.trace_state,
-        span.trace_state.as_deref().unwrap_or(""),
-    );
-    let mut flags = SAMPLED | SpanFlags::ContextHasIsRemoteMask as u32;
-    if span.parent_is_remote {
-        flags |= SpanFlags::ContextIsRemoteMask as u32;
-    }
-    out.flags = flags;
-    set_str(&mut out.name, span.name);
-    out.kind = match span.kind {
-        SpanKind::Server => span::SpanKind::Server,
-        SpanKind::Client => span::SpanKind::Client,
-    } as i32;
-    out.start_time_unix_nano = span.start_unix_nano;
-    out.end_time_unix_nano = span.end_unix_nano;
-    let n = span.attributes.len();
-    out.attributes.resize_with(n, Vec::new);
-    reused.held.resize(n, None);
-    let slots = out.attributes.iter_mut().zip(&mut reused.held);
-    for (a, (slot, held)) in span.attributes.iter().zip(slots) {
-        attributes.write(a, slot, held);
-    }
-    let status = out.status.get_or_insert_with(Status::default);
-    match &span.error {
-        Some(message) => {
-            status.code = status::StatusCode::Error as i32;
-            set_str(&mut status.message, message);
-        }
-        None => {
-            status.code = status::StatusCode::Unset as i32;
-            status.message.clear();
-        }
-    }
 }
 
 fn set_str(out: &mut String, s: &str) {
@@ -287,7 +203,7 @@ impl<C> Exporter for OtlpHttpExporter<C>
 where
     C: HttpClient + Send + Sync + 'static,
 {
-    async fn export(&mut self, batch: &[EndedSpan]) -> Result<(), String> {
+    async fn export(&mut self, batch: &SpanBatch) -> Result<(), String> {
         let body = self.encoder.encode(batch);
         let mut request = http::Request::post(self.endpoint.clone())
             .body(body)

@@ -1,9 +1,10 @@
 //! An ended span as the request path hands it to export: ids, times and typed attributes.
 //!
-//! It is built once per span on the request path, so it holds what the request already has
-//! (static names, shared `Arc<str>` model and pod names, numbers) instead of the SDK's
-//! `SpanData`, whose attribute list and conversion to OTLP copied every key and value into
-//! strings of their own. [`super::otlp`] writes it into the OTLP protobuf types at export.
+//! It is built once per span on the request path, from what the request already has (static
+//! names, shared `Arc<str>` model and pod names, numbers), and lives only until
+//! [`super::otlp::SpanEncoder`] has written it, so it borrows its attributes and error text
+//! instead of owning them (the SDK's `SpanData` copied every key and value into strings of
+//! their own).
 
 use std::sync::Arc;
 
@@ -79,9 +80,84 @@ impl Attribute {
     }
 }
 
-/// A span that has ended and waits for export.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EndedSpan {
+/// A span's attributes: those whose values come from small sets first, then measurements.
+///
+/// The split is for export: most of a request span's attributes repeat from one request to the
+/// next (the model, the strategy, the pod, the status), so [`super::otlp`] keeps their encoding
+/// as one block per distinct set, while durations and token counts are written every time.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Attributes {
+    list: Vec<Attribute>,
+    /// How many of the first in `list` come from small sets.
+    of_small_sets: usize,
+}
+
+impl Attributes {
+    pub const fn new() -> Self {
+        Self {
+            list: Vec::new(),
+            of_small_sets: 0,
+        }
+    }
+
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            list: Vec::with_capacity(n),
+            of_small_sets: 0,
+        }
+    }
+
+    /// An attribute whose value comes from a small set (a name, a kind, a status code, a
+    /// count of retries): spans repeat it.
+    pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
+        self.list
+            .insert(self.of_small_sets, Attribute::new(key, value));
+        self.of_small_sets += 1;
+    }
+
+    /// A measured attribute (a duration, a token count): it seldom repeats.
+    pub fn measured(&mut self, key: &'static str, value: impl Into<Value>) {
+        self.list.push(Attribute::new(key, value));
+    }
+
+    /// The attributes from small sets, then the measured ones.
+    pub fn split(&self) -> (&[Attribute], &[Attribute]) {
+        self.list.split_at(self.of_small_sets)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Attribute> {
+        self.list.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Empty, keeping the room (a span's attributes are built in the same list span after span).
+    pub fn clear(&mut self) {
+        self.list.clear();
+        self.of_small_sets = 0;
+    }
+}
+
+/// Every attribute of the list counts as one from a small set (tests and benches).
+impl From<Vec<Attribute>> for Attributes {
+    fn from(list: Vec<Attribute>) -> Self {
+        let of_small_sets = list.len();
+        Self {
+            list,
+            of_small_sets,
+        }
+    }
+}
+
+/// A span that has ended, as it goes to export.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EndedSpan<'a> {
     pub trace_id: TraceId,
     pub span_id: SpanId,
     /// `SpanId::INVALID` for a root span.
@@ -89,17 +165,17 @@ pub struct EndedSpan {
     /// The parent is the client's span (it came in a `traceparent`).
     pub parent_is_remote: bool,
     /// The W3C `tracestate` that came with the client's `traceparent`.
-    pub trace_state: Option<Arc<str>>,
+    pub trace_state: Option<&'a str>,
     pub kind: SpanKind,
     pub name: &'static str,
     pub start_unix_nano: u64,
     pub end_unix_nano: u64,
     /// `None`: unset; `Some(message)`: an error.
-    pub error: Option<String>,
-    pub attributes: Vec<Attribute>,
+    pub error: Option<&'a str>,
+    pub attributes: &'a Attributes,
 }
 
-impl EndedSpan {
+impl EndedSpan<'_> {
     /// The attribute `key`, if the span has it.
     pub fn attribute(&self, key: &str) -> Option<&Value> {
         self.attributes

@@ -6,6 +6,7 @@
 //! box and becomes an [`EndedSpan`] for the export queue when it ends; the SDK's tracer is not
 //! used, so no context or span objects exist for requests nobody will see.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -16,7 +17,7 @@ use opentelemetry::trace::{SpanId, TraceId, TraceState};
 use super::export::SpanSink;
 use super::propagation::{self, TraceParent, TRACESTATE};
 use super::sampler::Sampler;
-use super::span::{Attribute, EndedSpan, SpanKind, Value};
+use super::span::{Attributes, EndedSpan, SpanKind, Value};
 
 /// What starts traces: the sampler, and where ended spans go.
 #[derive(Debug)]
@@ -161,8 +162,7 @@ impl Trace {
             }
             AttemptEnd::Failed { status, error } => {
                 a.status = status;
-                let span = s.attempt_span(a, Instant::now(), Some(error));
-                s.tracer.sink.send(span);
+                s.end_attempt(a, Instant::now(), Some(error));
             }
         }
     }
@@ -179,35 +179,46 @@ impl Trace {
         self.0.as_ref().map_or(0, |s| s.retries)
     }
 
-    /// End the request at `end` with `status` (`None`: the client left) and the request
-    /// span's `attributes`: the open attempt ends with it, both spans go to export.
-    pub fn finish(&mut self, end: Instant, status: Option<u16>, mut attributes: Vec<Attribute>) {
+    /// End the request at `end` with `status` (`None`: the client left); `attributes` adds the
+    /// request span's own. The open attempt ends with it; both spans go to export.
+    pub fn finish(
+        &mut self,
+        end: Instant,
+        status: Option<u16>,
+        attributes: impl FnOnce(&mut Attributes),
+    ) {
         let Some(mut s) = self.0.take() else { return };
         if let Some(a) = s.open.take() {
-            let span = s.attempt_span(a, end, None);
-            s.tracer.sink.send(span);
+            s.end_attempt(a, end, None);
         }
-        attributes.push(Attribute::new("http.request.method", method_str(&s.method)));
-        let path = std::mem::replace(&mut s.path, Value::Static(""));
-        attributes.push(Attribute::new("url.path", path));
-        attributes.push(Attribute::new("flexinfer.attempts", i64::from(s.attempts)));
-        if let Some(code) = status {
-            attributes.push(Attribute::new("http.response.status_code", i64::from(code)));
-        }
+        let answered;
         let error = match status {
-            Some(c) if c >= 500 => Some(format!("answered {c}")),
-            None => Some("the client went away".to_owned()),
+            Some(c) if c >= 500 => {
+                answered = format!("answered {c}");
+                Some(answered.as_str())
+            }
+            None => Some("the client went away"),
             _ => None,
         };
-        let span = s.span(
-            s.span_id,
-            s.parent.unwrap_or(SpanId::INVALID),
-            SpanKind::Server,
-            (s.start, end),
-            attributes,
-            error,
-        );
-        s.tracer.sink.send(span);
+        with_attributes(|list| {
+            attributes(list);
+            list.set("http.request.method", method_str(&s.method));
+            let path = std::mem::replace(&mut s.path, Value::Static(""));
+            list.set("url.path", path);
+            list.set("flexinfer.attempts", i64::from(s.attempts));
+            if let Some(code) = status {
+                list.set("http.response.status_code", i64::from(code));
+            }
+            let span = s.span(
+                s.span_id,
+                s.parent.unwrap_or(SpanId::INVALID),
+                SpanKind::Server,
+                (s.start, end),
+                list,
+                error,
+            );
+            s.tracer.sink.send(&span);
+        });
     }
 }
 
@@ -217,41 +228,44 @@ impl Sampled {
         self.start_unix_nano + nanos(t.saturating_duration_since(self.start))
     }
 
-    fn attempt_span(&self, a: OpenAttempt, end: Instant, error: Option<&str>) -> EndedSpan {
-        let mut attributes = Vec::with_capacity(4);
-        attributes.push(Attribute::new("server.address", a.target));
-        attributes.push(Attribute::new("flexinfer.attempt", i64::from(a.number)));
-        if let Some(code) = a.status {
-            attributes.push(Attribute::new("http.response.status_code", i64::from(code)));
-        }
-        if error.is_some() {
-            attributes.push(Attribute::new("error.type", "upstream"));
-        }
-        self.span(
-            a.span_id,
-            self.span_id,
-            SpanKind::Client,
-            (a.start, end),
-            attributes,
-            error.map(str::to_owned),
-        )
+    /// Send the span of attempt `a`, ended at `end`.
+    fn end_attempt(&self, a: OpenAttempt, end: Instant, error: Option<&str>) {
+        with_attributes(|list| {
+            list.set("server.address", a.target);
+            list.set("flexinfer.attempt", i64::from(a.number));
+            if let Some(code) = a.status {
+                list.set("http.response.status_code", i64::from(code));
+            }
+            if error.is_some() {
+                list.set("error.type", "upstream");
+            }
+            let span = self.span(
+                a.span_id,
+                self.span_id,
+                SpanKind::Client,
+                (a.start, end),
+                list,
+                error,
+            );
+            self.tracer.sink.send(&span);
+        });
     }
 
-    fn span(
-        &self,
+    fn span<'a>(
+        &'a self,
         span_id: SpanId,
         parent: SpanId,
         kind: SpanKind,
         (start, end): (Instant, Instant),
-        attributes: Vec<Attribute>,
-        error: Option<String>,
-    ) -> EndedSpan {
+        attributes: &'a Attributes,
+        error: Option<&'a str>,
+    ) -> EndedSpan<'a> {
         EndedSpan {
             trace_id: self.trace_id,
             span_id,
             parent,
             parent_is_remote: kind == SpanKind::Server && self.parent.is_some(),
-            trace_state: self.trace_state.clone(),
+            trace_state: self.trace_state.as_deref(),
             kind,
             name: method_str(&self.method),
             start_unix_nano: self.unix_nano(start),
@@ -260,6 +274,22 @@ impl Sampled {
             attributes,
         }
     }
+}
+
+thread_local! {
+    /// The attributes of the span being ended, built in the same list span after span.
+    static ATTRIBUTES: RefCell<Attributes> = RefCell::new(Attributes::with_capacity(24));
+}
+
+/// Run `f` with this thread's attribute list, empty; it is emptied again after (the shared
+/// names it held are let go at once).
+fn with_attributes<R>(f: impl FnOnce(&mut Attributes) -> R) -> R {
+    ATTRIBUTES.with_borrow_mut(|list| {
+        list.clear();
+        let r = f(list);
+        list.clear();
+        r
+    })
 }
 
 fn nanos(d: std::time::Duration) -> u64 {

@@ -4,9 +4,11 @@ use std::time::Duration;
 use opentelemetry::trace::{SpanId, TraceId};
 
 use super::*;
-use crate::telemetry::span::SpanKind;
+use crate::telemetry::span::{Attributes, SpanKind};
 
-fn span(n: u64) -> EndedSpan {
+const NO_ATTRIBUTES: &Attributes = &Attributes::new();
+
+fn span(n: u64) -> EndedSpan<'static> {
     EndedSpan {
         trace_id: TraceId::from(1u128),
         span_id: SpanId::from(n),
@@ -15,10 +17,10 @@ fn span(n: u64) -> EndedSpan {
         trace_state: None,
         kind: SpanKind::Server,
         name: "POST",
-        start_unix_nano: 0,
-        end_unix_nano: 0,
+        start_unix_nano: 1,
+        end_unix_nano: 2,
         error: None,
-        attributes: Vec::new(),
+        attributes: NO_ATTRIBUTES,
     }
 }
 
@@ -32,14 +34,15 @@ struct Recorder {
 }
 
 impl Exporter for Recorder {
-    async fn export(&mut self, batch: &[EndedSpan]) -> Result<(), String> {
+    async fn export(&mut self, batch: &SpanBatch) -> Result<(), String> {
         if self.hang {
             std::future::pending::<()>().await;
         }
         tokio::time::sleep(self.export_time).await;
         let ids = batch
+            .decoded()
             .iter()
-            .map(|s| u64::from_be_bytes(s.span_id.to_bytes()))
+            .map(|s| u64::from_be_bytes(s.span_id.as_slice().try_into().unwrap()))
             .collect();
         self.batches.lock().unwrap().push(ids);
         Ok(())
@@ -62,7 +65,7 @@ async fn spans_go_out_in_batches_and_shutdown_flushes() {
     let metrics = TraceFamilies::new();
     let (sink, handle) = start_task(rec.clone(), &settings(16, 2), &metrics);
     for n in 1..=5 {
-        sink.send(span(n));
+        sink.send(&span(n));
     }
     handle.shutdown(Duration::from_secs(1)).await;
     let batches = rec.batches.lock().unwrap().clone();
@@ -76,7 +79,7 @@ async fn a_partial_batch_goes_out_after_the_delay() {
     let rec = Recorder::default();
     let metrics = TraceFamilies::new();
     let (sink, handle) = start_task(rec.clone(), &settings(16, 10), &metrics);
-    sink.send(span(7));
+    sink.send(&span(7));
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(rec.batches.lock().unwrap().clone(), vec![vec![7]]);
     handle.shutdown(Duration::from_secs(1)).await;
@@ -92,7 +95,7 @@ async fn a_hung_collector_drops_and_counts_instead_of_waiting() {
     let (sink, handle) = start_task(rec, &settings(3, 1), &metrics);
     // The task has not run yet: the queue takes three, the rest are dropped at once.
     for n in 1..=10 {
-        sink.send(span(n));
+        sink.send(&span(n));
     }
     assert_eq!(metrics.queue_full.get(), 7);
     // The first batch hangs until the export timeout, then counts as failed.
@@ -109,12 +112,12 @@ async fn a_full_batch_goes_out_at_once_and_a_partial_one_waits_for_the_delay() {
     let metrics = TraceFamilies::new();
     let (sink, handle) = start_task(rec.clone(), &settings(16, 3), &metrics);
     for n in 1..=4 {
-        sink.send(span(n));
+        sink.send(&span(n));
     }
     // The third span completed a batch: it goes before the delay; the fourth waits.
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert_eq!(rec.batches.lock().unwrap().clone(), vec![vec![1, 2, 3]]);
-    sink.send(span(5));
+    sink.send(&span(5));
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         rec.batches.lock().unwrap().len(),
@@ -139,7 +142,7 @@ async fn spans_that_arrive_during_an_export_wait_for_a_full_batch() {
     let (sink, handle) = start_task(rec.clone(), &settings(64, 4), &metrics);
     // One span a millisecond for 30 ms: a batch fills in 4 ms, an export takes 2.
     for n in 1..=30 {
-        sink.send(span(n));
+        sink.send(&span(n));
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let sizes: Vec<usize> = rec.batches.lock().unwrap().iter().map(Vec::len).collect();
@@ -160,11 +163,38 @@ async fn the_export_thread_sends_what_is_queued_and_stops_on_shutdown() {
     let metrics = TraceFamilies::new();
     let (sink, handle) = start(rec.clone(), &settings(16, 2), &metrics).unwrap();
     for n in 1..=3 {
-        sink.send(span(n));
+        sink.send(&span(n));
     }
     handle.shutdown(Duration::from_secs(5)).await;
     let mut ids: Vec<u64> = rec.batches.lock().unwrap().concat();
     ids.sort();
     assert_eq!(ids, vec![1, 2, 3]);
     assert_eq!(metrics.exported.get(), 3);
+}
+
+fn ids(batch: &SpanBatch) -> Vec<u64> {
+    batch
+        .decoded()
+        .iter()
+        .map(|s| u64::from_be_bytes(s.span_id.as_slice().try_into().unwrap()))
+        .collect()
+}
+
+/// A queue holding more than a batch gives its oldest spans and keeps the rest in order; a
+/// batch given back is reused empty.
+#[test]
+fn a_queue_longer_than_a_batch_gives_its_oldest_spans_first() {
+    let (sink, q) = SpanSink::bounded(8, 3, prometheus::IntCounter::new("q", "q").unwrap());
+    for n in 1..=5 {
+        sink.send(&span(n));
+    }
+    assert!(q.take_at_least(6, 8).is_empty(), "fewer than asked for");
+    let first = q.take_at_least(1, 3);
+    assert_eq!(ids(&first), [1, 2, 3]);
+    q.recycle(first);
+    sink.send(&span(6));
+    let rest = q.take_at_least(1, 3);
+    assert_eq!(ids(&rest), [4, 5, 6]);
+    assert_eq!(rest.iter().count(), rest.len());
+    assert!(q.take_at_least(1, 3).is_empty());
 }

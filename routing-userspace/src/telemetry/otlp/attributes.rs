@@ -1,131 +1,185 @@
-//! Span attributes as prost encodes them (OTLP `KeyValue`s), each kept for the next span that
-//! carries the same name and value.
+//! Span attributes as prost encodes them (OTLP `KeyValue`s, each framed as the `Span`'s
+//! field 9), kept for the next span that carries the same ones.
 //!
 //! Why: most of a request span's attributes repeat from one request to the next (the model, the
 //! strategy, the key source, the outcome, the pod, the status code, the retry count), and
 //! encoding a `KeyValue` costs prost a length pass over it and its value, then a write pass:
-//! encoding attributes was three quarters of what exporting a span cost. Copying the bytes
-//! prost wrote the last time costs a hash lookup and a copy. Values that seldom repeat (the
-//! path as the client sent it, durations other than zero) are encoded every time.
-//!
-//! Cheapest of all is the attribute a reused span message already holds: when the attribute in
-//! a slot is the one written there for the span before, its bytes stay as they are. That holds
-//! only while the cache has not started again since (`Held` says when it was written): a shared
-//! string's address stays its own only while the cache keeps the string alive.
+//! encoding attributes was most of what exporting a span cost. So the attributes a span takes
+//! from small sets ([`Attributes::split`]) are kept together as one block, found by one hash of
+//! all their identities and copied whole; a measured attribute (a duration, a token count) is
+//! kept on its own when it has an identity, and encoded afresh when it has none.
 //!
 //! A value is known by identity, not content: a static string by its address, a shared
 //! `Arc<str>` by its allocation (the cache holds a clone, so no other string can take that
-//! address while the entry lives), integers, booleans and a float of zero by value. The cache
-//! is bounded: once it holds `CAPACITY` encodings it starts again empty, so names of pods long
-//! gone do not pile up.
+//! address while the entry lives), integers and booleans by value. A float is written from its
+//! name's encoding with the value 0.0, its eight bytes then overwritten (a double is fixed-width
+//! and last). An owned string has no identity and is encoded every time, after the block.
+//!
+//! Both caches are direct-mapped: a fixed number of slots, each entry in the slot its hash
+//! names, a newcomer taking the slot of whatever was there. So a lookup is one hash and one
+//! comparison, and the cache never holds more than its slots (names of pods long gone do not
+//! pile up).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use foldhash::fast::RandomState;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
-use prost::Message;
 
 use super::set_str;
-use crate::telemetry::span::{Attribute, Value};
+use crate::telemetry::span::{Attribute, Attributes, Value};
 
-/// Encodings kept at most; past it the cache starts again empty.
-pub(super) const CAPACITY: usize = 4096;
+/// Slots of each cache (a power of two).
+pub(super) const SLOTS: usize = 256;
 
-/// Writes attributes as encoded `KeyValue`s, from its cache where it can.
-#[derive(Debug, Default)]
+/// `Span.attributes`.
+const ATTRIBUTES_FIELD: u32 = 9;
+
+/// Writes attributes as encoded `Span.attributes` fields, from its cache where it can.
+#[derive(Debug)]
 pub(super) struct AttributeEncoder {
-    cache: HashMap<Identity, Encoded, RandomState>,
+    /// The attributes from small sets of a span with an identity, encoded together; the slot's
+    /// `Kept::id` holds all their identities.
+    blocks: Vec<Option<Kept>>,
+    /// Measured attributes with an identity, one by one; a float's entry is its name with the
+    /// value 0.0, whose last eight bytes are the value.
+    single: Vec<Option<Kept>>,
     /// The message an attribute is written into when prost encodes it afresh, reused.
     scratch: KeyValue,
-    /// How many times the cache has started again empty.
-    generation: u64,
 }
 
-/// What a slot holds: the attribute's identity, written while the cache was in `generation`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Held {
-    id: Identity,
-    generation: u64,
+impl Default for AttributeEncoder {
+    fn default() -> Self {
+        Self {
+            blocks: (0..SLOTS).map(|_| None).collect(),
+            single: (0..SLOTS).map(|_| None).collect(),
+            scratch: KeyValue::default(),
+        }
+    }
 }
 
-/// What an attribute is, for the cache: its name's address and its value's identity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Identity {
-    /// The name's address and length.
-    key: (usize, usize),
-    value: ValueIdentity,
-}
+/// What an attribute is, for the cache: its name's address and length, and its value's
+/// identity in two words (a string's address and length; a number or boolean and a tag no
+/// string length can take).
+type Identity = [u64; 4];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum ValueIdentity {
-    /// A string's address and length.
-    Text(usize, usize),
-    Int(i64),
-    Bool(bool),
-    /// A float of zero (a request that did not queue); no other float is kept.
-    Zero,
-}
+const INT: u64 = u64::MAX;
+const BOOL: u64 = u64::MAX - 1;
+const FLOAT: u64 = u64::MAX - 2;
 
-/// An encoded `KeyValue`, and the shared string whose address its identity names.
+/// Encoded attributes, the identities they were encoded from, and the shared strings whose
+/// addresses those identities name.
 #[derive(Debug)]
-struct Encoded {
+struct Kept {
+    id: Box<[u64]>,
     bytes: Box<[u8]>,
-    _alive: Option<Arc<str>>,
+    _alive: Vec<Arc<str>>,
+}
+
+/// Fold `word` into the hash `h` (a multiply carries every bit of it into the high bits).
+fn mix(h: u64, word: u64) -> u64 {
+    (h.rotate_left(5) ^ word).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// The slot of hash `h`: its high bits.
+fn slot(h: u64) -> usize {
+    (h >> (64 - SLOTS.trailing_zeros())) as usize
 }
 
 impl AttributeEncoder {
-    /// Make `out` hold `a` encoded as an OTLP `KeyValue`. `held` is what `out` holds now
-    /// (`None`: unknown), and is set to what it holds after.
-    pub(super) fn write(&mut self, a: &Attribute, out: &mut Vec<u8>, held: &mut Option<Held>) {
-        let Some(id) = identity(a) else {
-            *held = None;
-            out.clear();
-            self.encode(a, out);
-            return;
-        };
-        if *held == Some(self.held(id)) {
-            return;
+    /// Append `attributes` to `out` as `Span.attributes` fields: those from small sets with an
+    /// identity first (one block), then the rest in order.
+    pub(super) fn write(&mut self, attributes: &Attributes, out: &mut Vec<u8>) {
+        let (of_small_sets, measured) = attributes.split();
+        if self.write_block(of_small_sets, out) < of_small_sets.len() {
+            for a in of_small_sets.iter().filter(|a| identity(a).is_none()) {
+                self.write_single(a, out);
+            }
         }
-        out.clear();
-        if let Some(known) = self.cache.get(&id) {
-            out.extend_from_slice(&known.bytes);
-            *held = Some(self.held(id));
-            return;
+        for a in measured {
+            self.write_single(a, out);
         }
-        self.encode(a, out);
-        if self.cache.len() >= CAPACITY {
-            self.cache.clear();
-            self.generation += 1;
-        }
-        *held = Some(self.held(id));
-        let alive = match &a.value {
-            Value::Shared(s) => Some(Arc::clone(s)),
-            _ => None,
-        };
-        self.cache.insert(
-            id,
-            Encoded {
-                bytes: out.as_slice().into(),
-                _alive: alive,
-            },
-        );
     }
 
-    fn held(&self, id: Identity) -> Held {
-        Held {
-            id,
-            generation: self.generation,
+    /// The attributes of `list` that have an identity, as one block; how many there were.
+    fn write_block(&mut self, list: &[Attribute], out: &mut Vec<u8>) -> usize {
+        let (mut h, mut n) = (0, 0);
+        for a in list {
+            if let Some(id) = identity(a) {
+                h = mix(
+                    h,
+                    id[0] ^ id[1].rotate_left(48) ^ id[2].rotate_left(17) ^ id[3],
+                );
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return 0;
+        }
+        let at = slot(h);
+        if let Some(kept) = &self.blocks[at] {
+            if kept.id.len() == 4 * n && same_identities(list, &kept.id) {
+                out.extend_from_slice(&kept.bytes);
+                return n;
+            }
+        }
+        let start = out.len();
+        let mut id = Vec::with_capacity(4 * n);
+        let mut alive = Vec::new();
+        for a in list {
+            if let Some(i) = identity(a) {
+                self.encode(a, out);
+                id.extend_from_slice(&i);
+                alive.extend(shared(a));
+            }
+        }
+        self.blocks[at] = Some(Kept {
+            id: id.into(),
+            bytes: out[start..].into(),
+            _alive: alive,
+        });
+        n
+    }
+
+    /// One attribute, from the cache when it has an identity or is a float.
+    fn write_single(&mut self, a: &Attribute, out: &mut Vec<u8>) {
+        let (id, float) = match (&a.value, identity(a)) {
+            (_, Some(id)) => (id, None),
+            (Value::Float(x), None) => (float_template(a.key), Some(*x)),
+            (_, None) => return self.encode(a, out),
+        };
+        let at = slot(mix(
+            0,
+            id[0] ^ id[1].rotate_left(48) ^ id[2].rotate_left(17) ^ id[3],
+        ));
+        match &self.single[at] {
+            Some(kept) if *kept.id == id => out.extend_from_slice(&kept.bytes),
+            _ => {
+                let start = out.len();
+                match float {
+                    Some(_) => self.encode(&Attribute::new(a.key, 0.0), out),
+                    None => self.encode(a, out),
+                }
+                self.single[at] = Some(Kept {
+                    id: id.into(),
+                    bytes: out[start..].into(),
+                    _alive: shared(a).into_iter().collect(),
+                });
+            }
+        }
+        if let Some(x) = float {
+            // A double is the last field of the value, the value the last of the `KeyValue`:
+            // its eight bytes (fixed64, little-endian) end the encoding.
+            let end = out.len();
+            out[end - 8..].copy_from_slice(&x.to_le_bytes());
         }
     }
 
     /// Encodings held (for tests).
     #[cfg(test)]
     pub(super) fn cached(&self) -> usize {
-        self.cache.len()
+        self.blocks.iter().chain(&self.single).flatten().count()
     }
 
-    /// Encode `a` with prost, through the reused `KeyValue`.
+    /// Append `a` as prost encodes it, through the reused `KeyValue`.
     fn encode(&mut self, a: &Attribute, out: &mut Vec<u8>) {
         let kv = &mut self.scratch;
         if kv.key != a.key {
@@ -140,25 +194,49 @@ impl AttributeEncoder {
             Value::Float(x) => *value = Some(any_value::Value::DoubleValue(*x)),
             Value::Bool(b) => *value = Some(any_value::Value::BoolValue(*b)),
         }
-        kv.encode(out).expect("a Vec grows to fit the message");
+        prost::encoding::message::encode(ATTRIBUTES_FIELD, &*kv, out);
     }
 }
 
-/// `a`'s identity, or `None` for values not worth keeping (owned strings, floats but zero).
+/// The identities of the attributes of `list` that have one are `kept` (as many, checked by
+/// the caller), in order.
+fn same_identities(list: &[Attribute], kept: &[u64]) -> bool {
+    let mut i = 0;
+    for a in list {
+        if let Some(id) = identity(a) {
+            if kept[i..i + 4] != id {
+                return false;
+            }
+            i += 4;
+        }
+    }
+    true
+}
+
+/// `a`'s identity, or `None` for values not kept as they are (owned strings and floats).
+#[inline]
 fn identity(a: &Attribute) -> Option<Identity> {
-    let value = match &a.value {
-        Value::Static(s) => ValueIdentity::Text(s.as_ptr() as usize, s.len()),
-        Value::Shared(s) => ValueIdentity::Text(s.as_ptr() as usize, s.len()),
-        Value::Int(n) => ValueIdentity::Int(*n),
-        Value::Bool(b) => ValueIdentity::Bool(*b),
-        // 0.0 exactly (not -0.0, whose encoding differs).
-        Value::Float(x) if x.to_bits() == 0 => ValueIdentity::Zero,
+    let (x, y) = match &a.value {
+        Value::Static(s) => (s.as_ptr() as u64, s.len() as u64),
+        Value::Shared(s) => (s.as_ptr() as u64, s.len() as u64),
+        Value::Int(n) => (*n as u64, INT),
+        Value::Bool(b) => (u64::from(*b), BOOL),
         Value::Owned(_) | Value::Float(_) => return None,
     };
-    Some(Identity {
-        key: (a.key.as_ptr() as usize, a.key.len()),
-        value,
-    })
+    Some([a.key.as_ptr() as u64, a.key.len() as u64, x, y])
+}
+
+/// The identity of a float attribute named `key` whatever its value.
+fn float_template(key: &'static str) -> Identity {
+    [key.as_ptr() as u64, key.len() as u64, 0, FLOAT]
+}
+
+/// The shared string `a` names, which a kept encoding must keep alive.
+fn shared(a: &Attribute) -> Option<Arc<str>> {
+    match &a.value {
+        Value::Shared(s) => Some(Arc::clone(s)),
+        _ => None,
+    }
 }
 
 fn set_string_value(value: &mut Option<any_value::Value>, s: &str) {
@@ -170,18 +248,48 @@ fn set_string_value(value: &mut Option<any_value::Value>, s: &str) {
 
 #[cfg(test)]
 mod tests {
+    use opentelemetry_proto::tonic::trace::v1::Span;
+    use prost::Message;
+
     use super::*;
 
-    /// What prost writes for `a` with nothing kept.
+    /// What prost writes for `a` as a `Span.attributes` field, built without the encoder.
     fn fresh(a: &Attribute) -> Vec<u8> {
+        let value = match &a.value {
+            Value::Static(s) => any_value::Value::StringValue((*s).to_owned()),
+            Value::Shared(s) => any_value::Value::StringValue(s.to_string()),
+            Value::Owned(s) => any_value::Value::StringValue(s.clone()),
+            Value::Int(n) => any_value::Value::IntValue(*n),
+            Value::Float(x) => any_value::Value::DoubleValue(*x),
+            Value::Bool(b) => any_value::Value::BoolValue(*b),
+        };
+        let span = Span {
+            attributes: vec![KeyValue {
+                key: a.key.to_owned(),
+                value: Some(AnyValue { value: Some(value) }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        span.encode_to_vec()
+    }
+
+    fn fresh_all<'a>(list: impl IntoIterator<Item = &'a Attribute>) -> Vec<u8> {
+        list.into_iter().flat_map(fresh).collect()
+    }
+
+    fn written(e: &mut AttributeEncoder, a: &Attributes) -> Vec<u8> {
         let mut out = Vec::new();
-        AttributeEncoder::default().encode(a, &mut out);
+        e.write(a, &mut out);
         out
     }
 
-    fn decoded(bytes: &[u8]) -> (String, Option<any_value::Value>) {
-        let kv = KeyValue::decode(bytes).expect("a KeyValue");
-        (kv.key, kv.value.and_then(|v| v.value))
+    fn decoded(bytes: &[u8]) -> Vec<(String, Option<any_value::Value>)> {
+        let span = Span::decode(bytes).expect("Span.attributes fields");
+        span.attributes
+            .into_iter()
+            .map(|kv| (kv.key, kv.value.and_then(|v| v.value)))
+            .collect()
     }
 
     #[test]
@@ -198,102 +306,166 @@ mod tests {
             Attribute::new("flexinfer.queue_wait_seconds", -0.0),
         ];
         let mut e = AttributeEncoder::default();
-        let mut out = Vec::new();
         for round in 0..3 {
             for a in &all {
-                let mut held = None;
-                e.write(a, &mut out, &mut held);
-                assert_eq!(out, fresh(a), "round {round}: {a:?}");
+                let mut alone = Attributes::default();
+                alone.set(a.key, a.value.clone());
+                assert_eq!(written(&mut e, &alone), fresh(a), "round {round}: {a:?}");
+                let mut measured = Attributes::default();
+                measured.measured(a.key, a.value.clone());
+                assert_eq!(written(&mut e, &measured), fresh(a), "round {round}: {a:?}");
             }
         }
         assert_eq!(
-            decoded(&out),
-            (
+            decoded(&fresh(&all[7])),
+            vec![(
                 "flexinfer.queue_wait_seconds".into(),
                 Some(any_value::Value::DoubleValue(-0.0))
-            )
+            )]
         );
-        // strings by address, integers and booleans by value, a float of zero; owned strings
-        // and other floats (-0.0 among them: its bits differ) never
-        assert_eq!(e.cached(), 5);
+        // strings by address, integers and booleans by value, each once as a block and once
+        // alone; a float once per name; owned strings never (unless two met in a slot)
+        assert!(e.cached() <= 10, "{}", e.cached());
     }
 
-    /// The slot keeps its bytes only for the very attribute written there before; any other
-    /// name or value in the slot is written again.
+    /// The attributes from small sets that have an identity come first, as one block, then
+    /// those without one, then the measured ones, each group in its order.
     #[test]
-    fn a_slot_is_rewritten_unless_it_holds_the_same_attribute() {
-        let mut e = AttributeEncoder::default();
-        let (mut slot, mut held) = (Vec::new(), None);
-        let sequence = [
-            Attribute::new("flexinfer.outcome", "hit"),
-            Attribute::new("flexinfer.outcome", "hit"),
-            Attribute::new("flexinfer.outcome", "miss"),
-            Attribute::new("flexinfer.key_source", "miss"),
-            Attribute::new("flexinfer.key_source", 3i64),
-            Attribute::new("flexinfer.key_source", String::from("owned")),
-            Attribute::new("flexinfer.key_source", String::from("owned, again")),
-            Attribute::new("flexinfer.key_source", 3i64),
-        ];
-        for a in &sequence {
-            e.write(a, &mut slot, &mut held);
-            assert_eq!(slot, fresh(a), "{a:?}");
-        }
-    }
-
-    /// Two shared strings of the same text are two entries, and a string dropped by the
-    /// request path cannot hand its address to another while the cache knows it.
-    #[test]
-    fn shared_strings_are_known_by_their_allocation_which_the_cache_keeps_alive() {
-        let mut e = AttributeEncoder::default();
-        let mut out = Vec::new();
-        for name in ["pod-a", "pod-b", "pod-a", "pod-c"] {
-            let pod: Arc<str> = Arc::from(name);
-            let a = Attribute::new("flexinfer.pod", pod);
-            e.write(&a, &mut out, &mut None);
-            assert_eq!(
-                decoded(&out).1,
-                Some(any_value::Value::StringValue(name.into()))
-            );
-        }
-        assert_eq!(e.cached(), 4);
-    }
-
-    /// After the cache starts again, a slot's bytes are written again even for the attribute it
-    /// held: the shared string that attribute named may be gone, its address another's.
-    #[test]
-    fn a_slot_is_not_trusted_past_a_cache_restart() {
-        let mut e = AttributeEncoder::default();
+    fn the_block_comes_first_then_the_rest_in_order() {
         let pod: Arc<str> = Arc::from("10.0.0.7:8000");
-        let a = Attribute::new("flexinfer.pod", Arc::clone(&pod));
-        let (mut slot, mut held) = (Vec::new(), None);
-        e.write(&a, &mut slot, &mut held);
-        assert_eq!(slot, fresh(&a));
-        // The slot is trusted as it stands (emptied here to see it).
-        slot.clear();
-        e.write(&a, &mut slot, &mut held);
-        assert!(slot.is_empty());
-        let mut other = Vec::new();
-        for n in 0..CAPACITY as i64 {
-            e.write(
-                &Attribute::new("flexinfer.retries", n),
-                &mut other,
-                &mut None,
+        let mut a = Attributes::default();
+        a.measured("flexinfer.ttft_seconds", 0.5);
+        a.set("flexinfer.strategy", "prefix");
+        a.set("url.path", String::from("/custom"));
+        a.measured("gen_ai.usage.input_tokens", 12i64);
+        a.set("flexinfer.pod", Arc::clone(&pod));
+        let (small, measured) = a.split();
+        assert_eq!(small.len(), 3);
+        assert_eq!(measured.len(), 2);
+        let mut e = AttributeEncoder::default();
+        for _ in 0..2 {
+            let keys: Vec<String> = decoded(&written(&mut e, &a))
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+            assert_eq!(
+                keys,
+                [
+                    "flexinfer.strategy",
+                    "flexinfer.pod",
+                    "url.path",
+                    "flexinfer.ttft_seconds",
+                    "gen_ai.usage.input_tokens"
+                ]
             );
         }
-        e.write(&a, &mut slot, &mut held);
-        assert_eq!(slot, fresh(&a));
     }
 
+    /// A block is copied only for the very same attributes in the same order: any other name,
+    /// value or order is a block of its own, written as prost would.
     #[test]
-    fn the_cache_starts_again_when_full() {
+    fn a_block_is_reused_only_for_the_same_attributes() {
+        let pods: Vec<Arc<str>> = ["pod-a", "pod-a", "pod-b"].map(Arc::from).into();
+        let sets: Vec<Vec<Attribute>> = vec![
+            vec![
+                Attribute::new("flexinfer.outcome", "hit"),
+                Attribute::new("flexinfer.retries", 0i64),
+            ],
+            vec![
+                Attribute::new("flexinfer.outcome", "hit"),
+                Attribute::new("flexinfer.retries", 1i64),
+            ],
+            vec![
+                Attribute::new("flexinfer.retries", 0i64),
+                Attribute::new("flexinfer.outcome", "hit"),
+            ],
+            vec![
+                Attribute::new("flexinfer.outcome", "miss"),
+                Attribute::new("flexinfer.retries", 0i64),
+            ],
+            vec![
+                Attribute::new("flexinfer.key_source", "hit"),
+                Attribute::new("flexinfer.retries", 0i64),
+            ],
+            vec![
+                Attribute::new("flexinfer.outcome", "hit"),
+                Attribute::new("flexinfer.retries", 0i64),
+                Attribute::new("flexinfer.spill", false),
+            ],
+            vec![Attribute::new("flexinfer.pod", Arc::clone(&pods[0]))],
+            vec![Attribute::new("flexinfer.pod", Arc::clone(&pods[1]))],
+            vec![Attribute::new("flexinfer.pod", Arc::clone(&pods[2]))],
+        ];
         let mut e = AttributeEncoder::default();
-        let mut out = Vec::new();
-        for n in 0..(CAPACITY as i64 + 10) {
-            let a = Attribute::new("gen_ai.usage.input_tokens", n);
-            e.write(&a, &mut out, &mut None);
-            assert_eq!(out, fresh(&a));
-            assert!(e.cached() <= CAPACITY);
+        for round in 0..2 {
+            for set in &sets {
+                let out = written(&mut e, &Attributes::from(set.clone()));
+                assert_eq!(out, fresh_all(set), "round {round}: {set:?}");
+            }
         }
-        assert_eq!(e.cached(), 10);
+        // two strings of the same text are two allocations, two blocks (unless two met in a
+        // slot)
+        assert!(e.cached() <= sets.len(), "{}", e.cached());
+    }
+
+    /// A float written over its name's encoding is what prost writes for it, whatever it is.
+    #[test]
+    fn a_float_is_its_names_encoding_with_its_own_eight_bytes() {
+        let mut e = AttributeEncoder::default();
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            f64::MIN_POSITIVE,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            1e300,
+            -2.5e-300,
+        ];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let generated = (0..200).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            f64::from_bits(x)
+        });
+        for (i, v) in specials.into_iter().chain(generated).enumerate() {
+            let key = ["flexinfer.ttft_seconds", "flexinfer.queue_wait_seconds"][i % 2];
+            let mut a = Attributes::default();
+            a.measured(key, v);
+            a.set("flexinfer.outcome", "hit");
+            a.set("flexinfer.label", String::from("x"));
+            let expected = fresh_all([
+                &Attribute::new("flexinfer.outcome", "hit"),
+                &Attribute::new("flexinfer.label", String::from("x")),
+                &Attribute::new(key, v),
+            ]);
+            assert_eq!(written(&mut e, &a), expected, "{v:e} ({:#x})", v.to_bits());
+        }
+    }
+
+    /// Entries that meet in a slot take it from each other, and what is written is always
+    /// right; the cache never holds more than its slots.
+    #[test]
+    fn the_cache_holds_no_more_than_its_slots() {
+        let mut e = AttributeEncoder::default();
+        for round in 0..2 {
+            for n in 0..(4 * SLOTS as i64) {
+                let mut a = Attributes::default();
+                a.measured("gen_ai.usage.input_tokens", n);
+                a.set("flexinfer.retries", n);
+                a.set("flexinfer.spill", n % 2 == 0);
+                let expected = fresh_all([
+                    &Attribute::new("flexinfer.retries", n),
+                    &Attribute::new("flexinfer.spill", n % 2 == 0),
+                    &Attribute::new("gen_ai.usage.input_tokens", n),
+                ]);
+                assert_eq!(written(&mut e, &a), expected, "round {round}, {n}");
+                assert!(e.cached() <= 2 * SLOTS);
+            }
+        }
+        assert!(e.cached() > SLOTS, "most slots in use: {}", e.cached());
     }
 }

@@ -3,9 +3,10 @@ use std::sync::Arc;
 use opentelemetry::trace::{SpanId, TraceId};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
-use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::{span, status, Span};
 
-use crate::telemetry::span::{Attribute, EndedSpan, SpanKind};
+use crate::telemetry::export::SpanBatch;
+use crate::telemetry::span::{Attribute, Attributes, EndedSpan, SpanKind};
 
 use super::*;
 
@@ -15,43 +16,70 @@ fn resource() -> opentelemetry_sdk::Resource {
         .build()
 }
 
-fn server(n: u64) -> EndedSpan {
+/// The server span's attributes in the tests.
+fn server_attributes() -> Attributes {
+    Attributes::from(vec![
+        Attribute::new("gen_ai.request.model", Arc::<str>::from("m")),
+        Attribute::new("flexinfer.strategy", "prefix"),
+        Attribute::new("url.path", String::from("/v1/chat/completions")),
+        Attribute::new("flexinfer.retries", 0i64),
+        Attribute::new("flexinfer.queue_wait_seconds", 0.25),
+        Attribute::new("flexinfer.spill", false),
+    ])
+}
+
+fn attempt_attributes() -> Attributes {
+    Attributes::from(vec![
+        Attribute::new("server.address", "10.0.0.1:8000"),
+        Attribute::new("error.type", "upstream"),
+    ])
+}
+
+fn server(n: u64, attributes: &Attributes) -> EndedSpan<'_> {
     EndedSpan {
         trace_id: TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736_u128),
         span_id: SpanId::from(n),
         parent: SpanId::from(0x00f0_67aa_0ba9_02b7),
         parent_is_remote: true,
-        trace_state: Some(Arc::from("vendor=abc")),
+        trace_state: Some("vendor=abc"),
         kind: SpanKind::Server,
         name: "POST",
         start_unix_nano: 1_000 + n,
         end_unix_nano: 2_000 + n,
         error: None,
-        attributes: vec![
-            Attribute::new("gen_ai.request.model", Arc::<str>::from("m")),
-            Attribute::new("flexinfer.strategy", "prefix"),
-            Attribute::new("url.path", String::from("/v1/chat/completions")),
-            Attribute::new("flexinfer.retries", 0i64),
-            Attribute::new("flexinfer.queue_wait_seconds", 0.25),
-            Attribute::new("flexinfer.spill", false),
-        ],
+        attributes,
     }
 }
 
-fn attempt(n: u64, parent: u64) -> EndedSpan {
+fn attempt(n: u64, parent: u64, attributes: &Attributes) -> EndedSpan<'_> {
     EndedSpan {
         span_id: SpanId::from(n),
         parent: SpanId::from(parent),
         parent_is_remote: false,
         trace_state: None,
         kind: SpanKind::Client,
-        error: Some("10.0.0.1:8000 answered 503".into()),
-        attributes: vec![
-            Attribute::new("server.address", "10.0.0.1:8000"),
-            Attribute::new("error.type", "upstream"),
-        ],
-        ..server(n)
+        error: Some("10.0.0.1:8000 answered 503"),
+        attributes,
+        ..server(n, attributes)
     }
+}
+
+/// `spans` encoded by `e` and framed by `f`, as the request body.
+fn body(e: &mut SpanEncoder, f: &mut Encoder, spans: &[EndedSpan<'_>]) -> Bytes {
+    let mut batch = SpanBatch::default();
+    let mut one = Vec::new();
+    for s in spans {
+        one.clear();
+        e.encode(s, &mut one);
+        batch.push(&one);
+    }
+    f.encode(&batch)
+}
+
+/// The body of `spans` from fresh encoders (the resource's attributes come in the order of
+/// its map: one resource, one order).
+fn fresh_body(r: &opentelemetry_sdk::Resource, spans: &[EndedSpan<'_>]) -> Bytes {
+    body(&mut SpanEncoder::default(), &mut Encoder::new(r), spans)
 }
 
 /// Decode a body as a collector would, and return its spans.
@@ -73,8 +101,11 @@ fn attrs(s: &Span) -> Vec<(String, Option<Any>)> {
 
 #[test]
 fn a_batch_is_an_otlp_request_with_the_resource_scope_and_every_field() {
-    let mut e = Encoder::new(&resource());
-    let (req, spans) = decode(&e.encode(&[attempt(2, 1), server(1)]));
+    let (sa, aa) = (server_attributes(), attempt_attributes());
+    let (req, spans) = decode(&fresh_body(
+        &resource(),
+        &[attempt(2, 1, &aa), server(1, &sa)],
+    ));
     let rs = &req.resource_spans[0];
     let service = rs
         .resource
@@ -108,6 +139,8 @@ fn a_batch_is_an_otlp_request_with_the_resource_scope_and_every_field() {
         s.status.as_ref().unwrap().code,
         status::StatusCode::Unset as i32
     );
+    // the attributes kept together (the shared and static strings, numbers, booleans) first,
+    // then the owned string and the float, each group in its order
     assert_eq!(
         attrs(s),
         vec![
@@ -119,16 +152,16 @@ fn a_batch_is_an_otlp_request_with_the_resource_scope_and_every_field() {
                 "flexinfer.strategy".into(),
                 Some(Any::StringValue("prefix".into()))
             ),
+            ("flexinfer.retries".into(), Some(Any::IntValue(0))),
+            ("flexinfer.spill".into(), Some(Any::BoolValue(false))),
             (
                 "url.path".into(),
                 Some(Any::StringValue("/v1/chat/completions".into()))
             ),
-            ("flexinfer.retries".into(), Some(Any::IntValue(0))),
             (
                 "flexinfer.queue_wait_seconds".into(),
                 Some(Any::DoubleValue(0.25))
             ),
-            ("flexinfer.spill".into(), Some(Any::BoolValue(false))),
         ]
     );
 
@@ -143,14 +176,14 @@ fn a_batch_is_an_otlp_request_with_the_resource_scope_and_every_field() {
 
 #[test]
 fn a_root_span_has_no_parent_bytes() {
-    let mut e = Encoder::new(&resource());
+    let sa = server_attributes();
     let root = EndedSpan {
         parent: SpanId::INVALID,
         parent_is_remote: false,
         trace_state: None,
-        ..server(5)
+        ..server(5, &sa)
     };
-    let (_, spans) = decode(&e.encode(&[root]));
+    let (_, spans) = decode(&fresh_body(&resource(), &[root]));
     assert!(spans[0].parent_span_id.is_empty());
     assert_eq!(spans[0].flags, 0x101);
 }
@@ -159,13 +192,19 @@ fn a_root_span_has_no_parent_bytes() {
 /// prost encodes from the OTLP types themselves (what a collector decodes, encoded again).
 #[test]
 fn the_body_is_what_prost_encodes_from_the_otlp_request() {
-    let mut e = Encoder::new(&resource());
+    let (sa, aa) = (server_attributes(), attempt_attributes());
+    let (mut e, mut f) = (SpanEncoder::default(), Encoder::new(&resource()));
     for batch in [
-        vec![server(1), attempt(2, 1), server(3), attempt(4, 3)],
-        vec![server(5)],
+        vec![
+            server(1, &sa),
+            attempt(2, 1, &aa),
+            server(3, &sa),
+            attempt(4, 3, &aa),
+        ],
+        vec![server(5, &sa)],
         vec![],
     ] {
-        let body = e.encode(&batch);
+        let body = body(&mut e, &mut f, &batch);
         let (request, spans) = decode(&body);
         assert_eq!(spans.len(), batch.len());
         assert_eq!(body.as_ref(), request.encode_to_vec().as_slice());
@@ -176,27 +215,29 @@ fn the_body_is_what_prost_encodes_from_the_otlp_request() {
 /// a fresh encoder would write it, whatever came before.
 #[test]
 fn reused_buffers_leave_nothing_of_earlier_batches() {
+    let (sa, aa) = (server_attributes(), attempt_attributes());
+    let oa = Attributes::from(vec![
+        Attribute::new("flexinfer.strategy", 7i64),
+        Attribute::new("gen_ai.request.model", true),
+    ]);
     let r = resource();
-    let mut reused = Encoder::new(&r);
+    let (mut e, mut f) = (SpanEncoder::default(), Encoder::new(&r));
     let other = EndedSpan {
-        attributes: vec![
-            Attribute::new("flexinfer.strategy", 7i64),
-            Attribute::new("gen_ai.request.model", true),
-        ],
-        error: Some("x".into()),
-        ..server(9)
+        attributes: &oa,
+        error: Some("x"),
+        ..server(9, &sa)
     };
     let batches: Vec<Vec<EndedSpan>> = vec![
-        vec![server(1), attempt(2, 1), server(3)],
-        vec![attempt(4, 3)],
-        vec![other.clone(), server(6)],
+        vec![server(1, &sa), attempt(2, 1, &aa), server(3, &sa)],
+        vec![attempt(4, 3, &aa)],
+        vec![other, server(6, &sa)],
         vec![],
-        vec![server(7), other, attempt(8, 7), server(10)],
-        vec![server(11)],
+        vec![server(7, &sa), other, attempt(8, 7, &aa), server(10, &sa)],
+        vec![server(11, &sa)],
     ];
     for batch in &batches {
-        let fresh = Encoder::new(&r).encode(batch);
-        let body = reused.encode(batch);
+        let fresh = fresh_body(&r, batch);
+        let body = body(&mut e, &mut f, batch);
         assert_eq!(decode(&body).0, decode(&fresh).0);
         assert_eq!(body, fresh, "the same bytes");
         assert_eq!(decode(&body).1.len(), batch.len());

@@ -3,12 +3,34 @@ use std::time::Instant;
 
 use http::header::{HeaderMap, HeaderValue};
 use http::Method;
-use opentelemetry::trace::{SpanId, TraceId};
+use opentelemetry::trace::TraceId;
+
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::{span, status, Span, SpanFlags};
 
 use super::*;
 use crate::telemetry::export::SpanQueue;
 use crate::telemetry::propagation::{self, TRACEPARENT};
-use crate::telemetry::span::Value;
+
+/// The value of the span's attribute `key`.
+fn attribute(s: &Span, key: &str) -> Option<Any> {
+    let kv = s.attributes.iter().find(|kv| kv.key == key)?;
+    kv.value.clone()?.value
+}
+
+fn text(s: &str) -> Option<Any> {
+    Some(Any::StringValue(s.to_owned()))
+}
+
+fn remote_parent(s: &Span) -> bool {
+    s.flags & SpanFlags::ContextIsRemoteMask as u32 != 0
+}
+
+/// The span's error message, if its status is an error.
+fn error(s: &Span) -> Option<String> {
+    let st = s.status.as_ref()?;
+    (st.code == status::StatusCode::Error as i32).then(|| st.message.clone())
+}
 
 fn pod(addr: &'static str) -> impl FnOnce() -> Value {
     move || Value::Static(addr)
@@ -66,60 +88,61 @@ fn a_sampled_request_gives_the_pod_its_attempt_as_parent() {
     trace.attempt_ended(AttemptEnd::Answered(200));
     let sent = propagation::parse(out[TRACEPARENT].as_bytes()).unwrap();
     assert_eq!(out["tracestate"], "a=1");
-    let attrs = vec![Attribute::new(
-        "flexinfer.retries",
-        i64::from(trace.retries()),
-    )];
-    trace.finish(Instant::now(), Some(200), attrs);
+    let retries = trace.retries();
+    trace.finish(Instant::now(), Some(200), |a| {
+        a.set("flexinfer.retries", i64::from(retries));
+        a.measured("flexinfer.ttft_seconds", 0.25);
+    });
     assert!(!trace.is_sampled(), "finished once");
-    let spans: Vec<EndedSpan> = rx.take(usize::MAX);
+    let spans = rx.take(usize::MAX).decoded();
     assert_eq!(spans.len(), 3);
     let (failed, answered, server) = (&spans[0], &spans[1], &spans[2]);
-    assert_eq!(server.kind, SpanKind::Server);
-    assert_eq!(server.parent, client.parent_id);
-    assert!(server.parent_is_remote);
-    assert_eq!(server.trace_state.as_deref(), Some("a=1"));
+    assert_eq!(server.kind, span::SpanKind::Server as i32);
+    assert_eq!(server.parent_span_id, client.parent_id.to_bytes());
+    assert!(remote_parent(server));
+    assert_eq!(server.trace_state, "a=1");
     for a in [failed, answered] {
-        assert_eq!(a.kind, SpanKind::Client);
-        assert_eq!(a.parent, server.span_id);
-        assert_eq!(a.trace_id, client.trace_id);
-        assert!(!a.parent_is_remote);
+        assert_eq!(a.kind, span::SpanKind::Client as i32);
+        assert_eq!(a.parent_span_id, server.span_id);
+        assert_eq!(a.trace_id, client.trace_id.to_bytes());
+        assert!(!remote_parent(a));
     }
     // The pod's parent is the attempt that reached it.
-    assert_eq!(sent.parent_id, answered.span_id);
-    assert_eq!(failed.error.as_deref(), Some("10.0.0.1:8000 answered 503"));
+    assert_eq!(sent.parent_id.to_bytes(), answered.span_id.as_slice());
+    assert_eq!(error(failed).as_deref(), Some("10.0.0.1:8000 answered 503"));
+    assert_eq!(attribute(failed, "error.type"), text("upstream"));
     assert_eq!(
-        failed.attribute("error.type"),
-        Some(&Value::Static("upstream"))
+        attribute(failed, "http.response.status_code"),
+        Some(Any::IntValue(503))
+    );
+    assert_eq!(error(answered), None);
+    assert_eq!(attribute(answered, "server.address"), text("10.0.0.2:8000"));
+    assert_eq!(
+        attribute(answered, "flexinfer.attempt"),
+        Some(Any::IntValue(2))
     );
     assert_eq!(
-        failed.attribute("http.response.status_code"),
-        Some(&Value::Int(503))
-    );
-    assert_eq!(answered.error, None);
-    assert_eq!(
-        answered.attribute("server.address"),
-        Some(&Value::Static("10.0.0.2:8000"))
+        attribute(server, "flexinfer.retries"),
+        Some(Any::IntValue(1))
     );
     assert_eq!(
-        answered.attribute("flexinfer.attempt"),
-        Some(&Value::Int(2))
+        attribute(server, "flexinfer.attempts"),
+        Some(Any::IntValue(2))
     );
-    assert_eq!(server.attribute("flexinfer.retries"), Some(&Value::Int(1)));
-    assert_eq!(server.attribute("flexinfer.attempts"), Some(&Value::Int(2)));
     assert_eq!(
-        server.attribute("url.path"),
-        Some(&Value::Static("/v1/chat/completions"))
+        attribute(server, "flexinfer.ttft_seconds"),
+        Some(Any::DoubleValue(0.25))
     );
+    assert_eq!(attribute(server, "url.path"), text("/v1/chat/completions"));
     assert_eq!(server.name, "POST");
     for s in &spans {
         assert!(
-            s.start_unix_nano > 0 && s.start_unix_nano <= s.end_unix_nano,
+            s.start_time_unix_nano > 0 && s.start_time_unix_nano <= s.end_time_unix_nano,
             "{s:?}"
         );
     }
-    assert!(server.start_unix_nano <= failed.start_unix_nano);
-    assert!(answered.end_unix_nano <= server.end_unix_nano);
+    assert!(server.start_time_unix_nano <= failed.start_time_unix_nano);
+    assert!(answered.end_time_unix_nano <= server.end_time_unix_nano);
 }
 
 #[test]
@@ -138,14 +161,14 @@ fn a_new_root_drops_an_orphan_tracestate() {
             .trace_id,
         root
     );
-    trace.finish(Instant::now(), None, Vec::new());
-    let spans: Vec<EndedSpan> = rx.take(usize::MAX);
+    trace.finish(Instant::now(), None, |_| {});
+    let spans = rx.take(usize::MAX).decoded();
     let server = spans.last().unwrap();
-    assert_eq!(server.parent, SpanId::INVALID);
-    assert_eq!(server.trace_state, None);
-    assert!(!server.parent_is_remote);
+    assert!(server.parent_span_id.is_empty());
+    assert_eq!(server.trace_state, "");
+    assert!(!remote_parent(server));
     // The client went away: an error.
-    assert_eq!(server.error.as_deref(), Some("the client went away"));
+    assert_eq!(error(server).as_deref(), Some("the client went away"));
 }
 
 /// The OpenAI paths go into the span as static strings; any other path as the client sent it.
@@ -159,13 +182,14 @@ fn url_path_is_the_request_path_known_or_not() {
         "/v1/chat/completions/",
     ] {
         let mut trace = Trace::start(Some(&t), &h, &Method::POST, path, Instant::now());
-        trace.finish(Instant::now(), Some(200), Vec::new());
-        let span = q.take(16).pop().unwrap();
+        trace.finish(Instant::now(), Some(200), |_| {});
+        let span = q.take(16).decoded().pop().unwrap();
+        assert_eq!(attribute(&span, "url.path"), text(path));
         let expected = if path == "/v1/embeddings" {
             Value::Static("/v1/embeddings")
         } else {
             Value::Owned(path.to_owned())
         };
-        assert_eq!(span.attribute("url.path"), Some(&expected));
+        assert_eq!(path_value(path), expected);
     }
 }
