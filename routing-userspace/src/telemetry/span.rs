@@ -87,70 +87,60 @@ impl Attribute {
 /// as one block per distinct set, while durations and token counts are written every time.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Attributes {
-    list: Vec<Attribute>,
-    /// How many of the first in `list` come from small sets.
-    of_small_sets: usize,
+    of_small_sets: Vec<Attribute>,
+    measured: Vec<Attribute>,
 }
 
 impl Attributes {
     pub const fn new() -> Self {
         Self {
-            list: Vec::new(),
-            of_small_sets: 0,
-        }
-    }
-
-    pub fn with_capacity(n: usize) -> Self {
-        Self {
-            list: Vec::with_capacity(n),
-            of_small_sets: 0,
+            of_small_sets: Vec::new(),
+            measured: Vec::new(),
         }
     }
 
     /// An attribute whose value comes from a small set (a name, a kind, a status code, a
     /// count of retries): spans repeat it.
     pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
-        self.list
-            .insert(self.of_small_sets, Attribute::new(key, value));
-        self.of_small_sets += 1;
+        self.of_small_sets.push(Attribute::new(key, value));
     }
 
     /// A measured attribute (a duration, a token count): it seldom repeats.
     pub fn measured(&mut self, key: &'static str, value: impl Into<Value>) {
-        self.list.push(Attribute::new(key, value));
+        self.measured.push(Attribute::new(key, value));
     }
 
     /// The attributes from small sets, then the measured ones.
     pub fn split(&self) -> (&[Attribute], &[Attribute]) {
-        self.list.split_at(self.of_small_sets)
+        (&self.of_small_sets, &self.measured)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Attribute> {
-        self.list.iter()
+        self.of_small_sets.iter().chain(&self.measured)
     }
 
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.of_small_sets.len() + self.measured.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        self.len() == 0
     }
 
-    /// Empty, keeping the room (a span's attributes are built in the same list span after span).
+    /// Empty, keeping the room (a span's attributes are built in the same lists span after
+    /// span).
     pub fn clear(&mut self) {
-        self.list.clear();
-        self.of_small_sets = 0;
+        self.of_small_sets.clear();
+        self.measured.clear();
     }
 }
 
 /// Every attribute of the list counts as one from a small set (tests and benches).
 impl From<Vec<Attribute>> for Attributes {
-    fn from(list: Vec<Attribute>) -> Self {
-        let of_small_sets = list.len();
+    fn from(of_small_sets: Vec<Attribute>) -> Self {
         Self {
-            list,
             of_small_sets,
+            measured: Vec::new(),
         }
     }
 }

@@ -13,6 +13,8 @@ use std::time::{Instant, SystemTime};
 use http::header::HeaderMap;
 use http::Method;
 use opentelemetry::trace::{SpanId, TraceId, TraceState};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use super::export::SpanSink;
 use super::propagation::{self, TraceParent, TRACESTATE};
@@ -278,7 +280,7 @@ impl Sampled {
 
 thread_local! {
     /// The attributes of the span being ended, built in the same list span after span.
-    static ATTRIBUTES: RefCell<Attributes> = RefCell::new(Attributes::with_capacity(24));
+    static ATTRIBUTES: RefCell<Attributes> = const { RefCell::new(Attributes::new()) };
 }
 
 /// Run `f` with this thread's attribute list, empty; it is emptied again after (the shared
@@ -348,12 +350,18 @@ fn incoming_state(headers: &HeaderMap) -> Option<Arc<str>> {
     (!header.is_empty()).then(|| header.into())
 }
 
+thread_local! {
+    /// Ids need to be unique, not unpredictable: a small generator per thread, seeded from the
+    /// thread's cryptographic one (as the OpenTelemetry SDK's id generator does).
+    static IDS: RefCell<SmallRng> = RefCell::new(SmallRng::from_rng(&mut rand::rng()));
+}
+
 fn new_trace_id() -> TraceId {
-    TraceId::from(rand::random::<u128>().max(1))
+    TraceId::from(IDS.with_borrow_mut(|r| r.random::<u128>()).max(1))
 }
 
 fn new_span_id() -> SpanId {
-    SpanId::from(rand::random::<u64>().max(1))
+    SpanId::from(IDS.with_borrow_mut(|r| r.random::<u64>()).max(1))
 }
 
 #[cfg(test)]
