@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::header::{self, HeaderMap};
 use http::{Method, StatusCode, Version};
 
-use crate::upstream::h1::head::decimal_length;
+use crate::upstream::h1::head::{decimal_length, push_decimal};
 
 /// How the response body goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,21 +139,6 @@ fn connection_says_close(value: &[u8]) -> bool {
     value
         .split(|&b| b == b',')
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
-}
-
-fn push_decimal(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
 }
 
 /// Append one chunk of `data` (not empty) in chunked framing.

@@ -90,7 +90,9 @@ pub fn encode_request(out: &mut Vec<u8>, head: &http::request::Parts, framing: B
     match framing {
         BodyFraming::AsIs => {}
         BodyFraming::Length(n) => {
-            out.extend_from_slice(format!("content-length: {n}\r\n").as_bytes());
+            out.extend_from_slice(b"content-length: ");
+            push_decimal(out, n as u64);
+            out.extend_from_slice(b"\r\n");
         }
         BodyFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
@@ -103,6 +105,22 @@ fn lists(value: &HeaderValue, token: &str) -> bool {
         .as_bytes()
         .split(|&b| b == b',')
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+/// Append `n` in decimal (a Content-Length), without formatting machinery or an allocation.
+pub fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// A `Content-Length` value (RFC 9110 section 8.6): one or more ASCII digits, leading zeros
@@ -302,6 +320,17 @@ mod tests {
     fn parse(text: &str) -> Result<Option<(ResponseHead, Vec<u8>)>, HeadError> {
         let mut buf = BytesMut::from(text.as_bytes());
         Ok(parse_response(&mut buf, &Method::POST)?.map(|h| (h, buf.to_vec())))
+    }
+
+    /// A length written in decimal reads back as itself, and is what formatting writes.
+    #[test]
+    fn a_decimal_length_reads_back_as_written() {
+        for n in [0, 1, 9, 10, 99, 100, 4096, 1 << 40, u64::MAX - 1, u64::MAX] {
+            let mut out = b"x".to_vec();
+            push_decimal(&mut out, n);
+            assert_eq!(&out[1..], n.to_string().as_bytes());
+            assert_eq!(decimal_length(&out[1..]), Some(n));
+        }
     }
 
     #[test]
