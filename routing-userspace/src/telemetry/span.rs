@@ -67,16 +67,53 @@ impl From<bool> for Value {
 /// One attribute: a semantic-convention or `flexinfer.*` name and its value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attribute {
-    pub key: &'static str,
-    pub value: Value,
+    key: &'static str,
+    value: Value,
+    /// Worked out once, when made: export reads it for every span that carries the attribute.
+    identity: Option<Identity>,
 }
+
+/// What an attribute is, for export's cache of encodings: its name's address and length, and
+/// its value's identity in two words (a string's address and length; a number or boolean and
+/// a tag no string length can take). A value is known by identity, not content: a static
+/// string by its address, a shared `Arc<str>` by its allocation (the cache holds a clone, so
+/// no other string can take that address while its entry lives), integers and booleans by
+/// value. Owned strings and floats have none.
+pub type Identity = [u64; 4];
+
+const INT: u64 = u64::MAX;
+const BOOL: u64 = u64::MAX - 1;
 
 impl Attribute {
     pub fn new(key: &'static str, value: impl Into<Value>) -> Self {
+        let value = value.into();
+        let word = |x: usize| x as u64;
+        let identity = match &value {
+            Value::Static(s) => Some((word(s.as_ptr() as usize), word(s.len()))),
+            Value::Shared(s) => Some((word(s.as_ptr() as usize), word(s.len()))),
+            Value::Int(n) => Some((*n as u64, INT)),
+            Value::Bool(b) => Some((u64::from(*b), BOOL)),
+            Value::Owned(_) | Value::Float(_) => None,
+        }
+        .map(|(x, y)| [word(key.as_ptr() as usize), word(key.len()), x, y]);
         Self {
             key,
-            value: value.into(),
+            value,
+            identity,
         }
+    }
+
+    pub fn key(&self) -> &'static str {
+        self.key
+    }
+
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// See [`Identity`].
+    pub fn identity(&self) -> Option<&Identity> {
+        self.identity.as_ref()
     }
 }
 

@@ -50,7 +50,8 @@ struct Sampled {
     start: Instant,
     /// `start` in Unix nanoseconds.
     start_unix_nano: u64,
-    method: Method,
+    /// The span name and `http.request.method`.
+    method: &'static str,
     /// `url.path`: one of the OpenAI paths as a static string (no copy, and its encoding is
     /// kept at export), any other path copied.
     path: Value,
@@ -108,7 +109,7 @@ impl Trace {
             trace_state,
             start,
             start_unix_nano: unix_nano(SystemTime::now()).saturating_sub(nanos(start.elapsed())),
-            method: method.clone(),
+            method: method_str(method),
             path: path_value(path),
             retries: 0,
             attempts: 0,
@@ -204,7 +205,7 @@ impl Trace {
         };
         with_attributes(|list| {
             attributes(list);
-            list.set("http.request.method", method_str(&s.method));
+            list.set("http.request.method", s.method);
             let path = std::mem::replace(&mut s.path, Value::Static(""));
             list.set("url.path", path);
             list.set("flexinfer.attempts", i64::from(s.attempts));
@@ -269,7 +270,7 @@ impl Sampled {
             parent_is_remote: kind == SpanKind::Server && self.parent.is_some(),
             trace_state: self.trace_state.as_deref(),
             kind,
-            name: method_str(&self.method),
+            name: self.method,
             start_unix_nano: self.unix_nano(start),
             end_unix_nano: self.unix_nano(end.max(start)),
             error,

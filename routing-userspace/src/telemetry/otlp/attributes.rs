@@ -25,7 +25,7 @@ use std::sync::Arc;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 
 use super::set_str;
-use crate::telemetry::span::{Attribute, Attributes, Value};
+use crate::telemetry::span::{Attribute, Attributes, Identity, Value};
 
 /// Slots of each cache (a power of two).
 pub(super) const SLOTS: usize = 256;
@@ -56,13 +56,7 @@ impl Default for AttributeEncoder {
     }
 }
 
-/// What an attribute is, for the cache: its name's address and length, and its value's
-/// identity in two words (a string's address and length; a number or boolean and a tag no
-/// string length can take).
-type Identity = [u64; 4];
-
-const INT: u64 = u64::MAX;
-const BOOL: u64 = u64::MAX - 1;
+/// The identity word of a float's name encoding (no identity of a value takes it).
 const FLOAT: u64 = u64::MAX - 2;
 
 /// Encoded attributes, the identities they were encoded from, and the shared strings whose
@@ -90,7 +84,7 @@ impl AttributeEncoder {
     pub(super) fn write(&mut self, attributes: &Attributes, out: &mut Vec<u8>) {
         let (of_small_sets, measured) = attributes.split();
         if self.write_block(of_small_sets, out) < of_small_sets.len() {
-            for a in of_small_sets.iter().filter(|a| identity(a).is_none()) {
+            for a in of_small_sets.iter().filter(|a| a.identity().is_none()) {
                 self.write_single(a, out);
             }
         }
@@ -102,14 +96,9 @@ impl AttributeEncoder {
     /// The attributes of `list` that have an identity, as one block; how many there were.
     fn write_block(&mut self, list: &[Attribute], out: &mut Vec<u8>) -> usize {
         let (mut h, mut n) = (0, 0);
-        for a in list {
-            if let Some(id) = identity(a) {
-                h = mix(
-                    h,
-                    id[0] ^ id[1].rotate_left(48) ^ id[2].rotate_left(17) ^ id[3],
-                );
-                n += 1;
-            }
+        for id in list.iter().filter_map(Attribute::identity) {
+            h = mix(h, fold(id));
+            n += 1;
         }
         if n == 0 {
             return 0;
@@ -125,9 +114,9 @@ impl AttributeEncoder {
         let mut id = Vec::with_capacity(4 * n);
         let mut alive = Vec::new();
         for a in list {
-            if let Some(i) = identity(a) {
+            if let Some(i) = a.identity() {
                 self.encode(a, out);
-                id.extend_from_slice(&i);
+                id.extend_from_slice(i);
                 alive.extend(shared(a));
             }
         }
@@ -141,21 +130,18 @@ impl AttributeEncoder {
 
     /// One attribute, from the cache when it has an identity or is a float.
     fn write_single(&mut self, a: &Attribute, out: &mut Vec<u8>) {
-        let (id, float) = match (&a.value, identity(a)) {
-            (_, Some(id)) => (id, None),
-            (Value::Float(x), None) => (float_template(a.key), Some(*x)),
+        let (id, float) = match (a.value(), a.identity()) {
+            (_, Some(id)) => (*id, None),
+            (Value::Float(x), None) => (float_template(a.key()), Some(*x)),
             (_, None) => return self.encode(a, out),
         };
-        let at = slot(mix(
-            0,
-            id[0] ^ id[1].rotate_left(48) ^ id[2].rotate_left(17) ^ id[3],
-        ));
+        let at = slot(mix(0, fold(&id)));
         match &self.single[at] {
             Some(kept) if *kept.id == id => out.extend_from_slice(&kept.bytes),
             _ => {
                 let start = out.len();
                 match float {
-                    Some(_) => self.encode(&Attribute::new(a.key, 0.0), out),
+                    Some(_) => self.encode(&Attribute::new(a.key(), 0.0), out),
                     None => self.encode(a, out),
                 }
                 self.single[at] = Some(Kept {
@@ -182,11 +168,11 @@ impl AttributeEncoder {
     /// Append `a` as prost encodes it, through the reused `KeyValue`.
     fn encode(&mut self, a: &Attribute, out: &mut Vec<u8>) {
         let kv = &mut self.scratch;
-        if kv.key != a.key {
-            set_str(&mut kv.key, a.key);
+        if kv.key != a.key() {
+            set_str(&mut kv.key, a.key());
         }
         let value = &mut kv.value.get_or_insert_with(AnyValue::default).value;
-        match &a.value {
+        match a.value() {
             Value::Static(s) => set_string_value(value, s),
             Value::Shared(s) => set_string_value(value, s),
             Value::Owned(s) => set_string_value(value, s),
@@ -202,28 +188,13 @@ impl AttributeEncoder {
 /// the caller), in order.
 fn same_identities(list: &[Attribute], kept: &[u64]) -> bool {
     let mut i = 0;
-    for a in list {
-        if let Some(id) = identity(a) {
-            if kept[i..i + 4] != id {
-                return false;
-            }
-            i += 4;
+    for id in list.iter().filter_map(Attribute::identity) {
+        if kept[i..i + 4] != *id {
+            return false;
         }
+        i += 4;
     }
     true
-}
-
-/// `a`'s identity, or `None` for values not kept as they are (owned strings and floats).
-#[inline]
-fn identity(a: &Attribute) -> Option<Identity> {
-    let (x, y) = match &a.value {
-        Value::Static(s) => (s.as_ptr() as u64, s.len() as u64),
-        Value::Shared(s) => (s.as_ptr() as u64, s.len() as u64),
-        Value::Int(n) => (*n as u64, INT),
-        Value::Bool(b) => (u64::from(*b), BOOL),
-        Value::Owned(_) | Value::Float(_) => return None,
-    };
-    Some([a.key.as_ptr() as u64, a.key.len() as u64, x, y])
 }
 
 /// The identity of a float attribute named `key` whatever its value.
@@ -231,9 +202,14 @@ fn float_template(key: &'static str) -> Identity {
     [key.as_ptr() as u64, key.len() as u64, 0, FLOAT]
 }
 
+/// An identity in one word, for the hash.
+fn fold(id: &Identity) -> u64 {
+    id[0] ^ id[1].rotate_left(48) ^ id[2].rotate_left(17) ^ id[3]
+}
+
 /// The shared string `a` names, which a kept encoding must keep alive.
 fn shared(a: &Attribute) -> Option<Arc<str>> {
-    match &a.value {
+    match a.value() {
         Value::Shared(s) => Some(Arc::clone(s)),
         _ => None,
     }
@@ -255,7 +231,7 @@ mod tests {
 
     /// What prost writes for `a` as a `Span.attributes` field, built without the encoder.
     fn fresh(a: &Attribute) -> Vec<u8> {
-        let value = match &a.value {
+        let value = match a.value() {
             Value::Static(s) => any_value::Value::StringValue((*s).to_owned()),
             Value::Shared(s) => any_value::Value::StringValue(s.to_string()),
             Value::Owned(s) => any_value::Value::StringValue(s.clone()),
@@ -265,7 +241,7 @@ mod tests {
         };
         let span = Span {
             attributes: vec![KeyValue {
-                key: a.key.to_owned(),
+                key: a.key().to_owned(),
                 value: Some(AnyValue { value: Some(value) }),
                 ..Default::default()
             }],
@@ -309,10 +285,10 @@ mod tests {
         for round in 0..3 {
             for a in &all {
                 let mut alone = Attributes::default();
-                alone.set(a.key, a.value.clone());
+                alone.set(a.key(), a.value().clone());
                 assert_eq!(written(&mut e, &alone), fresh(a), "round {round}: {a:?}");
                 let mut measured = Attributes::default();
-                measured.measured(a.key, a.value.clone());
+                measured.measured(a.key(), a.value().clone());
                 assert_eq!(written(&mut e, &measured), fresh(a), "round {round}: {a:?}");
             }
         }
