@@ -27,6 +27,7 @@ use fields::SpanFields;
 
 mod attributes;
 mod fields;
+mod kept;
 
 /// The instrumentation scope of every span.
 const SCOPE_NAME: &str = "flexinfer-proxy";

@@ -95,11 +95,21 @@ fn hex_array<const N: usize>(hex: &[u8]) -> Option<[u8; N]> {
     Some(out)
 }
 
-fn write_hex(out: &mut [u8], bytes: &[u8]) {
+/// Each byte's two lowercase hex digits.
+const HEX: [[u8; 2]; 256] = {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (i, b) in bytes.iter().enumerate() {
-        out[2 * i] = DIGITS[usize::from(b >> 4)];
-        out[2 * i + 1] = DIGITS[usize::from(b & 0x0f)];
+    let mut table = [[0u8; 2]; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = [DIGITS[b >> 4], DIGITS[b & 0x0f]];
+        b += 1;
+    }
+    table
+};
+
+fn write_hex(out: &mut [u8], bytes: &[u8]) {
+    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&HEX[usize::from(b)]);
     }
 }
 
@@ -128,6 +138,21 @@ mod tests {
         let v = format(p.trace_id, p.parent_id, true);
         assert_eq!(v.to_str().unwrap(), VALID);
         assert_eq!(parse(v.as_bytes()), Some(p));
+    }
+
+    /// Every byte value's two digits, as formatting writes them.
+    #[test]
+    fn format_writes_ids_in_lowercase_hex() {
+        for n in 0..=255u8 {
+            let trace = u128::from_be_bytes([n; 16]) ^ u128::from(n).rotate_left(7);
+            let span = u64::from(n) << 56 | u64::from(n.wrapping_mul(37)) | 1;
+            let v = format(TraceId::from(trace), SpanId::from(span), n % 2 == 0);
+            let flags = if n % 2 == 0 { "01" } else { "00" };
+            assert_eq!(
+                v.to_str().unwrap(),
+                std::format!("00-{trace:032x}-{span:016x}-{flags}")
+            );
+        }
     }
 
     #[test]

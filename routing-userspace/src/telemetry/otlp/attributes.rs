@@ -15,67 +15,38 @@
 //! name's encoding with the value 0.0, its eight bytes then overwritten (a double is fixed-width
 //! and last). An owned string has no identity and is encoded every time, after the block.
 //!
-//! Both caches are direct-mapped: a fixed number of slots, each entry in the slot its hash
-//! names, a newcomer taking the slot of whatever was there. So a lookup is one hash and one
-//! comparison, and the cache never holds more than its slots (names of pods long gone do not
-//! pile up).
+//! Both caches are bounded ([`super::kept`]), so names of pods long gone do not pile up.
 
 use std::sync::Arc;
 
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 
+use super::kept::Kept;
 use super::set_str;
 use crate::telemetry::span::{Attribute, Attributes, Identity, Value};
-
-/// Slots of each cache (a power of two).
-pub(super) const SLOTS: usize = 256;
 
 /// `Span.attributes`.
 const ATTRIBUTES_FIELD: u32 = 9;
 
 /// Writes attributes as encoded `Span.attributes` fields, from its cache where it can.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct AttributeEncoder {
-    /// The attributes from small sets of a span with an identity, encoded together; the slot's
-    /// `Kept::id` holds all their identities.
-    blocks: Vec<Option<Kept>>,
+    /// The attributes from small sets of a span with an identity, encoded together, by all
+    /// their identities.
+    blocks: Kept,
     /// Measured attributes with an identity, one by one; a float's entry is its name with the
     /// value 0.0, whose last eight bytes are the value.
-    single: Vec<Option<Kept>>,
+    single: Kept,
     /// The message an attribute is written into when prost encodes it afresh, reused.
     scratch: KeyValue,
-}
-
-impl Default for AttributeEncoder {
-    fn default() -> Self {
-        Self {
-            blocks: (0..SLOTS).map(|_| None).collect(),
-            single: (0..SLOTS).map(|_| None).collect(),
-            scratch: KeyValue::default(),
-        }
-    }
 }
 
 /// The identity word of a float's name encoding (no identity of a value takes it).
 const FLOAT: u64 = u64::MAX - 2;
 
-/// Encoded attributes, the identities they were encoded from, and the shared strings whose
-/// addresses those identities name.
-#[derive(Debug)]
-struct Kept {
-    id: Box<[u64]>,
-    bytes: Box<[u8]>,
-    _alive: Vec<Arc<str>>,
-}
-
 /// Fold `word` into the hash `h` (a multiply carries every bit of it into the high bits).
 fn mix(h: u64, word: u64) -> u64 {
     (h.rotate_left(5) ^ word).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-/// The slot of hash `h`: its high bits.
-fn slot(h: u64) -> usize {
-    (h >> (64 - SLOTS.trailing_zeros())) as usize
 }
 
 impl AttributeEncoder {
@@ -103,12 +74,12 @@ impl AttributeEncoder {
         if n == 0 {
             return 0;
         }
-        let at = slot(h);
-        if let Some(kept) = &self.blocks[at] {
-            if kept.id.len() == 4 * n && same_identities(list, &kept.id) {
-                out.extend_from_slice(&kept.bytes);
-                return n;
-            }
+        if let Some(bytes) = self
+            .blocks
+            .get(h, |id| id.len() == 4 * n && same_identities(list, id))
+        {
+            out.extend_from_slice(bytes);
+            return n;
         }
         let start = out.len();
         let mut id = Vec::with_capacity(4 * n);
@@ -120,11 +91,7 @@ impl AttributeEncoder {
                 alive.extend(shared(a));
             }
         }
-        self.blocks[at] = Some(Kept {
-            id: id.into(),
-            bytes: out[start..].into(),
-            _alive: alive,
-        });
+        self.blocks.put(h, &id, &out[start..], alive);
         n
     }
 
@@ -135,21 +102,17 @@ impl AttributeEncoder {
             (Value::Float(x), None) => (float_template(a.key()), Some(*x)),
             (_, None) => return self.encode(a, out),
         };
-        let at = slot(mix(0, fold(&id)));
-        match &self.single[at] {
-            Some(kept) if *kept.id == id => out.extend_from_slice(&kept.bytes),
-            _ => {
-                let start = out.len();
-                match float {
-                    Some(_) => self.encode(&Attribute::new(a.key(), 0.0), out),
-                    None => self.encode(a, out),
-                }
-                self.single[at] = Some(Kept {
-                    id: id.into(),
-                    bytes: out[start..].into(),
-                    _alive: shared(a).into_iter().collect(),
-                });
+        let h = mix(0, fold(&id));
+        if let Some(bytes) = self.single.get(h, |kept| kept == id) {
+            out.extend_from_slice(bytes);
+        } else {
+            let start = out.len();
+            match float {
+                Some(_) => self.encode(&Attribute::new(a.key(), 0.0), out),
+                None => self.encode(a, out),
             }
+            let alive = shared(a).into_iter().collect();
+            self.single.put(h, &id, &out[start..], alive);
         }
         if let Some(x) = float {
             // A double is the last field of the value, the value the last of the `KeyValue`:
@@ -162,7 +125,7 @@ impl AttributeEncoder {
     /// Encodings held (for tests).
     #[cfg(test)]
     pub(super) fn cached(&self) -> usize {
-        self.blocks.iter().chain(&self.single).flatten().count()
+        self.blocks.len() + self.single.len()
     }
 
     /// Append `a` as prost encodes it, through the reused `KeyValue`.
@@ -228,6 +191,7 @@ mod tests {
     use prost::Message;
 
     use super::*;
+    use crate::telemetry::otlp::kept::ENTRIES;
 
     /// What prost writes for `a` as a `Span.attributes` field, built without the encoder.
     fn fresh(a: &Attribute) -> Vec<u8> {
@@ -428,7 +392,7 @@ mod tests {
     fn the_cache_holds_no_more_than_its_slots() {
         let mut e = AttributeEncoder::default();
         for round in 0..2 {
-            for n in 0..(4 * SLOTS as i64) {
+            for n in 0..(4 * ENTRIES as i64) {
                 let mut a = Attributes::default();
                 a.measured("gen_ai.usage.input_tokens", n);
                 a.set("flexinfer.retries", n);
@@ -439,9 +403,9 @@ mod tests {
                     &Attribute::new("gen_ai.usage.input_tokens", n),
                 ]);
                 assert_eq!(written(&mut e, &a), expected, "round {round}, {n}");
-                assert!(e.cached() <= 2 * SLOTS);
+                assert!(e.cached() <= 2 * ENTRIES);
             }
         }
-        assert!(e.cached() > SLOTS, "most slots in use: {}", e.cached());
+        assert!(e.cached() > ENTRIES, "most slots in use: {}", e.cached());
     }
 }
