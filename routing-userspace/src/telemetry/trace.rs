@@ -3,8 +3,9 @@
 //!
 //! An unsampled request (or any request while tracing is off) holds `Trace(None)`: deciding
 //! that reads one header and allocates nothing. A sampled one keeps its ids and times in one
-//! box and becomes an [`EndedSpan`] for the export queue when it ends; the SDK's tracer is not
-//! used, so no context or span objects exist for requests nobody will see.
+//! box; each of its spans is an [`EndedSpan`], encoded for the export queue the moment it ends
+//! (its attributes built in a list each thread reuses). The SDK's tracer is not used, so no
+//! context or span objects exist for requests nobody will see.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -183,7 +184,8 @@ impl Trace {
     }
 
     /// End the request at `end` with `status` (`None`: the client left); `attributes` adds the
-    /// request span's own. The open attempt ends with it; both spans go to export.
+    /// request span's own (into this thread's reused list, so it must not end a trace itself).
+    /// The open attempt ends with it; both spans go to export.
     pub fn finish(
         &mut self,
         end: Instant,
