@@ -81,8 +81,11 @@ pub struct Attribute {
 /// value. Owned strings and floats have none.
 pub type Identity = [u64; 4];
 
+/// The second value word of an integer's and a boolean's identity, and of the identity export
+/// gives a float's name (`FLOAT_NAME`): no string's length takes them, nor each other's.
 const INT: u64 = u64::MAX;
 const BOOL: u64 = u64::MAX - 1;
+pub(crate) const FLOAT_NAME: u64 = u64::MAX - 2;
 
 impl Attribute {
     pub fn new(key: &'static str, value: impl Into<Value>) -> Self {

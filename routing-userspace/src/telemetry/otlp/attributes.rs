@@ -23,7 +23,7 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 
 use super::kept::Kept;
 use super::set_str;
-use crate::telemetry::span::{Attribute, Attributes, Identity, Value};
+use crate::telemetry::span::{Attribute, Attributes, Identity, Value, FLOAT_NAME};
 
 /// `Span.attributes`.
 const ATTRIBUTES_FIELD: u32 = 9;
@@ -40,9 +40,6 @@ pub(super) struct AttributeEncoder {
     /// The message an attribute is written into when prost encodes it afresh, reused.
     scratch: KeyValue,
 }
-
-/// The identity word of a float's name encoding (no identity of a value takes it).
-const FLOAT: u64 = u64::MAX - 2;
 
 /// Fold `word` into the hash `h` (a multiply carries every bit of it into the high bits).
 fn mix(h: u64, word: u64) -> u64 {
@@ -162,7 +159,7 @@ fn same_identities(list: &[Attribute], kept: &[u64]) -> bool {
 
 /// The identity of a float attribute named `key` whatever its value.
 fn float_template(key: &'static str) -> Identity {
-    [key.as_ptr() as u64, key.len() as u64, 0, FLOAT]
+    [key.as_ptr() as u64, key.len() as u64, 0, FLOAT_NAME]
 }
 
 /// An identity in one word, for the hash.
