@@ -4,10 +4,10 @@
 //! never builds a tree: it validates the document once (same grammar and limits as
 //! `serde_json`, iteratively, so deep nesting cannot overflow the stack) and hands out the raw
 //! text of the values it was asked for, as slices of the `str` it was given: the body's UTF-8
-//! is checked once, by whoever made that `str`, and never again for a value. Strings are skipped with `memchr`, which makes a long
-//! prompt cost little more than a memory scan. Escapes, including surrogate pairs, are checked
-//! here, so decoding a string that passed the scan cannot fail (an unpaired surrogate decodes
-//! to U+FFFD).
+//! is checked once, by whoever made that `str`, and never again for a value. Strings are
+//! skipped with `memchr`, which makes a long prompt cost little more than a memory scan.
+//! Escapes, including surrogate pairs, are checked here, so decoding a string that passed the
+//! scan cannot fail (an unpaired surrogate decodes to U+FFFD).
 
 /// Why a body is not a JSON document the router can read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -155,18 +155,6 @@ impl Attributes {
         (&self.of_small_sets, &self.measured)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Attribute> {
-        self.of_small_sets.iter().chain(&self.measured)
-    }
-
-    pub fn len(&self) -> usize {
-        self.of_small_sets.len() + self.measured.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Empty, keeping the room (a span's attributes are built in the same lists span after
     /// span).
     pub fn clear(&mut self) {
@@ -203,14 +191,4 @@ pub struct EndedSpan<'a> {
     /// `None`: unset; `Some(message)`: an error.
     pub error: Option<&'a str>,
     pub attributes: &'a Attributes,
-}
-
-impl EndedSpan<'_> {
-    /// The attribute `key`, if the span has it.
-    pub fn attribute(&self, key: &str) -> Option<&Value> {
-        self.attributes
-            .iter()
-            .find(|a| a.key == key)
-            .map(|a| &a.value)
-    }
 }
