@@ -91,7 +91,7 @@ pub struct Upstream {
 /// A connection ready for one request, and where it goes back to afterwards.
 #[derive(Debug)]
 pub struct Conn {
-    inner: H1Conn,
+    inner: Box<H1Conn>,
     key: PoolKey,
     pool: Option<Arc<Pool>>,
 }
@@ -129,7 +129,7 @@ impl Upstream {
         self.connect(key).await
     }
 
-    fn conn(&self, inner: H1Conn, key: &PoolKey) -> Conn {
+    fn conn(&self, inner: Box<H1Conn>, key: &PoolKey) -> Conn {
         Conn {
             inner,
             key: key.clone(),

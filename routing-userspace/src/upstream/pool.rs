@@ -35,7 +35,7 @@ impl fmt::Display for PoolKey {
 
 #[derive(Debug)]
 struct Idle {
-    conn: H1Conn,
+    conn: Box<H1Conn>,
     /// [`Pool::tick`] when it became idle.
     since: u64,
 }
@@ -74,7 +74,7 @@ impl Pool {
     /// The most recently used idle connection to `key` that is young enough and that its
     /// server has not closed. (A close racing this check shows on the connection's next
     /// request, which then goes out again on a fresh connection.)
-    pub fn take(&self, key: &PoolKey) -> Option<H1Conn> {
+    pub fn take(&self, key: &PoolKey) -> Option<Box<H1Conn>> {
         let now = self.tick.load(Ordering::Relaxed);
         let mut idle = self.lock();
         let list = idle.get_mut(key)?;
@@ -87,7 +87,7 @@ impl Pool {
     }
 
     /// Keep an idle connection (unless the target has enough).
-    pub fn put(&self, key: PoolKey, conn: H1Conn) {
+    pub fn put(&self, key: PoolKey, conn: Box<H1Conn>) {
         let mut idle = self.lock();
         let list = idle.entry(key).or_default();
         if list.len() < self.max_per_target {

@@ -196,8 +196,11 @@ enum ReadFailure {
 }
 
 impl H1Conn {
-    pub fn new(io: TcpStream) -> Self {
-        Self {
+    /// Boxed: a connection moves from the pool into the request's send, into the response
+    /// body and back, and the send's future and the response body hold it; as a pointer each
+    /// move is 8 bytes and each holder one word, not the connection's 136 bytes.
+    pub fn new(io: TcpStream) -> Box<Self> {
+        Box::new(Self {
             io,
             read_buf: BytesMut::with_capacity(READ_MIN),
             read_step: READ_MIN,
@@ -205,7 +208,7 @@ impl H1Conn {
             served: 0,
             track: None,
             counts_as_load: true,
-        }
+        })
     }
 
     /// An empty write buffer with room for a request head and `body` bytes after it, from the
@@ -246,7 +249,7 @@ impl H1Conn {
     /// Send one request and read its response head. The connection moves into the response
     /// body, which gives it back through `release` once read to its end (if it can be reused).
     pub async fn send(
-        mut self,
+        mut self: Box<Self>,
         head: &Parts,
         body: UpBody,
         release: Option<response::Release>,
@@ -403,7 +406,7 @@ impl H1Conn {
     }
 
     fn respond(
-        mut self,
+        mut self: Box<Self>,
         h: ResponseHead,
         release: Option<response::Release>,
     ) -> Response<UpstreamBody> {

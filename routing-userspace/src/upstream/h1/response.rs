@@ -47,7 +47,7 @@ enum State {
 
 #[derive(Debug)]
 pub struct UpstreamBody {
-    conn: Option<H1Conn>,
+    conn: Option<Box<H1Conn>>,
     state: State,
     keep_alive: bool,
     release: Option<Release>,
@@ -55,7 +55,7 @@ pub struct UpstreamBody {
 
 impl UpstreamBody {
     pub(super) fn new(
-        conn: H1Conn,
+        conn: Box<H1Conn>,
         framing: Framing,
         keep_alive: bool,
         release: Option<Release>,

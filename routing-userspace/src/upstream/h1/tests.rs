@@ -104,7 +104,7 @@ fn parts(method: Method, len: Option<usize>) -> Parts {
     b.body(()).unwrap().into_parts().0
 }
 
-async fn conn(addr: std::net::SocketAddr) -> H1Conn {
+async fn conn(addr: std::net::SocketAddr) -> Box<H1Conn> {
     H1Conn::new(TcpStream::connect(addr).await.unwrap())
 }
 
