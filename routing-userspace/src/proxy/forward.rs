@@ -82,8 +82,8 @@ impl Step {
 }
 
 /// The request as every attempt sends it: the head (its `Host` and URI set per target).
-struct Outgoing {
-    head: Parts,
+struct Outgoing<'h> {
+    head: &'h mut Parts,
     /// The origin-form URI the client asked for.
     uri: Uri,
 }
@@ -91,7 +91,7 @@ struct Outgoing {
 pub async fn forward(
     shared: &Shared,
     ctx: &mut RequestCtx,
-    mut head: Parts,
+    head: &mut Parts,
     body: UpBody,
 ) -> Result<Forwarded, ApiError> {
     let RequestCtx {
@@ -163,7 +163,7 @@ async fn attempt(
     shared: &Shared,
     d: &mut Decision,
     a: Attempt,
-    out: &mut Outgoing,
+    out: &mut Outgoing<'_>,
     body: UpBody,
     in_flight: &mut Option<InFlight>,
 ) -> Step {
@@ -180,7 +180,7 @@ async fn attempt(
     out.head.headers.insert(HOST, host);
     out.head.uri = uri;
     let first_byte = shared.limits.first_byte_timeout;
-    match send_resending(shared, &key, conn, &out.head, body, first_byte).await {
+    match send_resending(shared, &key, conn, out.head, body, first_byte).await {
         Err((e, body)) => {
             // The fresh connection for a resend could not be made: the next target, untouched.
             *in_flight = None;

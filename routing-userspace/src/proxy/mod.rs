@@ -60,19 +60,22 @@ use stream::ObservedBody;
 /// What the proxy answers with: a streamed upstream body, or a small body of its own.
 ///
 /// The streamed body is boxed because hyper keeps a slot the size of the response body for
-/// each connection's life: unboxed (about 600 bytes, most of it the request's context) every
+/// each connection's life: unboxed (about 500 bytes, most of it the request's context) every
 /// idle keep-alive connection would hold that much; boxed, only a response in progress does.
 pub type ProxyBody = Either<Box<ObservedBody>, Full<Bytes>>;
 
-pub async fn handle(
+/// A request's future. Not an `async fn`: one keeps each argument twice in its future (as
+/// passed, and moved into the body), and this future is boxed per request. Here the head, the
+/// body and the context are set up first and the future holds each once; the phases borrow the
+/// head, and [`prepare::head`] turns it into the upstream head in place.
+pub fn handle(
     shared: Arc<Shared>,
     req: Request<RequestBody>,
     peer: Arc<Peer>,
-) -> Response<ProxyBody> {
+) -> impl std::future::Future<Output = Response<ProxyBody>> + Send {
     let start = Instant::now();
     let mut ctx = RequestCtx::new(Arc::clone(&shared), start);
-    let total = shared.limits.request_timeout;
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     ctx.trace = Trace::start(
         shared.tracer.as_ref(),
         &parts.headers,
@@ -83,14 +86,40 @@ pub async fn handle(
     // Taken by the phase that reads or forwards it; still here if the request failed first.
     let mut body = Some(body);
     // The request's end, from the clock read that started it (none read again for it).
+    let total = shared.limits.request_timeout;
     let end = (!total.is_zero()).then(|| tokio::time::Instant::from_std(start + total));
-    let run = pipeline(&shared, parts, &mut body, peer, &mut ctx);
-    let answered = match end {
+    async move {
+        let answered = run(&shared, &mut parts, &mut body, peer, &mut ctx, end).await;
+        respond(&shared, answered, body, ctx, end).await
+    }
+}
+
+/// The pipeline, within the request timeout.
+async fn run(
+    shared: &Shared,
+    parts: &mut http::request::Parts,
+    body: &mut Option<RequestBody>,
+    peer: Arc<Peer>,
+    ctx: &mut RequestCtx,
+    end: Option<tokio::time::Instant>,
+) -> Result<Answer, ApiError> {
+    let run = pipeline(shared, parts, body, peer, ctx);
+    match end {
         None => run.await,
         Some(end) => tokio::time::timeout_at(end, run)
             .await
-            .unwrap_or_else(|_| Err(ApiError::request_timeout(total))),
-    };
+            .unwrap_or_else(|_| Err(ApiError::request_timeout(shared.limits.request_timeout))),
+    }
+}
+
+/// The response to the client: the pod's, streamed, or the proxy's own.
+async fn respond(
+    shared: &Shared,
+    answered: Result<Answer, ApiError>,
+    mut body: Option<RequestBody>,
+    mut ctx: RequestCtx,
+    end: Option<tokio::time::Instant>,
+) -> Response<ProxyBody> {
     if let (Err(_), Some(body)) = (&answered, body.take()) {
         // Let a client that sends its whole body before reading get the error (see linger).
         read_body::linger(body).await;
@@ -125,13 +154,13 @@ enum Answer {
 
 async fn pipeline(
     shared: &Shared,
-    parts: http::request::Parts,
+    parts: &mut http::request::Parts,
     body: &mut Option<RequestBody>,
     peer: Arc<Peer>,
     ctx: &mut RequestCtx,
 ) -> Result<Answer, ApiError> {
     // 0. What the head alone refuses.
-    admit::head(&parts, &shared.limits)?;
+    admit::head(parts, &shared.limits)?;
     let knobs = shared.router.knobs();
     let table = shared.table.load_full();
 
@@ -188,10 +217,10 @@ async fn pipeline(
     wait_for_prefill(knobs.cache_aware_prefill_wait, ctx).await;
 
     // 4. The upstream request's head.
-    let head = prepare::head(parts, uri, &peer.ip_header, up_body.read_len());
+    prepare::head(parts, uri, &peer.ip_header, up_body.read_len());
 
     // 5. Forward.
-    let forwarded = forward::forward(shared, ctx, head, up_body).await?;
+    let forwarded = forward::forward(shared, ctx, parts, up_body).await?;
     Ok(Answer::Forwarded(forwarded))
 }
 

@@ -56,9 +56,9 @@ pub fn origin_uri(uri: &Uri, forward_path: Option<PathAndQuery>) -> Uri {
 /// that adding them never grows (and rehashes) the map.
 pub const ADDED_HEADERS: usize = 5;
 
-/// The upstream head. `read_len` is the length of a body the proxy read (`None` when it
-/// streams the client's body, whose own length header then stays).
-pub fn head(mut parts: Parts, uri: Uri, client_ip: &HeaderValue, read_len: Option<usize>) -> Parts {
+/// The client's head made the upstream head, in place. `read_len` is the length of a body the
+/// proxy read (`None` when it streams the client's body, whose own length header then stays).
+pub fn head(parts: &mut Parts, uri: Uri, client_ip: &HeaderValue, read_len: Option<usize>) {
     // The forward phase sets `Host` per attempt; the client's goes to `X-Forwarded-Host`.
     let original_host = parts.headers.remove(header::HOST).or_else(|| {
         parts
@@ -87,5 +87,4 @@ pub fn head(mut parts: Parts, uri: Uri, client_ip: &HeaderValue, read_len: Optio
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
         }
     }
-    parts
 }
