@@ -18,12 +18,12 @@
 
 use std::time::{Duration, Instant};
 
-use http::header::HOST;
 use http::request::Parts;
 use http::{Response, Uri};
 
 use super::context::RequestCtx;
 use super::errors::ApiError;
+use super::headers::{AddedLines, Lines};
 use super::Shared;
 use crate::load::userspace::InFlight;
 use crate::router::health::{Failure, Verdict};
@@ -84,6 +84,8 @@ impl Step {
 /// The request as every attempt sends it: the head (its `Host` and URI set per target).
 struct Outgoing<'h> {
     head: &'h mut Parts,
+    /// What the encoder writes after the head's lines (`Host` per attempt).
+    added: AddedLines,
     /// The origin-form URI the client asked for.
     uri: Uri,
 }
@@ -92,6 +94,7 @@ pub async fn forward(
     shared: &Shared,
     ctx: &mut RequestCtx,
     head: &mut Parts,
+    mut added: AddedLines,
     body: UpBody,
 ) -> Result<Forwarded, ApiError> {
     let RequestCtx {
@@ -112,16 +115,19 @@ pub async fn forward(
     *active = true;
     shared.retry_budget.request(*start);
     if shared.engine_load_reports && d.model().spec.engine.reads_signals() {
-        head.headers
-            .insert(orca::REQUEST_HEADER, orca::REQUEST_VALUE);
+        added.ask_load_report(&mut head.headers);
+    }
+    if let Some(keep_state) = trace.keeps_tracestate() {
+        added.traced(&mut head.headers, keep_state);
     }
     let uri = std::mem::take(&mut head.uri);
-    let mut out = Outgoing { head, uri };
+    let mut out = Outgoing { head, added, uri };
     let mut body = body;
     let mut last_error = String::from("no target left to try");
     let mut next = d.next_attempt();
     while let Some(a) = next {
-        trace.attempt_started(|| d.target(a).label_value(), &mut out.head.headers);
+        let traceparent = trace.attempt_started(|| d.target(a).label_value());
+        out.added.set_traceparent(traceparent);
         let step = attempt(shared, d, a, &mut out, body, in_flight).await;
         trace.attempt_ended(step.trace_end());
         match step {
@@ -177,10 +183,10 @@ async fn attempt(
     };
     conn.mark_busy();
     *in_flight = d.start_on(a, &shared.inflight);
-    out.head.headers.insert(HOST, host);
     out.head.uri = uri;
+    let lines = out.added.lines(&host);
     let first_byte = shared.limits.first_byte_timeout;
-    match send_resending(shared, &key, conn, out.head, body, first_byte).await {
+    match send_resending(shared, &key, conn, out.head, &lines, body, first_byte).await {
         Err((e, body)) => {
             // The fresh connection for a resend could not be made: the next target, untouched.
             *in_flight = None;
@@ -290,11 +296,12 @@ async fn send_resending(
     key: &PoolKey,
     mut conn: Conn,
     head: &Parts,
+    lines: &Lines<'_>,
     mut body: UpBody,
     first_byte: Duration,
 ) -> Result<Option<Result<Sent, SendError>>, (ConnectError, UpBody)> {
     loop {
-        match send_within(first_byte, conn, head, body).await {
+        match send_within(first_byte, conn, head, lines, body).await {
             Some(Err(SendError::Broken {
                 reused: true,
                 replay: Some(again),
@@ -386,12 +393,13 @@ async fn send_within(
     timeout: Duration,
     conn: Conn,
     head: &Parts,
+    lines: &Lines<'_>,
     body: UpBody,
 ) -> Option<Result<Sent, SendError>> {
     if timeout.is_zero() {
-        return Some(conn.send(head, body).await);
+        return Some(conn.send(head, lines, body).await);
     }
-    tokio::time::timeout(timeout, conn.send(head, body))
+    tokio::time::timeout(timeout, conn.send(head, lines, body))
         .await
         .ok()
 }

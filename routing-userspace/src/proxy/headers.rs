@@ -2,8 +2,17 @@
 //!
 //! Names are constants (parsed once, at compile time) and the hop-by-hop set is found in one
 //! pass over the headers: this runs twice per request, on the request and on the response.
+//!
+//! What the proxy adds to a request (`Host`, the forwarding headers, the load-report request)
+//! is written by the upstream encoder as lines of its own ([`AddedLines`]), not put in the
+//! header map: each insertion there hashes its name, about 1,500 instructions a request for
+//! these. Only a client that sent one of the headers the proxy extends or replaces has its map
+//! edited instead.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use crate::signals::orca;
+use crate::telemetry::propagation::{self, TRACEPARENT, TRACESTATE};
 
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -80,13 +89,128 @@ fn names_other_headers(headers: &HeaderMap) -> bool {
         })
 }
 
+/// Header lines the upstream encoder writes after the head's own: `Host` (per attempt), and
+/// the forwarding headers and the load-report request when the client's head does not carry
+/// a header of theirs (see the module doc).
+#[derive(Debug, Clone, Default)]
+pub struct AddedLines {
+    /// The client's address and original `Host`, when the map does not carry the forwarding
+    /// headers: written as `X-Forwarded-For`, `X-Forwarded-Host`, `X-Forwarded-Proto` and `Via`.
+    forwarding: Option<(HeaderValue, Option<HeaderValue>)>,
+    /// Ask the pod for a load report (`endpoint-load-metrics-format`).
+    load_report: bool,
+    /// The client sent `endpoint-load-metrics-format`: asking replaces its value in the map.
+    client_asked_load_report: bool,
+    /// The attempt's `traceparent` (a sampled request).
+    traceparent: Option<propagation::Encoded>,
+    /// The client sent `traceparent` / `tracestate`.
+    client_traceparent: bool,
+    client_tracestate: bool,
+}
+
+/// The pieces of [`AddedLines::lines`], written one after the other.
+pub type Lines<'a> = [&'a [u8]; 14];
+
+impl AddedLines {
+    /// Add the forwarding headers to `headers` (the client's head, hop-by-hop headers gone):
+    /// in the map when the client sent `X-Forwarded-For`, `-Host` or `-Proto` (the proxy
+    /// extends or keeps them), else as lines.
+    pub fn forwarding(
+        headers: &mut HeaderMap,
+        client_ip: &HeaderValue,
+        original_host: Option<HeaderValue>,
+    ) -> Self {
+        let (mut forwarded, mut asked, mut parent, mut state) = (false, false, false, false);
+        for name in headers.keys() {
+            // x-forwarded-for 15, -host 16, -proto 17; endpoint-load-metrics-format 28;
+            // traceparent 11, tracestate 10.
+            match name.as_str().len() {
+                11 => parent |= name == TRACEPARENT,
+                10 => state |= name == TRACESTATE,
+                15..=17 => {
+                    forwarded |= name == X_FORWARDED_FOR
+                        || name == X_FORWARDED_HOST
+                        || name == X_FORWARDED_PROTO
+                }
+                28 => asked |= name == orca::REQUEST_HEADER,
+                _ => {}
+            }
+        }
+        let forwarding = match forwarded {
+            true => {
+                headers.reserve(4);
+                add_forwarding(headers, client_ip, original_host);
+                None
+            }
+            false => Some((client_ip.clone(), original_host)),
+        };
+        Self {
+            forwarding,
+            load_report: false,
+            client_asked_load_report: asked,
+            traceparent: None,
+            client_traceparent: parent,
+            client_tracestate: state,
+        }
+    }
+
+    /// A sampled request: the client's `traceparent` leaves the map (each attempt sends the
+    /// proxy's, [`Self::set_traceparent`]), and so does its `tracestate` unless `keep_state`
+    /// (see [`crate::telemetry::Trace::keeps_tracestate`]).
+    pub fn traced(&mut self, headers: &mut HeaderMap, keep_state: bool) {
+        if self.client_traceparent {
+            headers.remove(TRACEPARENT);
+        }
+        if self.client_tracestate && !keep_state {
+            headers.remove(TRACESTATE);
+        }
+    }
+
+    /// The `traceparent` of the attempt about to go out (`None`: not sampled).
+    pub fn set_traceparent(&mut self, value: Option<propagation::Encoded>) {
+        self.traceparent = value;
+    }
+
+    /// Ask the pod for a load report with the request.
+    pub fn ask_load_report(&mut self, headers: &mut HeaderMap) {
+        match self.client_asked_load_report {
+            true => {
+                headers.insert(orca::REQUEST_HEADER, orca::REQUEST_VALUE);
+            }
+            false => self.load_report = true,
+        }
+    }
+
+    /// The lines, with `host` as the `Host` header: pieces to write one after the other (empty
+    /// ones for lines not written).
+    pub fn lines<'a>(&'a self, host: &'a HeaderValue) -> Lines<'a> {
+        let mut l: Lines<'a> = [b""; 14];
+        (l[0], l[1], l[2]) = (b"host: ", host.as_bytes(), b"\r\n");
+        if let Some((client_ip, original_host)) = &self.forwarding {
+            (l[3], l[4], l[5]) = (b"x-forwarded-for: ", client_ip.as_bytes(), b"\r\n");
+            if let Some(h) = original_host {
+                (l[6], l[7], l[8]) = (b"x-forwarded-host: ", h.as_bytes(), b"\r\n");
+            }
+            l[9] = b"x-forwarded-proto: http\r\nvia: 1.1 flexinfer-proxy\r\n";
+        }
+        if self.load_report {
+            l[10] = orca::REQUEST_LINE;
+        }
+        if let Some(t) = &self.traceparent {
+            (l[11], l[12], l[13]) = (b"traceparent: ", t, b"\r\n");
+        }
+        l
+    }
+}
+
 /// The `X-Forwarded-For` value of a client (made once per client connection).
 pub fn client_ip_header(ip: std::net::IpAddr) -> HeaderValue {
     HeaderValue::from_str(&ip.to_string()).expect("an IP address is a valid header value")
 }
 
-/// Append the client to `X-Forwarded-For` and say we passed by (`Via`).
-pub fn add_forwarding(
+/// Append the client to `X-Forwarded-For` and say we passed by (`Via`), in the map (a client
+/// that sent forwarding headers; see [`AddedLines`]).
+fn add_forwarding(
     headers: &mut HeaderMap,
     client_ip: &HeaderValue,
     original_host: Option<HeaderValue>,
@@ -171,6 +295,56 @@ mod tests {
         ] {
             assert_eq!(hop_by_hop_index(&HeaderName::from_static(other)), None);
         }
+    }
+
+    /// The lines as the encoder writes them.
+    fn written(added: &AddedLines, host: &str) -> String {
+        let host = HeaderValue::from_str(host).unwrap();
+        let bytes: Vec<u8> = added.lines(&host).concat();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn forwarding_headers_go_in_lines_unless_the_client_sent_some() {
+        let ip = client_ip_header("10.1.2.3".parse().unwrap());
+        let mut h = HeaderMap::new();
+        h.insert("x-session-id", HeaderValue::from_static("s"));
+        let host = Some(HeaderValue::from_static("proxy:8080"));
+        let mut added = AddedLines::forwarding(&mut h, &ip, host.clone());
+        assert_eq!(h.len(), 1, "the map is left alone");
+        assert_eq!(
+            written(&added, "10.0.0.9:8000"),
+            "host: 10.0.0.9:8000\r\nx-forwarded-for: 10.1.2.3\r\nx-forwarded-host: proxy:8080\r\n\
+             x-forwarded-proto: http\r\nvia: 1.1 flexinfer-proxy\r\n"
+        );
+        added.ask_load_report(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(written(&added, "p")
+            .ends_with("via: 1.1 flexinfer-proxy\r\nendpoint-load-metrics-format: text\r\n"));
+        // Without an original host, no X-Forwarded-Host.
+        let added = AddedLines::forwarding(&mut h, &ip, None);
+        assert!(!written(&added, "p").contains("x-forwarded-host"));
+
+        // A client that sent any of the three: the map is extended, the lines carry `Host`.
+        for sent in ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"] {
+            let mut h = HeaderMap::new();
+            h.insert(sent, HeaderValue::from_static("https"));
+            let added = AddedLines::forwarding(&mut h, &ip, host.clone());
+            assert_eq!(written(&added, "p"), "host: p\r\n", "{sent}");
+            assert_eq!(h["via"], "1.1 flexinfer-proxy");
+            assert!(h.contains_key(X_FORWARDED_FOR) && h.contains_key(X_FORWARDED_PROTO));
+            assert!(h[sent].as_bytes().starts_with(b"https"), "{sent} kept");
+        }
+        // A client that sent the load-report request header: asking replaces its value.
+        let mut h = HeaderMap::new();
+        h.insert(
+            "endpoint-load-metrics-format",
+            HeaderValue::from_static("json"),
+        );
+        let mut added = AddedLines::forwarding(&mut h, &ip, None);
+        added.ask_load_report(&mut h);
+        assert_eq!(h["endpoint-load-metrics-format"], "text");
+        assert!(!written(&added, "p").contains("endpoint-load-metrics-format"));
     }
 
     #[test]

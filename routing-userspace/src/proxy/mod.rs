@@ -217,10 +217,10 @@ async fn pipeline(
     wait_for_prefill(knobs.cache_aware_prefill_wait, ctx).await;
 
     // 4. The upstream request's head.
-    prepare::head(parts, uri, &peer.ip_header, up_body.read_len());
+    let added = prepare::head(parts, uri, &peer.ip_header, up_body.read_len());
 
     // 5. Forward.
-    let forwarded = forward::forward(shared, ctx, parts, up_body).await?;
+    let forwarded = forward::forward(shared, ctx, parts, added, up_body).await?;
     Ok(Answer::Forwarded(forwarded))
 }
 

@@ -51,14 +51,21 @@ pub fn origin_uri(uri: &Uri, forward_path: Option<PathAndQuery>) -> Uri {
     Uri::from(pq)
 }
 
-/// Header lines [`head`] may add to a client's request: the four forwarding headers and
-/// `Host`. The proxy's HTTP/1 reader makes its header map with this much room to spare, so
-/// that adding them never grows (and rehashes) the map.
-pub const ADDED_HEADERS: usize = 5;
+/// Headers the proxy may add to a client's header map: `traceparent` and `Content-Length`
+/// (the forwarding headers and `Host` are written as lines of their own, see
+/// [`headers::AddedLines`]). The proxy's HTTP/1 reader makes its header map with this much
+/// room to spare, so that adding them never grows (and rehashes) the map.
+pub const ADDED_HEADERS: usize = 2;
 
-/// The client's head made the upstream head, in place. `read_len` is the length of a body the
-/// proxy read (`None` when it streams the client's body, whose own length header then stays).
-pub fn head(parts: &mut Parts, uri: Uri, client_ip: &HeaderValue, read_len: Option<usize>) {
+/// The client's head made the upstream head, in place, and the lines written after it.
+/// `read_len` is the length of a body the proxy read (`None` when it streams the client's
+/// body, whose own length header then stays).
+pub fn head(
+    parts: &mut Parts,
+    uri: Uri,
+    client_ip: &HeaderValue,
+    read_len: Option<usize>,
+) -> headers::AddedLines {
     // The forward phase sets `Host` per attempt; the client's goes to `X-Forwarded-Host`.
     let original_host = parts.headers.remove(header::HOST).or_else(|| {
         parts
@@ -69,10 +76,7 @@ pub fn head(parts: &mut Parts, uri: Uri, client_ip: &HeaderValue, read_len: Opti
     parts.uri = uri;
     parts.version = Version::HTTP_11;
     headers::strip_hop_by_hop(&mut parts.headers);
-    // Room for the four forwarding headers and `Host`: the map grows (and rehashes) once at
-    // most, not on the way; not at all when the HTTP/1 reader made it (see ADDED_HEADERS).
-    parts.headers.reserve(ADDED_HEADERS);
-    headers::add_forwarding(&mut parts.headers, client_ip, original_host);
+    let added = headers::AddedLines::forwarding(&mut parts.headers, client_ip, original_host);
     if let Some(len) = read_len {
         let bodyless = len == 0
             && matches!(
@@ -87,4 +91,5 @@ pub fn head(parts: &mut Parts, uri: Uri, client_ip: &HeaderValue, read_len: Opti
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
         }
     }
+    added
 }

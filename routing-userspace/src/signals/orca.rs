@@ -27,6 +27,8 @@ use super::report::{count, ratio, EngineReport};
 pub const REQUEST_HEADER: HeaderName = HeaderName::from_static("endpoint-load-metrics-format");
 /// Its value: the native-HTTP (`TEXT`) form.
 pub const REQUEST_VALUE: HeaderValue = HeaderValue::from_static("text");
+/// The request header and its value as one header line, for the upstream encoder.
+pub const REQUEST_LINE: &[u8] = b"endpoint-load-metrics-format: text\r\n";
 /// The response header carrying the report.
 pub const RESPONSE_HEADER: HeaderName = HeaderName::from_static("endpoint-load-metrics");
 
@@ -189,6 +191,12 @@ mod tests {
         assert_eq!(from_headers(&h), r(None, Some(4), None));
         assert_eq!(REQUEST_HEADER.as_str(), "endpoint-load-metrics-format");
         assert_eq!(REQUEST_VALUE, "text");
+        let line = format!(
+            "{}: {}\r\n",
+            REQUEST_HEADER,
+            REQUEST_VALUE.to_str().unwrap()
+        );
+        assert_eq!(REQUEST_LINE, line.as_bytes());
     }
 
     proptest! {

@@ -204,13 +204,18 @@ async fn fetch_uncapped(
     let head = page_request(addr, &cfg.path);
     let send_err = |e: SendError| ScrapeError::Send(error_chain(&e));
     let empty = || UpBody::bytes(Bytes::new());
-    let sent = match upstream.acquire(&key).await?.send(&head, empty()).await {
+    let sent = match upstream
+        .acquire(&key)
+        .await?
+        .send(&head, &[], empty())
+        .await
+    {
         Ok(sent) => sent,
         // A pooled connection the pod closed meanwhile: once more on a new one.
         Err(SendError::Broken { reused: true, .. }) => upstream
             .connect(&key)
             .await?
-            .send(&head, empty())
+            .send(&head, &[], empty())
             .await
             .map_err(send_err)?,
         Err(e) => return Err(send_err(e)),

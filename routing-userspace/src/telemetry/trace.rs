@@ -127,23 +127,24 @@ impl Trace {
         self.0.as_ref().map(|s| s.trace_id)
     }
 
-    /// An attempt on `target` begins: set the pod's `traceparent` (this attempt's span as
-    /// the parent) and keep `tracestate` only when it came with a valid `traceparent`.
-    /// Unsampled, the client's headers go on untouched.
-    /// `target` names the pod (`server.address`); it runs only when the request is sampled.
-    pub fn attempt_started(&mut self, target: impl FnOnce() -> Value, headers: &mut HeaderMap) {
-        let Some(s) = self.0.as_deref_mut() else {
-            return;
-        };
+    /// Whether the pod may get the client's `tracestate`: only with the valid `traceparent`
+    /// it came with. `None` when the request is not sampled: the client's trace headers then
+    /// go on untouched.
+    pub fn keeps_tracestate(&self) -> Option<bool> {
+        self.0.as_ref().map(|s| s.parent.is_some())
+    }
+
+    /// An attempt on `target` begins: the pod's `traceparent` for it (this attempt's span as
+    /// the parent), `None` when the request is not sampled. `target` names the pod
+    /// (`server.address`); it runs only when the request is sampled.
+    pub fn attempt_started(
+        &mut self,
+        target: impl FnOnce() -> Value,
+    ) -> Option<propagation::Encoded> {
+        let s = self.0.as_deref_mut()?;
         s.attempts += 1;
         let span_id = new_span_id();
-        headers.insert(
-            propagation::TRACEPARENT,
-            propagation::format(s.trace_id, span_id, true),
-        );
-        if s.parent.is_none() {
-            headers.remove(TRACESTATE);
-        }
+        let traceparent = propagation::format(s.trace_id, span_id, true);
         s.open = Some(OpenAttempt {
             span_id,
             start: Instant::now(),
@@ -151,6 +152,7 @@ impl Trace {
             number: s.attempts,
             status: None,
         });
+        Some(traceparent)
     }
 
     /// The attempt begun last ended.

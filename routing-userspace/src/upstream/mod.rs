@@ -207,12 +207,17 @@ impl Conn {
 
     /// Send one request and read its response head; the response body reads the rest and
     /// returns the connection to its pool at its end.
-    pub async fn send(self, head: &Parts, body: UpBody) -> Result<Sent, SendError> {
+    pub async fn send(
+        self,
+        head: &Parts,
+        lines: &[&[u8]],
+        body: UpBody,
+    ) -> Result<Sent, SendError> {
         let release = self.pool.map(|pool| h1::response::Release {
             pool,
             key: self.key,
         });
-        self.inner.send(head, body, release).await
+        self.inner.send(head, lines, body, release).await
     }
 }
 

@@ -304,8 +304,65 @@ async fn hop_by_hop_headers_stay_on_their_hop_and_others_pass() {
     );
     assert!(has("x-forwarded-host: proxy.example:8080"));
     assert!(has("x-forwarded-for: 10.9.8.7, 127.0.0.1"));
+    assert!(has("x-forwarded-proto: http"));
     assert!(has("via: 1.1 flexinfer-proxy"));
     assert!(has(&format!("content-length: {}", body.len())));
+    let count = |name: &str| {
+        let prefix = format!("{name}:");
+        lines.iter().filter(|l| l.starts_with(&prefix)).count()
+    };
+    assert_eq!(
+        (count("host"), count("x-forwarded-for"), count("via")),
+        (1, 1, 1),
+        "{head}"
+    );
+}
+
+/// A client that sent no forwarding header: the proxy's own are added (written after the
+/// client's lines), each once, beside the upstream's `Host`.
+#[tokio::test(flavor = "multi_thread")]
+async fn forwarding_headers_are_added_when_the_client_sent_none() {
+    let dir = TempDir::new("forwarding");
+    let (backend, seen) = recording_backend().await;
+    let cfg = ModelsFile::new().model(ModelEntry::new("solo").routing("prefix").endpoint(backend));
+    let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
+    let body = chat_body("solo", None, "hi", "");
+    let req = Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
+        .header("host", "proxy.example:8080")
+        .header("content-type", "application/json")
+        .header("via", "1.0 edge")
+        .body(Full::new(Bytes::from(body.clone())))
+        .unwrap();
+    let r = send(req).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let head = seen.await.unwrap();
+    let lines: Vec<&str> = head.lines().collect();
+    let count = |name: &str| {
+        let prefix = format!("{name}:");
+        lines.iter().filter(|l| l.starts_with(&prefix)).count()
+    };
+    for line in [
+        format!("host: {backend}"),
+        "x-forwarded-host: proxy.example:8080".to_string(),
+        "x-forwarded-for: 127.0.0.1".to_string(),
+        "x-forwarded-proto: http".to_string(),
+        "via: 1.0 edge".to_string(),
+        "via: 1.1 flexinfer-proxy".to_string(),
+        "content-type: application/json".to_string(),
+        format!("content-length: {}", body.len()),
+    ] {
+        assert!(lines.contains(&line.as_str()), "{line} missing:\n{head}");
+    }
+    for (name, n) in [
+        ("host", 1),
+        ("x-forwarded-for", 1),
+        ("x-forwarded-host", 1),
+        ("x-forwarded-proto", 1),
+        ("via", 2),
+        ("content-length", 1),
+    ] {
+        assert_eq!(count(name), n, "{name}:\n{head}");
+    }
 }
 
 /// The sim reports the xxh3-64 of the raw body it received.

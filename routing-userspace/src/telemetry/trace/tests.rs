@@ -10,7 +10,7 @@ use opentelemetry_proto::tonic::trace::v1::{span, status, Span, SpanFlags};
 
 use super::*;
 use crate::telemetry::export::SpanQueue;
-use crate::telemetry::propagation::{self, TRACEPARENT};
+use crate::telemetry::propagation;
 
 /// The value of the span's attribute `key`.
 fn attribute(s: &Span, key: &str) -> Option<Any> {
@@ -57,16 +57,19 @@ fn start(t: Option<&Arc<Tracer>>, h: &HeaderMap) -> Trace {
 }
 
 #[test]
-fn off_or_unsampled_leaves_the_headers_alone() {
+fn off_or_unsampled_sends_no_traceparent_of_its_own() {
     let h = headers(&[("traceparent", CLIENT), ("tracestate", "a=1")]);
     let mut off = start(None, &h);
     let (t0, _rx) = tracer("traceidratio", Some("0"));
     let mut unsampled = start(Some(&t0), &h);
     for trace in [&mut off, &mut unsampled] {
         assert!(!trace.is_sampled());
-        let mut out = h.clone();
-        trace.attempt_started(pod("10.0.0.1:8000"), &mut out);
-        assert_eq!(out, h);
+        assert_eq!(
+            trace.keeps_tracestate(),
+            None,
+            "the client's headers go on untouched"
+        );
+        assert_eq!(trace.attempt_started(pod("10.0.0.1:8000")), None);
     }
 }
 
@@ -77,17 +80,21 @@ fn a_sampled_request_gives_the_pod_its_attempt_as_parent() {
     let mut trace = start(Some(&t), &h);
     let client = propagation::parse(CLIENT.as_bytes()).unwrap();
     assert_eq!(trace.trace_id(), Some(client.trace_id));
-    let mut out = h.clone();
-    trace.attempt_started(pod("10.0.0.1:8000"), &mut out);
+    assert_eq!(
+        trace.keeps_tracestate(),
+        Some(true),
+        "it came with its traceparent"
+    );
+    let first = trace.attempt_started(pod("10.0.0.1:8000")).unwrap();
     trace.attempt_ended(AttemptEnd::Failed {
         status: Some(503),
         error: "10.0.0.1:8000 answered 503",
     });
     trace.retried();
-    trace.attempt_started(pod("10.0.0.2:8000"), &mut out);
+    let sent = trace.attempt_started(pod("10.0.0.2:8000")).unwrap();
     trace.attempt_ended(AttemptEnd::Answered(200));
-    let sent = propagation::parse(out[TRACEPARENT].as_bytes()).unwrap();
-    assert_eq!(out["tracestate"], "a=1");
+    assert_ne!(first, sent, "each attempt is its own span");
+    let sent = propagation::parse(&sent).unwrap();
     let retries = trace.retries();
     trace.finish(Instant::now(), Some(200), |a| {
         a.set("flexinfer.retries", i64::from(retries));
@@ -152,15 +159,9 @@ fn a_new_root_drops_an_orphan_tracestate() {
     let mut trace = start(Some(&t), &h);
     let root = trace.trace_id().unwrap();
     assert_ne!(root, TraceId::INVALID);
-    let mut out = h.clone();
-    trace.attempt_started(pod("10.0.0.1:8000"), &mut out);
-    assert!(out.get("tracestate").is_none());
-    assert_eq!(
-        propagation::parse(out[TRACEPARENT].as_bytes())
-            .unwrap()
-            .trace_id,
-        root
-    );
+    assert_eq!(trace.keeps_tracestate(), Some(false));
+    let sent = trace.attempt_started(pod("10.0.0.1:8000")).unwrap();
+    assert_eq!(propagation::parse(&sent).unwrap().trace_id, root);
     trace.finish(Instant::now(), None, |_| {});
     let spans = rx.take(usize::MAX).decoded();
     let server = spans.last().unwrap();

@@ -70,8 +70,15 @@ impl BodyFraming {
     }
 }
 
-/// Append a request head to `out`; hop-by-hop headers were removed by the caller.
-pub fn encode_request(out: &mut Vec<u8>, head: &http::request::Parts, framing: BodyFraming) {
+/// Append a request head to `out`: its header map, then `lines` (header lines the caller
+/// made, `name: value\r\n` each, written piece by piece), then the framing header. Hop-by-hop
+/// headers were removed by the caller.
+pub fn encode_request(
+    out: &mut Vec<u8>,
+    head: &http::request::Parts,
+    lines: &[&[u8]],
+    framing: BodyFraming,
+) {
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(
@@ -86,6 +93,9 @@ pub fn encode_request(out: &mut Vec<u8>, head: &http::request::Parts, framing: B
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
+    }
+    for piece in lines {
+        out.extend_from_slice(piece);
     }
     match framing {
         BodyFraming::AsIs => {}
@@ -467,16 +477,21 @@ mod tests {
             .unwrap()
             .into_parts();
         let mut out = Vec::new();
-        encode_request(&mut out, &head, BodyFraming::AsIs);
+        encode_request(&mut out, &head, &[], BodyFraming::AsIs);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 10.0.0.1:8000\r\ncontent-length: 2\r\n\r\n"
         );
         head.headers.remove("content-length");
         let mut out = Vec::new();
-        encode_request(&mut out, &head, BodyFraming::Length(5));
+        encode_request(
+            &mut out,
+            &head,
+            &[b"via: ", b"1.1 x\r\n"],
+            BodyFraming::Length(5),
+        );
         assert!(String::from_utf8(out)
             .unwrap()
-            .ends_with("content-length: 5\r\n\r\n"));
+            .ends_with("\r\nvia: 1.1 x\r\ncontent-length: 5\r\n\r\n"));
     }
 }

@@ -251,6 +251,7 @@ impl H1Conn {
     pub async fn send(
         mut self: Box<Self>,
         head: &Parts,
+        lines: &[&[u8]],
         body: UpBody,
         release: Option<response::Release>,
     ) -> Result<Sent, SendError> {
@@ -260,8 +261,10 @@ impl H1Conn {
             t.busy();
         }
         let replay = match body {
-            UpBody::Bytes(bytes) => self.write_read_body(head, bytes, reused).await?,
-            body @ UpBody::Stream { .. } => self.write_streamed_body(head, body, reused).await?,
+            UpBody::Bytes(bytes) => self.write_read_body(head, lines, bytes, reused).await?,
+            body @ UpBody::Stream { .. } => {
+                self.write_streamed_body(head, lines, body, reused).await?
+            }
         };
         match self.read_head(&head.method).await {
             Ok(h) => Ok(Sent {
@@ -283,6 +286,7 @@ impl H1Conn {
     async fn write_read_body(
         &mut self,
         head: &Parts,
+        lines: &[&[u8]],
         bytes: Option<bytes::Bytes>,
         reused: bool,
     ) -> Result<Option<UpBody>, SendError> {
@@ -294,6 +298,7 @@ impl H1Conn {
         head::encode_request(
             &mut self.write_buf,
             head,
+            lines,
             head::BodyFraming::of(length, false),
         );
         if let (true, Some(b)) = (inline, &bytes) {
@@ -315,6 +320,7 @@ impl H1Conn {
     async fn write_streamed_body(
         &mut self,
         head: &Parts,
+        lines: &[&[u8]],
         mut body: UpBody,
         reused: bool,
     ) -> Result<Option<UpBody>, SendError> {
@@ -323,6 +329,7 @@ impl H1Conn {
         head::encode_request(
             &mut self.write_buf,
             head,
+            lines,
             head::BodyFraming::of(None, chunked),
         );
         let mut kept = Replay::default();

@@ -145,6 +145,7 @@ async fn reads_length_and_chunked_bodies_and_reuses_the_connection() {
         .await
         .send(
             &parts(Method::POST, Some(2)),
+            &[],
             UpBody::bytes(Bytes::from_static(b"{}")),
             release(&pool, &key),
         )
@@ -159,6 +160,7 @@ async fn reads_length_and_chunked_bodies_and_reuses_the_connection() {
     let r = reused
         .send(
             &parts(Method::GET, None),
+            &[],
             UpBody::bytes(Bytes::new()),
             release(&pool, &key),
         )
@@ -189,6 +191,7 @@ async fn close_delimited_and_connection_close_are_not_pooled() {
         .await
         .send(
             &parts(Method::GET, None),
+            &[],
             UpBody::bytes(Bytes::new()),
             release(&pool, &key),
         )
@@ -211,6 +214,7 @@ async fn a_pooled_connection_its_server_closed_is_skipped_or_hands_the_request_b
         .await
         .send(
             &parts(Method::POST, Some(1)),
+            &[],
             UpBody::bytes(Bytes::from_static(b"a")),
             release(&pool, &key),
         )
@@ -240,6 +244,7 @@ async fn a_pooled_connection_its_server_closed_is_skipped_or_hands_the_request_b
     match c
         .send(
             &parts(Method::POST, Some(1)),
+            &[],
             UpBody::bytes(Bytes::from_static(b"b")),
             None,
         )
@@ -268,6 +273,7 @@ async fn empty_bodies_and_interim_responses() {
         .await
         .send(
             &parts(Method::DELETE, None),
+            &[],
             UpBody::bytes(Bytes::new()),
             release(&pool, &key),
         )
@@ -282,6 +288,7 @@ async fn empty_bodies_and_interim_responses() {
         .unwrap()
         .send(
             &parts(Method::GET, None),
+            &[],
             UpBody::bytes(Bytes::new()),
             release(&pool, &key),
         )
@@ -303,7 +310,12 @@ async fn a_truncated_body_is_an_error() {
     .await;
     let r = conn(addr)
         .await
-        .send(&parts(Method::GET, None), UpBody::bytes(Bytes::new()), None)
+        .send(
+            &parts(Method::GET, None),
+            &[],
+            UpBody::bytes(Bytes::new()),
+            None,
+        )
         .await
         .unwrap()
         .response;
@@ -333,6 +345,7 @@ async fn a_streamed_body_without_length_goes_out_chunked() {
                     .await
                     .send(
                         &head,
+                        &[],
                         UpBody::stream(crate::proxy::RequestBody::Hyper(incoming), 1 << 20),
                         None,
                     )
@@ -376,6 +389,7 @@ async fn a_pooled_connection_keeps_no_write_buffer_after_a_large_request() {
         .await
         .send(
             &parts(Method::POST, Some(body.len())),
+            &[],
             UpBody::bytes(body.clone()),
             release(&pool, &key),
         )
