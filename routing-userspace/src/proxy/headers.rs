@@ -1,7 +1,8 @@
 //! Hop-by-hop header handling (RFC 9110 section 7.6.1) and forwarding headers.
 //!
 //! Names are constants (parsed once, at compile time) and the hop-by-hop set is found in one
-//! pass over the headers: this runs twice per request, on the request and on the response.
+//! pass over the client's headers. A pod's response never carries its hop-by-hop headers this
+//! far: they stay out of its header map as it is read (`upstream::h1::head`).
 //!
 //! What the proxy adds to a request (`Host`, the forwarding headers, the load-report request)
 //! is written by the upstream encoder as lines of its own ([`AddedLines`]), not put in the

@@ -1,8 +1,8 @@
-//! Phase 6, stream back: the pod's response head (hop-by-hop headers removed) and its body,
-//! frame by frame as they arrive (SSE is never buffered). The body carries the request's
-//! context: at the end of the body the context ends (the record phase), and the upstream body
-//! gives its connection back to the pool; if the client goes away first, both are dropped (the
-//! connection closes, the context still records).
+//! Phase 6, stream back: the pod's response head (its hop-by-hop headers were never read into
+//! it) and its body, frame by frame as they arrive (SSE is never buffered). The body carries
+//! the request's context: at the end of the body the context ends (the record phase), and the
+//! upstream body gives its connection back to the pool; if the client goes away first, both
+//! are dropped (the connection closes, the context still records).
 //!
 //! A body that stops (the pod dies, nothing arrives within the stream idle timeout, the
 //! request timeout passes, or the proxy's drain timeout cuts it) ends an SSE stream with a
@@ -27,7 +27,6 @@ use tokio::time::Sleep;
 
 use super::context::RequestCtx;
 use super::forward::Forwarded;
-use super::headers;
 use crate::signals::UsageObserver;
 use crate::upstream::h1::response::BodyError;
 use crate::upstream::UpstreamBody;
@@ -87,8 +86,8 @@ pub fn respond(
     deadlines: Deadlines,
     route_header: bool,
 ) -> Response<ObservedBody> {
+    // The pod's hop-by-hop headers never entered the map (see upstream::h1::head).
     let (mut parts, inner) = f.response.into_parts();
-    headers::strip_hop_by_hop(&mut parts.headers);
     if let Some(d) = ctx.decision.as_ref().filter(|_| route_header) {
         parts.headers.insert(ROUTE_HEADER, d.route_header());
     }

@@ -2,6 +2,12 @@
 //! into a reused buffer, and parsing a response head (with `httparse`) into `http` types
 //! without copying header values. Pure functions over bytes, so tests and fuzzers can drive
 //! them directly.
+//!
+//! A response's hop-by-hop headers (RFC 9110 section 7.6.1: `Connection`, the headers it
+//! names, `Transfer-Encoding` and the rest of [`hop_by_hop`]) describe the pod's connection,
+//! not the answer: they are read for the framing and the keep-alive as the header map is
+//! built, and never enter it (putting them in and taking them out again cost about 1,000
+//! instructions a response).
 
 use std::mem::MaybeUninit;
 
@@ -109,14 +115,6 @@ pub fn encode_request(
     out.extend_from_slice(b"\r\n");
 }
 
-/// Whether a comma-separated header value lists `token` (case-insensitively).
-fn lists(value: &HeaderValue, token: &str) -> bool {
-    value
-        .as_bytes()
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-}
-
 /// Append `n` in decimal (a Content-Length), without formatting machinery or an allocation.
 pub fn push_decimal(out: &mut Vec<u8>, n: u64) {
     let mut digits = [0u8; 20];
@@ -173,7 +171,7 @@ pub fn parse_response(
     request: &Method,
 ) -> Result<Option<ResponseHead>, HeadError> {
     loop {
-        let Some((status, version, headers)) = parse_one(buf)? else {
+        let Some((status, version, headers, hop)) = parse_one(buf)? else {
             return Ok(None);
         };
         if status == StatusCode::SWITCHING_PROTOCOLS {
@@ -182,8 +180,8 @@ pub fn parse_response(
         if status.is_informational() {
             continue;
         }
-        let framing = framing(&headers, status, request)?;
-        let keep_alive = keep_alive(&headers, version, framing);
+        let framing = framing(&headers, &hop, status, request)?;
+        let keep_alive = keep_alive(&headers, &hop, version, framing);
         return Ok(Some(ResponseHead {
             status,
             headers,
@@ -207,7 +205,11 @@ const INLINE_SPANS: usize = 32;
 
 /// One response head (final or interim) split off the front of `buf`, its header values
 /// sharing the head's memory. `Ok(None)`: incomplete.
-fn parse_one(buf: &mut BytesMut) -> Result<Option<(StatusCode, Version, HeaderMap)>, HeadError> {
+/// A response head's parts: status, version, its end-to-end headers, and what its hop-by-hop
+/// headers said.
+type Parsed = (StatusCode, Version, HeaderMap, HopByHop);
+
+fn parse_one(buf: &mut BytesMut) -> Result<Option<Parsed>, HeadError> {
     let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut r = httparse::Response::new(&mut []);
     let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
@@ -253,27 +255,113 @@ fn parse_one(buf: &mut BytesMut) -> Result<Option<(StatusCode, Version, HeaderMa
         };
     }
     let head: Bytes = buf.split_to(n).freeze();
-    Ok(Some((status, version, header_map(&head, spans)?)))
+    let (headers, hop) = header_map(&head, spans)?;
+    Ok(Some((status, version, headers, hop)))
 }
 
-/// The headers at `spans` of `head`, their values sharing its memory.
-fn header_map(head: &Bytes, spans: &[Span]) -> Result<HeaderMap, HeadError> {
+/// Which hop-by-hop header `name` is, if it is one (case-insensitive).
+pub fn hop_by_hop(name: &[u8]) -> Option<Hop> {
+    let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+    // Most names are none of these, and their length says so without comparing.
+    match name.len() {
+        10 if is("connection") => Some(Hop::Connection),
+        17 if is("transfer-encoding") => Some(Hop::TransferEncoding),
+        2 if is("te") => Some(Hop::Other),
+        7 if is("trailer") || is("upgrade") => Some(Hop::Other),
+        10 if is("keep-alive") => Some(Hop::Other),
+        16 if is("proxy-connection") => Some(Hop::Other),
+        19 if is("proxy-authorization") => Some(Hop::Other),
+        _ => None,
+    }
+}
+
+/// The hop-by-hop headers, by what reading a response needs of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hop {
+    Connection,
+    TransferEncoding,
+    Other,
+}
+
+/// What a response head's hop-by-hop headers said.
+#[derive(Debug, Default)]
+struct HopByHop {
+    /// The last `Transfer-Encoding` line, if there was one: whether its last coding is
+    /// `chunked`.
+    transfer_encoding: Option<bool>,
+    /// `Connection` lists `close` / `keep-alive`.
+    close: bool,
+    keep_alive: bool,
+}
+
+/// A `Connection` token that names an end-to-end header (which then leaves the map, too;
+/// `close` counts as one, so a header of that name goes).
+fn names_end_to_end(token: &[u8]) -> bool {
+    !token.is_empty() && hop_by_hop(token).is_none()
+}
+
+/// The end-to-end headers at `spans` of `head`, their values sharing its memory, and what
+/// the hop-by-hop ones said.
+fn header_map(head: &Bytes, spans: &[Span]) -> Result<(HeaderMap, HopByHop), HeadError> {
     let range = |(start, len): (u32, u32)| start as usize..(start + len) as usize;
     let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut hop = HopByHop::default();
+    let mut names_others = false;
     for span in spans {
         let raw = &head[range(span.name)];
+        let value = &head[range(span.value)];
+        if let Some(kind) = hop_by_hop(raw) {
+            // Refused as it would be in the map.
+            if HeaderValue::from_bytes(value).is_err() {
+                let name = String::from_utf8_lossy(raw).to_ascii_lowercase();
+                return Err(HeadError::BadHeader(name));
+            }
+            match kind {
+                Hop::Connection => {
+                    for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                        hop.close |= token.eq_ignore_ascii_case(b"close");
+                        hop.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                        names_others |= names_end_to_end(token);
+                    }
+                }
+                Hop::TransferEncoding => {
+                    let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
+                    hop.transfer_encoding =
+                        Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                }
+                Hop::Other => {}
+            }
+            continue;
+        }
         let name = HeaderName::from_bytes(raw)
             .map_err(|_| HeadError::BadHeader(String::from_utf8_lossy(raw).into_owned()))?;
         let value = HeaderValue::from_maybe_shared(head.slice(range(span.value)))
             .map_err(|_| HeadError::BadHeader(name.to_string()))?;
         headers.append(name, value);
     }
-    Ok(headers)
+    if names_others {
+        // `Connection: x-private`: x-private described this connection only.
+        for span in spans {
+            if hop_by_hop(&head[range(span.name)]) != Some(Hop::Connection) {
+                continue;
+            }
+            for token in head[range(span.value)].split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if names_end_to_end(token) {
+                    if let Ok(name) = HeaderName::from_bytes(token) {
+                        headers.remove(name);
+                    }
+                }
+            }
+        }
+    }
+    Ok((headers, hop))
 }
 
 /// How the body of a response to `request` is delimited (RFC 9112 section 6.3).
 fn framing(
     headers: &HeaderMap,
+    hop: &HopByHop,
     status: StatusCode,
     request: &Method,
 ) -> Result<Framing, HeadError> {
@@ -283,17 +371,7 @@ fn framing(
     {
         return Ok(Framing::Empty);
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        let chunked = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .is_some_and(|v| {
-                v.as_bytes()
-                    .rsplit(|&b| b == b',')
-                    .next()
-                    .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-            });
+    if let Some(chunked) = hop.transfer_encoding {
         return Ok(if chunked {
             Framing::Chunked
         } else {
@@ -310,17 +388,14 @@ fn framing(
 /// Whether the connection may carry another request: HTTP/1.1 unless `Connection: close`,
 /// HTTP/1.0 only with `keep-alive`; never after a body delimited by the close, or one framed
 /// by both `Transfer-Encoding` and `Content-Length`.
-fn keep_alive(headers: &HeaderMap, version: Version, framing: Framing) -> bool {
-    let connection = headers.get_all(header::CONNECTION);
-    let close = connection.iter().any(|v| lists(v, "close"));
+fn keep_alive(headers: &HeaderMap, hop: &HopByHop, version: Version, framing: Framing) -> bool {
     let asked = match version {
-        Version::HTTP_10 => !close && connection.iter().any(|v| lists(v, "keep-alive")),
-        _ => !close,
+        Version::HTTP_10 => !hop.close && hop.keep_alive,
+        _ => !hop.close,
     };
     asked
         && framing != Framing::Close
-        && !(headers.contains_key(header::TRANSFER_ENCODING)
-            && headers.contains_key(header::CONTENT_LENGTH))
+        && !(hop.transfer_encoding.is_some() && headers.contains_key(header::CONTENT_LENGTH))
 }
 
 #[cfg(test)]
@@ -415,6 +490,171 @@ mod tests {
             ("0x10", None),
         ] {
             assert_eq!(decimal_length(text.as_bytes()), want, "{text:?}");
+        }
+    }
+
+    /// A head as read: its framing, keep-alive and end-to-end headers (sorted).
+    type Read = (Framing, bool, Vec<(String, String)>);
+
+    /// The reading before hop-by-hop headers were left out of the map: every header in the
+    /// map, framing and keep-alive read from it, then the proxy's strip.
+    fn read_with_every_header_in_the_map(text: &str, request: &Method) -> Result<Read, ()> {
+        let mut fields = [httparse::EMPTY_HEADER; 32];
+        let mut r = httparse::Response::new(&mut fields);
+        r.parse(text.as_bytes()).map_err(|_| ())?;
+        let mut h = HeaderMap::new();
+        for f in r.headers.iter() {
+            let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| ())?;
+            h.append(name, HeaderValue::from_bytes(f.value).map_err(|_| ())?);
+        }
+        let lists = |v: &HeaderValue, token: &str| {
+            v.as_bytes()
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+        };
+        let status = StatusCode::from_u16(r.code.unwrap()).unwrap();
+        let te = h.get_all(header::TRANSFER_ENCODING).iter().next_back();
+        let framing = if *request == Method::HEAD
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            Framing::Empty
+        } else if let Some(v) = te {
+            let last = v.as_bytes().rsplit(|&b| b == b',').next().unwrap();
+            match last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                true => Framing::Chunked,
+                false => Framing::Close,
+            }
+        } else {
+            match content_length(&h).map_err(|_| ())? {
+                Some(0) => Framing::Empty,
+                Some(n) => Framing::Length(n),
+                None => Framing::Close,
+            }
+        };
+        let connection = h.get_all(header::CONNECTION);
+        let close = connection.iter().any(|v| lists(v, "close"));
+        let asked = match r.version {
+            Some(0) => !close && connection.iter().any(|v| lists(v, "keep-alive")),
+            _ => !close,
+        };
+        let keep_alive = asked
+            && framing != Framing::Close
+            && !(te.is_some() && h.contains_key(header::CONTENT_LENGTH));
+        crate::proxy::headers::strip_hop_by_hop(&mut h);
+        Ok((framing, keep_alive, sorted(&h)))
+    }
+
+    fn sorted(h: &HeaderMap) -> Vec<(String, String)> {
+        let mut v: Vec<_> = h
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Heads of every mix of framing, connection and hop-by-hop lines read as before: the same
+    /// framing, keep-alive and end-to-end headers, and refused alike.
+    #[test]
+    fn hop_by_hop_headers_read_without_the_map_as_with_it() {
+        let lines = [
+            "Content-Length: 5",
+            "Content-Length: 5, 5",
+            "Content-Length: 7",
+            "Content-Length: x",
+            "Content-Length: 0",
+            "Transfer-Encoding: chunked",
+            "Transfer-Encoding: gzip, chunked",
+            "transfer-encoding: chunked, gzip",
+            "Transfer-Encoding: identity",
+            "Connection: close",
+            "Connection: keep-alive",
+            "connection: Keep-Alive, x-priv",
+            "Connection: x-priv,  CLOSE ",
+            "Connection: ",
+            "Connection: te, upgrade",
+            "Keep-Alive: timeout=5",
+            "X-Priv: 1",
+            "Close: yes",
+            "TE: trailers",
+            "Trailer: x-sum",
+            "Upgrade: h2c",
+            "Proxy-Connection: keep-alive",
+            "Proxy-Authorization: Basic x",
+            "X-A: b",
+            "Content-Type: text/plain",
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % n
+        };
+        let mut read = 0;
+        for round in 0..4000 {
+            let version = ["HTTP/1.0", "HTTP/1.1"][next(2)];
+            let status = ["200 OK", "204 No Content", "304 Not Modified", "500 Oops"][next(4)];
+            let method = [Method::GET, Method::HEAD][usize::from(next(8) == 0)].clone();
+            let mut text = format!("{version} {status}\r\n");
+            for _ in 0..next(6) {
+                text.push_str(lines[next(lines.len())]);
+                text.push_str("\r\n");
+            }
+            text.push_str("\r\n");
+            let mut buf = BytesMut::from(text.as_bytes());
+            let now = parse_response(&mut buf, &method)
+                .map(|h| h.map(|h| (h.framing, h.keep_alive, sorted(&h.headers))));
+            let before = read_with_every_header_in_the_map(&text, &method);
+            match (now, before) {
+                (Ok(Some(now)), Ok(before)) => {
+                    assert_eq!(now, before, "round {round}:\n{text}");
+                    read += 1;
+                }
+                (Err(_), Err(())) => {}
+                (now, before) => panic!("round {round}: {now:?} against {before:?}:\n{text}"),
+            }
+        }
+        assert!(read > 3000, "most heads are readable: {read}");
+    }
+
+    #[test]
+    fn the_hop_by_hop_names_are_the_proxys() {
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "proxy-authorization",
+        ] {
+            assert!(hop_by_hop(name.as_bytes()).is_some(), "{name}");
+            assert!(
+                hop_by_hop(name.to_uppercase().as_bytes()).is_some(),
+                "{name}"
+            );
+            let mut h = HeaderMap::new();
+            h.insert(HeaderName::from_static(name), HeaderValue::from_static("x"));
+            crate::proxy::headers::strip_hop_by_hop(&mut h);
+            assert!(h.is_empty(), "{name}");
+        }
+        for name in [
+            "content-length",
+            "tee",
+            "connections",
+            "x-keep-alive",
+            "trailers",
+            "close",
+        ] {
+            assert_eq!(hop_by_hop(name.as_bytes()), None, "{name}");
         }
     }
 
