@@ -81,7 +81,8 @@ impl Step {
     }
 }
 
-/// The request as every attempt sends it: the head (its `Host` and URI set per target).
+/// The request as every attempt sends it: the head (its URI set per target) and the lines
+/// written after it (`Host` and a sampled attempt's `traceparent` set per target).
 struct Outgoing<'h> {
     head: &'h mut Parts,
     /// What the encoder writes after the head's lines (`Host` per attempt).

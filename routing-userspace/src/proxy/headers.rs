@@ -4,11 +4,11 @@
 //! pass over the client's headers. A pod's response never carries its hop-by-hop headers this
 //! far: they stay out of its header map as it is read (`upstream::h1::head`).
 //!
-//! What the proxy adds to a request (`Host`, the forwarding headers, the load-report request)
-//! is written by the upstream encoder as lines of its own ([`AddedLines`]), not put in the
-//! header map: each insertion there hashes its name, about 1,500 instructions a request for
-//! these. Only a client that sent one of the headers the proxy extends or replaces has its map
-//! edited instead.
+//! What the proxy adds to a request (`Host`, the forwarding headers, the load-report request,
+//! a sampled attempt's `traceparent`) is written by the upstream encoder as lines of its own
+//! ([`AddedLines`]), not put in the header map: each insertion there hashes its name, about
+//! 1,500 instructions a request for these. Only a client that sent one of the headers the
+//! proxy extends or replaces has its map edited instead.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -90,9 +90,9 @@ fn names_other_headers(headers: &HeaderMap) -> bool {
         })
 }
 
-/// Header lines the upstream encoder writes after the head's own: `Host` (per attempt), and
-/// the forwarding headers and the load-report request when the client's head does not carry
-/// a header of theirs (see the module doc).
+/// Header lines the upstream encoder writes after the head's own: `Host` and a sampled
+/// attempt's `traceparent` (per attempt), and the forwarding headers and the load-report
+/// request when the client's head does not carry a header of theirs (see the module doc).
 #[derive(Debug, Clone, Default)]
 pub struct AddedLines {
     /// The client's address and original `Host`, when the map does not carry the forwarding

@@ -8,14 +8,17 @@
 //! however the bytes were split; the head consumed is a prefix of the input and what follows
 //! stays in the buffer untouched; header values are bytes of the input; framing follows the
 //! headers (no body for HEAD, 204 and 304; chunked beats Content-Length; a body delimited by
-//! the close never keeps the connection).
+//! the close never keeps the connection); no hop-by-hop header is in the header map (they are
+//! read from the head's lines).
 #![no_main]
 
 use bytes::BytesMut;
 use flexinfer_fuzz::split_patterns;
 use http::{header, Method, StatusCode};
 use libfuzzer_sys::fuzz_target;
-use routing_userspace::upstream::h1::head::{parse_response, Framing, HeadError, ResponseHead};
+use routing_userspace::upstream::h1::head::{
+    hop_by_hop, parse_response, Framing, HeadError, ResponseHead,
+};
 
 /// What parsing the input produced, comparable across split patterns.
 #[derive(Debug, PartialEq, Eq)]
@@ -88,7 +91,20 @@ fn check_head(data: &[u8], method: &Method, o: &Outcome) {
             "the value of {name} is not in the head"
         );
     }
-    let has = |n: &str| headers.iter().any(|(k, _)| k == n);
+    for (name, _) in headers {
+        assert!(hop_by_hop(name.as_bytes()).is_none(), "{name} is hop-by-hop");
+    }
+    // The final head's lines (interim heads come before it; no header line starts with
+    // `HTTP/`, a name cannot hold `/`), and whether one of them is the header `n`.
+    let lines: Vec<&[u8]> = head.split(|&b| b == b'\n').collect();
+    let last_status = lines.iter().rposition(|l| l.starts_with(b"HTTP/")).unwrap_or(0);
+    let has = |n: &str| {
+        lines[last_status + 1..].iter().any(|l| {
+            l.iter()
+                .position(|&b| b == b':')
+                .is_some_and(|colon| l[..colon].eq_ignore_ascii_case(n.as_bytes()))
+        })
+    };
     let bodyless = *method == Method::HEAD
         || *status == StatusCode::NO_CONTENT
         || *status == StatusCode::NOT_MODIFIED;

@@ -93,16 +93,19 @@ fn check_upstream_head(uri: &Uri, headers: &HeaderMap, method: Method) {
     *req.method_mut() = method;
     *req.uri_mut() = uri.clone();
     *req.headers_mut() = headers.clone();
-    let (parts, ()) = req.into_parts();
+    let (mut parts, ()) = req.into_parts();
     let client_ip = HeaderValue::from_static("127.0.0.1");
-    let parts = prepare::head(parts, target.clone(), &client_ip, Some(0));
+    let added = prepare::head(&mut parts, target.clone(), &client_ip, Some(0));
     for name in HOP_BY_HOP {
         assert!(!parts.headers.contains_key(name), "{name} forwarded");
     }
     assert!(!parts.headers.contains_key(header::HOST));
+    let host = HeaderValue::from_static("10.0.0.1:8000");
+    let lines = added.lines(&host);
+    let added_lines = lines.concat().iter().filter(|&&b| b == b'\n').count();
     let mut out = Vec::new();
-    encode_request(&mut out, &parts, BodyFraming::AsIs);
-    let mut fields = vec![httparse::EMPTY_HEADER; parts.headers.len() + 1];
+    encode_request(&mut out, &parts, &lines, BodyFraming::AsIs);
+    let mut fields = vec![httparse::EMPTY_HEADER; parts.headers.len() + added_lines + 1];
     let mut r = httparse::Request::new(&mut fields);
     match r.parse(&out) {
         Ok(httparse::Status::Complete(n)) => {
@@ -110,7 +113,9 @@ fn check_upstream_head(uri: &Uri, headers: &HeaderMap, method: Method) {
             assert_eq!(r.method, Some(parts.method.as_str()));
             let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
             assert_eq!(r.path, Some(path));
-            assert_eq!(r.headers.len(), parts.headers.len());
+            assert_eq!(r.headers.len(), parts.headers.len() + added_lines);
+            let hosts = r.headers.iter().filter(|h| h.name == "host").count();
+            assert_eq!(hosts, 1, "the attempt's Host, once");
         }
         other => panic!("the upstream head does not parse: {other:?}"),
     }
