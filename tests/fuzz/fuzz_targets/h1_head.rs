@@ -92,12 +92,18 @@ fn check_head(data: &[u8], method: &Method, o: &Outcome) {
         );
     }
     for (name, _) in headers {
-        assert!(hop_by_hop(name.as_bytes()).is_none(), "{name} is hop-by-hop");
+        assert!(
+            hop_by_hop(name.as_bytes()).is_none(),
+            "{name} is hop-by-hop"
+        );
     }
     // The final head's lines (interim heads come before it; no header line starts with
     // `HTTP/`, a name cannot hold `/`), and whether one of them is the header `n`.
     let lines: Vec<&[u8]> = head.split(|&b| b == b'\n').collect();
-    let last_status = lines.iter().rposition(|l| l.starts_with(b"HTTP/")).unwrap_or(0);
+    let last_status = lines
+        .iter()
+        .rposition(|l| l.starts_with(b"HTTP/"))
+        .unwrap_or(0);
     let has = |n: &str| {
         lines[last_status + 1..].iter().any(|l| {
             l.iter()
