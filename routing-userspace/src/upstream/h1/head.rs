@@ -294,6 +294,12 @@ struct HopByHop {
     keep_alive: bool,
 }
 
+/// Whether `value` is a valid header value, by `HeaderValue`'s rule (visible ASCII, space,
+/// tab and obs-text; no other control byte), without making one.
+fn is_header_value(value: &[u8]) -> bool {
+    value.iter().all(|&b| b >= 32 && b != 127 || b == b'\t')
+}
+
 /// A `Connection` token that names an end-to-end header (which then leaves the map, too;
 /// `close` counts as one, so a header of that name goes).
 fn names_end_to_end(token: &[u8]) -> bool {
@@ -311,8 +317,8 @@ fn header_map(head: &Bytes, spans: &[Span]) -> Result<(HeaderMap, HopByHop), Hea
         let raw = &head[range(span.name)];
         let value = &head[range(span.value)];
         if let Some(kind) = hop_by_hop(raw) {
-            // Refused as it would be in the map.
-            if HeaderValue::from_bytes(value).is_err() {
+            // Refused as it would be in the map (checked in place: no copy is made).
+            if !is_header_value(value) {
                 let name = String::from_utf8_lossy(raw).to_ascii_lowercase();
                 return Err(HeadError::BadHeader(name));
             }
@@ -622,6 +628,18 @@ mod tests {
             }
         }
         assert!(read > 3000, "most heads are readable: {read}");
+    }
+
+    #[test]
+    fn a_header_value_is_checked_as_http_checks_it() {
+        for b in 0..=255u8 {
+            let value = [b'a', b, b'z'];
+            assert_eq!(
+                is_header_value(&value),
+                HeaderValue::from_bytes(&value).is_ok(),
+                "{b:#x}"
+            );
+        }
     }
 
     #[test]
