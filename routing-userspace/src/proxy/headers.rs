@@ -14,35 +14,17 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::signals::orca;
 use crate::telemetry::propagation::{self, TRACEPARENT, TRACESTATE};
+use crate::upstream::h1::head::{hop_by_hop, HOP_BY_HOP};
 
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
-/// Headers that describe one connection, not the message.
-static HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    KEEP_ALIVE,
-    PROXY_CONNECTION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHORIZATION,
-];
-
-/// Where `name` is in [`HOP_BY_HOP`]. Most headers are not, and their name's length says so
-/// without comparing names.
+/// Where `name` is in [`HOP_BY_HOP`] (the one list, shared with the reading of a pod's
+/// response).
 #[inline]
 fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    // te 2, trailer and upgrade 7, connection and keep-alive 10, proxy-connection 16,
-    // transfer-encoding 17, proxy-authorization 19.
-    if !matches!(name.as_str().len(), 2 | 7 | 10 | 16 | 17 | 19) {
-        return None;
-    }
-    HOP_BY_HOP.iter().position(|h| h == name)
+    hop_by_hop(name.as_str().as_bytes())
 }
 
 /// Remove hop-by-hop headers, including every header the `Connection` header names.
@@ -62,13 +44,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            .filter(|n| !HOP_BY_HOP.contains(n))
+            .filter(|n| hop_by_hop_index(n).is_none())
             .collect();
         for name in listed {
             headers.remove(name);
         }
     }
-    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+    for (i, &name) in HOP_BY_HOP.iter().enumerate() {
         if found[i] {
             headers.remove(name);
         }
@@ -82,12 +64,7 @@ fn names_other_headers(headers: &HeaderMap) -> bool {
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .map(<[u8]>::trim_ascii)
-        .any(|t| {
-            !t.is_empty()
-                && !HOP_BY_HOP
-                    .iter()
-                    .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(t))
-        })
+        .any(|t| !t.is_empty() && hop_by_hop(t).is_none())
 }
 
 /// Header lines the upstream encoder writes after the head's own: `Host` and a sampled
@@ -284,8 +261,9 @@ mod tests {
 
     #[test]
     fn the_length_filter_lets_every_hop_by_hop_name_through() {
-        for (i, name) in HOP_BY_HOP.iter().enumerate() {
-            assert_eq!(hop_by_hop_index(name), Some(i), "{name}");
+        for (i, &name) in HOP_BY_HOP.iter().enumerate() {
+            let name = HeaderName::from_static(name);
+            assert_eq!(hop_by_hop_index(&name), Some(i), "{name}");
         }
         for other in [
             "host",

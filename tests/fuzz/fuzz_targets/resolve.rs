@@ -16,18 +16,7 @@ use flexinfer_fuzz::headers_and_body;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Uri};
 use libfuzzer_sys::fuzz_target;
 use routing_userspace::proxy::{prepare, resolve};
-use routing_userspace::upstream::h1::head::{encode_request, BodyFraming};
-
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-];
+use routing_userspace::upstream::h1::head::{encode_request, BodyFraming, HOP_BY_HOP};
 
 fn percent_encode(s: &str) -> String {
     s.bytes()

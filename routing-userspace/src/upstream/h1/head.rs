@@ -4,7 +4,7 @@
 //! them directly.
 //!
 //! A response's hop-by-hop headers (RFC 9110 section 7.6.1: `Connection`, the headers it
-//! names, `Transfer-Encoding` and the rest of [`hop_by_hop`]) describe the pod's connection,
+//! names, `Transfer-Encoding` and the rest of [`HOP_BY_HOP`]) describe the pod's connection,
 //! not the answer: they are read for the framing and the keep-alive as the header map is
 //! built, and never enter it (putting them in and taking them out again cost about 1,000
 //! instructions a response).
@@ -259,28 +259,34 @@ fn parse_one(buf: &mut BytesMut) -> Result<Option<Parsed>, HeadError> {
     Ok(Some((status, version, headers, hop)))
 }
 
-/// Which hop-by-hop header `name` is, if it is one (case-insensitive).
-pub fn hop_by_hop(name: &[u8]) -> Option<Hop> {
-    let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
-    // Most names are none of these, and their length says so without comparing.
-    match name.len() {
-        10 if is("connection") => Some(Hop::Connection),
-        17 if is("transfer-encoding") => Some(Hop::TransferEncoding),
-        2 if is("te") => Some(Hop::Other),
-        7 if is("trailer") || is("upgrade") => Some(Hop::Other),
-        10 if is("keep-alive") => Some(Hop::Other),
-        16 if is("proxy-connection") => Some(Hop::Other),
-        19 if is("proxy-authorization") => Some(Hop::Other),
-        _ => None,
-    }
-}
+/// Headers that describe one connection, not the message (RFC 9110 section 7.6.1, and the
+/// legacy `Proxy-Connection` and `Proxy-Authorization`): the proxy's one list, for the
+/// client's request (`proxy::headers`) and a pod's response (here).
+pub const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+];
+/// Where `Connection` and `Transfer-Encoding` are in [`HOP_BY_HOP`].
+const CONNECTION_AT: usize = 0;
+const TRANSFER_ENCODING_AT: usize = 5;
 
-/// The hop-by-hop headers, by what reading a response needs of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hop {
-    Connection,
-    TransferEncoding,
-    Other,
+/// Where `name` (any case) is in [`HOP_BY_HOP`], if it is a hop-by-hop header. Most names are
+/// not, and their length says so without comparing.
+pub fn hop_by_hop(name: &[u8]) -> Option<usize> {
+    // te 2, trailer and upgrade 7, connection and keep-alive 10, proxy-connection 16,
+    // transfer-encoding 17, proxy-authorization 19.
+    if !matches!(name.len(), 2 | 7 | 10 | 16 | 17 | 19) {
+        return None;
+    }
+    HOP_BY_HOP
+        .iter()
+        .position(|h| h.len() == name.len() && name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
 /// What a response head's hop-by-hop headers said.
@@ -316,26 +322,26 @@ fn header_map(head: &Bytes, spans: &[Span]) -> Result<(HeaderMap, HopByHop), Hea
     for span in spans {
         let raw = &head[range(span.name)];
         let value = &head[range(span.value)];
-        if let Some(kind) = hop_by_hop(raw) {
+        if let Some(at) = hop_by_hop(raw) {
             // Refused as it would be in the map (checked in place: no copy is made).
             if !is_header_value(value) {
                 let name = String::from_utf8_lossy(raw).to_ascii_lowercase();
                 return Err(HeadError::BadHeader(name));
             }
-            match kind {
-                Hop::Connection => {
+            match at {
+                CONNECTION_AT => {
                     for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                         hop.close |= token.eq_ignore_ascii_case(b"close");
                         hop.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
                         names_others |= names_end_to_end(token);
                     }
                 }
-                Hop::TransferEncoding => {
+                TRANSFER_ENCODING_AT => {
                     let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
                     hop.transfer_encoding =
                         Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
                 }
-                Hop::Other => {}
+                _ => {}
             }
             continue;
         }
@@ -348,7 +354,7 @@ fn header_map(head: &Bytes, spans: &[Span]) -> Result<(HeaderMap, HopByHop), Hea
     if names_others {
         // `Connection: x-private`: x-private described this connection only.
         for span in spans {
-            if hop_by_hop(&head[range(span.name)]) != Some(Hop::Connection) {
+            if hop_by_hop(&head[range(span.name)]) != Some(CONNECTION_AT) {
                 continue;
             }
             for token in head[range(span.value)].split(|&b| b == b',') {
@@ -674,6 +680,11 @@ mod tests {
         ] {
             assert_eq!(hop_by_hop(name.as_bytes()), None, "{name}");
         }
+        assert_eq!(HOP_BY_HOP[CONNECTION_AT], header::CONNECTION.as_str());
+        assert_eq!(
+            HOP_BY_HOP[TRANSFER_ENCODING_AT],
+            header::TRANSFER_ENCODING.as_str()
+        );
     }
 
     #[test]
