@@ -11,18 +11,30 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use http::{HeaderMap, Method};
 use routing_userspace::telemetry::export::SpanQueue;
 use routing_userspace::telemetry::otlp::Encoder;
-use routing_userspace::telemetry::span::Value;
+use routing_userspace::telemetry::span::{AddAttributes, HeldStr};
 use routing_userspace::telemetry::{AttemptEnd, Attributes, Sampler, SpanSink, Trace, Tracer};
 
-/// The server span's attributes of a routed request, as the request path adds them.
-fn request_attributes(a: &mut Attributes, model: &Arc<str>, pod: &Arc<str>) {
-    a.set("gen_ai.request.model", Arc::clone(model));
-    a.set("flexinfer.model", Arc::clone(model));
+/// The server span's attributes of a routed request, as the request path adds them (borrowed
+/// from the request's context).
+struct RequestAttributes<'c> {
+    model: &'c Arc<str>,
+    pod: &'c Arc<str>,
+}
+
+impl AddAttributes for RequestAttributes<'_> {
+    fn add<'x>(&'x self, a: &mut Attributes<'x>) {
+        request_attributes(a, self.model, self.pod);
+    }
+}
+
+fn request_attributes<'x>(a: &mut Attributes<'x>, model: &'x Arc<str>, pod: &'x Arc<str>) {
+    a.set("gen_ai.request.model", model);
+    a.set("flexinfer.model", model);
     a.set("flexinfer.strategy", "session-affinity");
     a.set("flexinfer.key_source", "session-header");
     a.set("flexinfer.outcome", "pod");
     a.set("flexinfer.spill", false);
-    a.set("flexinfer.pod", Arc::clone(pod));
+    a.set("flexinfer.pod", pod);
     a.set("flexinfer.retries", 0i64);
     a.measured("flexinfer.queue_wait_seconds", 0.0);
     a.measured("flexinfer.ttft_seconds", 0.000_412);
@@ -40,12 +52,10 @@ fn one_request(tracer: &Arc<Tracer>, model: &Arc<str>, pod: &Arc<str>) {
         "/v1/chat/completions",
         Instant::now(),
     );
-    let traceparent = trace.attempt_started(|| Value::Shared(Arc::clone(pod)));
+    let traceparent = trace.attempt_started(|| HeldStr::Shared(Arc::clone(pod)));
     std::hint::black_box(traceparent);
     trace.attempt_ended(AttemptEnd::Answered(200));
-    trace.finish(Instant::now(), Some(200), |a| {
-        request_attributes(a, model, pod)
-    });
+    trace.finish(Instant::now(), Some(200), &RequestAttributes { model, pod });
 }
 
 /// A tracer that samples every request, and the queue its spans go to.

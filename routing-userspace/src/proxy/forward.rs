@@ -127,7 +127,7 @@ pub async fn forward(
     let mut last_error = String::from("no target left to try");
     let mut next = d.next_attempt();
     while let Some(a) = next {
-        let traceparent = trace.attempt_started(|| d.target(a).label_value());
+        let traceparent = trace.attempt_started(|| d.target(a).held_label());
         out.added.set_traceparent(traceparent);
         let step = attempt(shared, d, a, &mut out, body, in_flight).await;
         trace.attempt_ended(step.trace_end());

@@ -2,9 +2,9 @@
 //! the OpenTelemetry HTTP and GenAI attribute names where they exist (`flexinfer.*` for the
 //! rest). The routing key itself never goes into a span, only where it came from.
 
-use std::sync::Arc;
 use std::time::Instant;
 
+use crate::telemetry::span::AddAttributes;
 use crate::telemetry::Attributes;
 
 use super::context::RequestCtx;
@@ -17,17 +17,29 @@ pub fn end_request(ctx: &mut RequestCtx) {
     let end = ctx.end.unwrap_or_else(Instant::now);
     let mut trace = std::mem::take(&mut ctx.trace);
     let retries = trace.retries();
-    trace.finish(end, ctx.status, |a| attributes(a, ctx, retries));
+    trace.finish(end, ctx.status, &RequestAttributes { ctx, retries });
 }
 
-fn attributes(a: &mut Attributes, ctx: &RequestCtx, retries: u32) {
+/// The request span's own attributes, borrowed from its context.
+struct RequestAttributes<'c> {
+    ctx: &'c RequestCtx,
+    retries: u32,
+}
+
+impl AddAttributes for RequestAttributes<'_> {
+    fn add<'x>(&'x self, a: &mut Attributes<'x>) {
+        attributes(a, self.ctx, self.retries);
+    }
+}
+
+fn attributes<'x>(a: &mut Attributes<'x>, ctx: &'x RequestCtx, retries: u32) {
     if let Some(d) = &ctx.decision {
         let model = d.model();
         let requested = d.group().map_or(&model.name, |g| &g.group.label);
-        a.set("gen_ai.request.model", Arc::clone(requested));
-        a.set("flexinfer.model", Arc::clone(&model.name));
+        a.set("gen_ai.request.model", requested);
+        a.set("flexinfer.model", &model.name);
         if let Some(g) = d.group() {
-            a.set("flexinfer.label_group", Arc::clone(&g.group.label));
+            a.set("flexinfer.label_group", &g.group.label);
         }
         a.set("flexinfer.strategy", d.strategy().as_str());
         a.set("flexinfer.key_source", d.key_source().as_str());

@@ -115,9 +115,19 @@ impl Target<'_> {
             Target::Service(_) => crate::metrics::handles::SERVICE_TARGET,
         }
     }
+}
 
-    /// [`Target::label`] as a span attribute value (the pod's shared label, no copy).
-    pub fn label_value(&self) -> crate::telemetry::span::Value {
+impl<'a> Target<'a> {
+    /// [`Target::label`] as a span attribute value (the pod's shared label, borrowed).
+    pub fn label_value(&self) -> crate::telemetry::span::Value<'a> {
+        match *self {
+            Target::Pod(p) => (&p.label).into(),
+            Target::Service(_) => crate::metrics::handles::SERVICE_TARGET.into(),
+        }
+    }
+
+    /// [`Target::label`] for a span to hold until it ends (the pod's shared label, no copy).
+    pub fn held_label(&self) -> crate::telemetry::span::HeldStr {
         match self {
             Target::Pod(p) => p.label.clone().into(),
             Target::Service(_) => crate::metrics::handles::SERVICE_TARGET.into(),

@@ -150,7 +150,7 @@ impl SpanSink {
 
     /// Encode and queue a span, or drop (and count) it when the queue is full. Wakes the
     /// export task only when this span completes a batch.
-    pub fn send(&self, span: &EndedSpan<'_>) {
+    pub fn send(&self, span: &EndedSpan<'_, '_>) {
         ENCODER.with_borrow_mut(|(encoder, encoded)| {
             encoded.clear();
             encoder.encode(span, encoded);

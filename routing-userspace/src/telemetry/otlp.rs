@@ -45,7 +45,7 @@ pub struct SpanEncoder {
 impl SpanEncoder {
     /// Append `span` to `out` as an encoded OTLP `Span`: its head, its attributes and its tail
     /// (see `fields` for why in three parts).
-    pub fn encode(&mut self, span: &EndedSpan<'_>, out: &mut Vec<u8>) {
+    pub fn encode(&mut self, span: &EndedSpan<'_, '_>, out: &mut Vec<u8>) {
         self.fields.write_head(span, out);
         self.attributes.write(span.attributes, out);
         self.fields.write_tail(span, out);

@@ -4,12 +4,12 @@
 //! An unsampled request (or any request while tracing is off) holds `Trace(None)`: deciding
 //! that reads one header and allocates nothing. A sampled one keeps its ids and times in one
 //! box; each of its spans is an [`EndedSpan`], encoded for the export queue the moment it ends
-//! (its attributes built in a list each thread reuses). The SDK's tracer is not used, so no
-//! context or span objects exist for requests nobody will see.
+//! (its attributes in lists on the stack, borrowing what the request holds). The SDK's tracer
+//! is not used, so no context or span objects exist for requests nobody will see.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::header::HeaderMap;
 use http::Method;
@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use super::export::SpanSink;
 use super::propagation::{self, TraceParent, TRACESTATE};
 use super::sampler::Sampler;
-use super::span::{Attributes, EndedSpan, SpanKind, Value};
+use super::span::{AddAttributes, Attributes, EndedSpan, HeldStr, SpanKind};
 
 /// What starts traces: the sampler, and where ended spans go.
 #[derive(Debug)]
@@ -55,7 +55,7 @@ struct Sampled {
     method: &'static str,
     /// `url.path`: one of the OpenAI paths as a static string (no copy, and its encoding is
     /// kept at export), any other path copied.
-    path: Value,
+    path: HeldStr,
     retries: u32,
     attempts: u32,
     /// The attempt whose answer is streaming (it ends with the request).
@@ -66,7 +66,7 @@ struct Sampled {
 struct OpenAttempt {
     span_id: SpanId,
     start: Instant,
-    target: Value,
+    target: HeldStr,
     number: u32,
     status: Option<u16>,
 }
@@ -109,7 +109,7 @@ impl Trace {
             parent: parent.map(|p| p.parent_id),
             trace_state,
             start,
-            start_unix_nano: unix_nano(SystemTime::now()).saturating_sub(nanos(start.elapsed())),
+            start_unix_nano: unix_nano_at(start),
             method: method_str(method),
             path: path_value(path),
             retries: 0,
@@ -139,7 +139,7 @@ impl Trace {
     /// (`server.address`); it runs only when the request is sampled.
     pub fn attempt_started(
         &mut self,
-        target: impl FnOnce() -> Value,
+        target: impl FnOnce() -> HeldStr,
     ) -> Option<propagation::Encoded> {
         let s = self.0.as_deref_mut()?;
         s.attempts += 1;
@@ -186,14 +186,8 @@ impl Trace {
     }
 
     /// End the request at `end` with `status` (`None`: the client left); `attributes` adds the
-    /// request span's own (into this thread's reused list, so it must not end a trace itself).
-    /// The open attempt ends with it; both spans go to export.
-    pub fn finish(
-        &mut self,
-        end: Instant,
-        status: Option<u16>,
-        attributes: impl FnOnce(&mut Attributes),
-    ) {
+    /// request span's own. The open attempt ends with it; both spans go to export.
+    pub fn finish(&mut self, end: Instant, status: Option<u16>, attributes: &impl AddAttributes) {
         let Some(mut s) = self.0.take() else { return };
         if let Some(a) = s.open.take() {
             s.end_attempt(a, end, None);
@@ -207,25 +201,23 @@ impl Trace {
             None => Some("the client went away"),
             _ => None,
         };
-        with_attributes(|list| {
-            attributes(list);
-            list.set("http.request.method", s.method);
-            let path = std::mem::replace(&mut s.path, Value::Static(""));
-            list.set("url.path", path);
-            list.set("flexinfer.attempts", i64::from(s.attempts));
-            if let Some(code) = status {
-                list.set("http.response.status_code", i64::from(code));
-            }
-            let span = s.span(
-                s.span_id,
-                s.parent.unwrap_or(SpanId::INVALID),
-                SpanKind::Server,
-                (s.start, end),
-                list,
-                error,
-            );
-            s.tracer.sink.send(&span);
-        });
+        let mut list = Attributes::new();
+        attributes.add(&mut list);
+        list.set("http.request.method", s.method);
+        list.set("url.path", s.path.value());
+        list.set("flexinfer.attempts", i64::from(s.attempts));
+        if let Some(code) = status {
+            list.set("http.response.status_code", i64::from(code));
+        }
+        let span = s.span(
+            s.span_id,
+            s.parent.unwrap_or(SpanId::INVALID),
+            SpanKind::Server,
+            (s.start, end),
+            &list,
+            error,
+        );
+        s.tracer.sink.send(&span);
     }
 }
 
@@ -237,36 +229,35 @@ impl Sampled {
 
     /// Send the span of attempt `a`, ended at `end`.
     fn end_attempt(&self, a: OpenAttempt, end: Instant, error: Option<&str>) {
-        with_attributes(|list| {
-            list.set("server.address", a.target);
-            list.set("flexinfer.attempt", i64::from(a.number));
-            if let Some(code) = a.status {
-                list.set("http.response.status_code", i64::from(code));
-            }
-            if error.is_some() {
-                list.set("error.type", "upstream");
-            }
-            let span = self.span(
-                a.span_id,
-                self.span_id,
-                SpanKind::Client,
-                (a.start, end),
-                list,
-                error,
-            );
-            self.tracer.sink.send(&span);
-        });
+        let mut list = Attributes::new();
+        list.set("server.address", a.target.value());
+        list.set("flexinfer.attempt", i64::from(a.number));
+        if let Some(code) = a.status {
+            list.set("http.response.status_code", i64::from(code));
+        }
+        if error.is_some() {
+            list.set("error.type", "upstream");
+        }
+        let span = self.span(
+            a.span_id,
+            self.span_id,
+            SpanKind::Client,
+            (a.start, end),
+            &list,
+            error,
+        );
+        self.tracer.sink.send(&span);
     }
 
-    fn span<'a>(
+    fn span<'a, 'v>(
         &'a self,
         span_id: SpanId,
         parent: SpanId,
         kind: SpanKind,
         (start, end): (Instant, Instant),
-        attributes: &'a Attributes,
+        attributes: &'a Attributes<'v>,
         error: Option<&'a str>,
-    ) -> EndedSpan<'a> {
+    ) -> EndedSpan<'a, 'v> {
         EndedSpan {
             trace_id: self.trace_id,
             span_id,
@@ -284,18 +275,29 @@ impl Sampled {
 }
 
 thread_local! {
-    /// The attributes of the span being ended, built in the same list span after span.
-    static ATTRIBUTES: RefCell<Attributes> = const { RefCell::new(Attributes::new()) };
+    /// This thread's reading of the wall clock against the monotonic one, and when it was
+    /// taken (read again after `WALL_CLOCK_READ_AGAIN`, as the wall clock may be stepped or
+    /// slewed).
+    static WALL_CLOCK: Cell<Option<(Instant, u64)>> = const { Cell::new(None) };
 }
 
-/// Run `f` with this thread's attribute list, empty; it is emptied again after (the shared
-/// names it held are let go at once).
-fn with_attributes<R>(f: impl FnOnce(&mut Attributes) -> R) -> R {
-    ATTRIBUTES.with_borrow_mut(|list| {
-        list.clear();
-        let r = f(list);
-        list.clear();
-        r
+/// How long one reading of the wall clock serves a thread: a request's start in Unix time is
+/// then one subtraction from it, not two clock reads.
+const WALL_CLOCK_READ_AGAIN: Duration = Duration::from_secs(1);
+
+/// `t` (now or a moment ago) in Unix nanoseconds.
+fn unix_nano_at(t: Instant) -> u64 {
+    WALL_CLOCK.with(|reading| {
+        if let Some((at, unix)) = reading.get() {
+            match t.checked_duration_since(at) {
+                Some(d) if d < WALL_CLOCK_READ_AGAIN => return unix + nanos(d),
+                _ => {}
+            }
+        }
+        let at = Instant::now();
+        let unix = unix_nano(SystemTime::now());
+        reading.set(Some((at, unix)));
+        unix.saturating_sub(nanos(at.saturating_duration_since(t)))
     })
 }
 
@@ -330,7 +332,7 @@ fn method_str(m: &Method) -> &'static str {
 }
 
 /// `path` as an attribute value: the paths of the OpenAI API as static strings.
-fn path_value(path: &str) -> Value {
+fn path_value(path: &str) -> HeldStr {
     const KNOWN: [&str; 8] = [
         "/v1/chat/completions",
         "/v1/completions",
@@ -342,8 +344,8 @@ fn path_value(path: &str) -> Value {
         "/v1/moderations",
     ];
     match KNOWN.iter().find(|k| **k == path) {
-        Some(known) => Value::Static(known),
-        None => Value::Owned(path.to_owned()),
+        Some(known) => HeldStr::Static(known),
+        None => HeldStr::Owned(path.into()),
     }
 }
 

@@ -6,9 +6,9 @@ use opentelemetry::trace::{SpanId, TraceId};
 use super::*;
 use crate::telemetry::span::{Attributes, SpanKind};
 
-const NO_ATTRIBUTES: &Attributes = &Attributes::new();
+const NO_ATTRIBUTES: &Attributes<'static> = &Attributes::EMPTY;
 
-fn span(n: u64) -> EndedSpan<'static> {
+fn span(n: u64) -> EndedSpan<'static, 'static> {
     EndedSpan {
         trace_id: TraceId::from(1u128),
         span_id: SpanId::from(n),

@@ -6,14 +6,16 @@
 //! encoding a `KeyValue` costs prost a length pass over it and its value, then a write pass:
 //! encoding attributes was most of what exporting a span cost. So the attributes a span takes
 //! from small sets ([`Attributes::split`]) are kept together as one block, found by one hash of
-//! all their identities and copied whole; a measured attribute (a duration, a token count) is
-//! kept on its own when it has an identity, and encoded afresh when it has none.
+//! all their identities and copied whole; a measured number (a duration, a token count) is
+//! written over its name's kept encoding, since its value seldom repeats.
 //!
 //! A value is known by identity, not content: a static string by its address, a shared
-//! `Arc<str>` by its allocation (the cache holds a clone, so no other string can take that
-//! address while the entry lives), integers and booleans by value. A float is written from its
-//! name's encoding with the value 0.0, its eight bytes then overwritten (a double is fixed-width
-//! and last). An owned string has no identity and is encoded every time, after the block.
+//! `Arc<str>` by its allocation (the cache clones the `Arc` when it keeps an encoding, so no
+//! other string can take that address while the entry lives), integers and booleans by value. A
+//! measured float is written from its name's encoding with the value 0.0, its eight bytes then
+//! overwritten (a double is fixed-width and last); a measured integer from its name's encoding
+//! with a value whose varint is as long as its own, then its varint over the end. Any other
+//! string has no identity and is encoded every time, after the block.
 //!
 //! Both caches are bounded ([`super::kept`]), so names of pods long gone do not pile up.
 
@@ -23,7 +25,9 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 
 use super::kept::Kept;
 use super::set_str;
-use crate::telemetry::span::{Attribute, Attributes, Identity, Value, FLOAT_NAME};
+use prost::encoding::{encode_varint, encoded_len_varint};
+
+use crate::telemetry::span::{Attribute, Attributes, Identity, Value, FLOAT_NAME, INT_NAME};
 
 /// `Span.attributes`.
 const ATTRIBUTES_FIELD: u32 = 9;
@@ -49,7 +53,7 @@ fn mix(h: u64, word: u64) -> u64 {
 impl AttributeEncoder {
     /// Append `attributes` to `out` as `Span.attributes` fields: those from small sets with an
     /// identity first (one block), then the rest in order.
-    pub(super) fn write(&mut self, attributes: &Attributes, out: &mut Vec<u8>) {
+    pub(super) fn write(&mut self, attributes: &Attributes<'_>, out: &mut Vec<u8>) {
         let (of_small_sets, measured) = attributes.split();
         if self.write_block(of_small_sets, out) < of_small_sets.len() {
             for a in of_small_sets.iter().filter(|a| a.identity().is_none()) {
@@ -62,10 +66,10 @@ impl AttributeEncoder {
     }
 
     /// The attributes of `list` that have an identity, as one block; how many there were.
-    fn write_block(&mut self, list: &[Attribute], out: &mut Vec<u8>) -> usize {
+    fn write_block(&mut self, list: &[Attribute<'_>], out: &mut Vec<u8>) -> usize {
         let (mut h, mut n) = (0, 0);
         for id in list.iter().filter_map(Attribute::identity) {
-            h = mix(h, fold(id));
+            h = mix(h, fold(&id));
             n += 1;
         }
         if n == 0 {
@@ -84,7 +88,7 @@ impl AttributeEncoder {
         for a in list {
             if let Some(i) = a.identity() {
                 self.encode(a, out);
-                id.extend_from_slice(i);
+                id.extend_from_slice(&i);
                 alive.extend(shared(a));
             }
         }
@@ -92,11 +96,24 @@ impl AttributeEncoder {
         n
     }
 
-    /// One attribute, from the cache when it has an identity or is a float.
-    fn write_single(&mut self, a: &Attribute, out: &mut Vec<u8>) {
-        let (id, float) = match (a.value(), a.identity()) {
-            (_, Some(id)) => (*id, None),
-            (Value::Float(x), None) => (float_template(a.key()), Some(*x)),
+    /// One attribute: a number over its name's kept encoding, anything else with an identity
+    /// from the cache.
+    ///
+    /// A measured integer (a token count) seldom repeats, so it is not kept by value: its
+    /// name's encoding with a value of the same varint length is, and the value's varint is
+    /// written over the end (an integer is the last field of the value, the value the last of
+    /// the `KeyValue`). A float likewise, over a value of 0.0 (a double is fixed-width).
+    fn write_single(&mut self, a: &Attribute<'_>, out: &mut Vec<u8>) {
+        let (id, number) = match (a.value(), a.identity()) {
+            (Value::Int(n), _) => {
+                let len = encoded_len_varint(n as u64);
+                (number_template(a.key(), INT_NAME, len), Some(Value::Int(n)))
+            }
+            (Value::Float(x), _) => (
+                number_template(a.key(), FLOAT_NAME, 8),
+                Some(Value::Float(x)),
+            ),
+            (_, Some(id)) => (id, None),
             (_, None) => return self.encode(a, out),
         };
         let h = mix(0, fold(&id));
@@ -104,18 +121,26 @@ impl AttributeEncoder {
             out.extend_from_slice(bytes);
         } else {
             let start = out.len();
-            match float {
+            match number {
+                Some(Value::Int(n)) => {
+                    let template = of_varint_len(encoded_len_varint(n as u64));
+                    self.encode(&Attribute::new(a.key(), template), out)
+                }
                 Some(_) => self.encode(&Attribute::new(a.key(), 0.0), out),
                 None => self.encode(a, out),
             }
             let alive = shared(a).into_iter().collect();
             self.single.put(h, &id, &out[start..], alive);
         }
-        if let Some(x) = float {
-            // A double is the last field of the value, the value the last of the `KeyValue`:
-            // its eight bytes (fixed64, little-endian) end the encoding.
-            let end = out.len();
-            out[end - 8..].copy_from_slice(&x.to_le_bytes());
+        let end = out.len();
+        match number {
+            Some(Value::Int(n)) => {
+                let len = encoded_len_varint(n as u64);
+                encode_varint(n as u64, &mut &mut out[end - len..]);
+            }
+            // fixed64, little-endian
+            Some(Value::Float(x)) => out[end - 8..].copy_from_slice(&x.to_le_bytes()),
+            _ => {}
         }
     }
 
@@ -126,7 +151,7 @@ impl AttributeEncoder {
     }
 
     /// Append `a` as prost encodes it, through the reused `KeyValue`.
-    fn encode(&mut self, a: &Attribute, out: &mut Vec<u8>) {
+    fn encode(&mut self, a: &Attribute<'_>, out: &mut Vec<u8>) {
         let kv = &mut self.scratch;
         if kv.key != a.key() {
             set_str(&mut kv.key, a.key());
@@ -135,10 +160,10 @@ impl AttributeEncoder {
         match a.value() {
             Value::Static(s) => set_string_value(value, s),
             Value::Shared(s) => set_string_value(value, s),
-            Value::Owned(s) => set_string_value(value, s),
-            Value::Int(n) => *value = Some(any_value::Value::IntValue(*n)),
-            Value::Float(x) => *value = Some(any_value::Value::DoubleValue(*x)),
-            Value::Bool(b) => *value = Some(any_value::Value::BoolValue(*b)),
+            Value::Text(s) => set_string_value(value, s),
+            Value::Int(n) => *value = Some(any_value::Value::IntValue(n)),
+            Value::Float(x) => *value = Some(any_value::Value::DoubleValue(x)),
+            Value::Bool(b) => *value = Some(any_value::Value::BoolValue(b)),
         }
         prost::encoding::message::encode(ATTRIBUTES_FIELD, &*kv, out);
     }
@@ -146,10 +171,10 @@ impl AttributeEncoder {
 
 /// The identities of the attributes of `list` that have one are `kept` (as many, checked by
 /// the caller), in order.
-fn same_identities(list: &[Attribute], kept: &[u64]) -> bool {
+fn same_identities(list: &[Attribute<'_>], kept: &[u64]) -> bool {
     let mut i = 0;
     for id in list.iter().filter_map(Attribute::identity) {
-        if kept[i..i + 4] != *id {
+        if kept[i..i + 4] != id {
             return false;
         }
         i += 4;
@@ -157,18 +182,28 @@ fn same_identities(list: &[Attribute], kept: &[u64]) -> bool {
     true
 }
 
-/// The identity of a float attribute named `key` whatever its value.
-fn float_template(key: &'static str) -> Identity {
-    [key.as_ptr() as u64, key.len() as u64, 0, FLOAT_NAME]
+/// The identity of the kept encoding of a number attribute named `key` whatever its value:
+/// `kind` (a float or an integer) and the length of the value's encoding.
+fn number_template(key: &'static str, kind: u64, len: usize) -> Identity {
+    [key.as_ptr() as u64, key.len() as u64, len as u64, kind]
+}
+
+/// The smallest integer whose varint takes `len` bytes (1 to 10); a negative `int64` takes ten.
+fn of_varint_len(len: usize) -> i64 {
+    match len {
+        1 => 0,
+        2..=9 => 1i64 << (7 * (len - 1)),
+        _ => i64::MIN,
+    }
 }
 
 /// An identity in one word, for the hash.
-fn fold(id: &Identity) -> u64 {
+fn fold(id: &[u64]) -> u64 {
     id[0] ^ id[1].rotate_left(48) ^ id[2].rotate_left(17) ^ id[3]
 }
 
 /// The shared string `a` names, which a kept encoding must keep alive.
-fn shared(a: &Attribute) -> Option<Arc<str>> {
+fn shared(a: &Attribute<'_>) -> Option<Arc<str>> {
     match a.value() {
         Value::Shared(s) => Some(Arc::clone(s)),
         _ => None,
@@ -191,14 +226,14 @@ mod tests {
     use crate::telemetry::otlp::kept::ENTRIES;
 
     /// What prost writes for `a` as a `Span.attributes` field, built without the encoder.
-    fn fresh(a: &Attribute) -> Vec<u8> {
+    fn fresh(a: &Attribute<'_>) -> Vec<u8> {
         let value = match a.value() {
             Value::Static(s) => any_value::Value::StringValue((*s).to_owned()),
             Value::Shared(s) => any_value::Value::StringValue(s.to_string()),
-            Value::Owned(s) => any_value::Value::StringValue(s.clone()),
-            Value::Int(n) => any_value::Value::IntValue(*n),
-            Value::Float(x) => any_value::Value::DoubleValue(*x),
-            Value::Bool(b) => any_value::Value::BoolValue(*b),
+            Value::Text(s) => any_value::Value::StringValue(s.to_owned()),
+            Value::Int(n) => any_value::Value::IntValue(n),
+            Value::Float(x) => any_value::Value::DoubleValue(x),
+            Value::Bool(b) => any_value::Value::BoolValue(b),
         };
         let span = Span {
             attributes: vec![KeyValue {
@@ -211,11 +246,11 @@ mod tests {
         span.encode_to_vec()
     }
 
-    fn fresh_all<'a>(list: impl IntoIterator<Item = &'a Attribute>) -> Vec<u8> {
+    fn fresh_all<'a, 'v: 'a>(list: impl IntoIterator<Item = &'a Attribute<'v>>) -> Vec<u8> {
         list.into_iter().flat_map(fresh).collect()
     }
 
-    fn written(e: &mut AttributeEncoder, a: &Attributes) -> Vec<u8> {
+    fn written(e: &mut AttributeEncoder, a: &Attributes<'_>) -> Vec<u8> {
         let mut out = Vec::new();
         e.write(a, &mut out);
         out
@@ -234,8 +269,8 @@ mod tests {
         let model: Arc<str> = Arc::from("llama-3-8b");
         let all = [
             Attribute::new("flexinfer.strategy", "prefix"),
-            Attribute::new("flexinfer.model", Arc::clone(&model)),
-            Attribute::new("url.path", String::from("/v1/completions")),
+            Attribute::new("flexinfer.model", &model),
+            Attribute::new("url.path", Value::Text("/v1/completions")),
             Attribute::new("flexinfer.retries", 2i64),
             Attribute::new("flexinfer.ttft_seconds", 0.125),
             Attribute::new("flexinfer.spill", true),
@@ -246,10 +281,10 @@ mod tests {
         for round in 0..3 {
             for a in &all {
                 let mut alone = Attributes::default();
-                alone.set(a.key(), a.value().clone());
+                alone.set(a.key(), a.value());
                 assert_eq!(written(&mut e, &alone), fresh(a), "round {round}: {a:?}");
                 let mut measured = Attributes::default();
-                measured.measured(a.key(), a.value().clone());
+                measured.measured(a.key(), a.value());
                 assert_eq!(written(&mut e, &measured), fresh(a), "round {round}: {a:?}");
             }
         }
@@ -273,9 +308,9 @@ mod tests {
         let mut a = Attributes::default();
         a.measured("flexinfer.ttft_seconds", 0.5);
         a.set("flexinfer.strategy", "prefix");
-        a.set("url.path", String::from("/custom"));
+        a.set("url.path", Value::Text("/custom"));
         a.measured("gen_ai.usage.input_tokens", 12i64);
-        a.set("flexinfer.pod", Arc::clone(&pod));
+        a.set("flexinfer.pod", &pod);
         let (small, measured) = a.split();
         assert_eq!(small.len(), 3);
         assert_eq!(measured.len(), 2);
@@ -329,9 +364,9 @@ mod tests {
                 Attribute::new("flexinfer.retries", 0i64),
                 Attribute::new("flexinfer.spill", false),
             ],
-            vec![Attribute::new("flexinfer.pod", Arc::clone(&pods[0]))],
-            vec![Attribute::new("flexinfer.pod", Arc::clone(&pods[1]))],
-            vec![Attribute::new("flexinfer.pod", Arc::clone(&pods[2]))],
+            vec![Attribute::new("flexinfer.pod", &pods[0])],
+            vec![Attribute::new("flexinfer.pod", &pods[1])],
+            vec![Attribute::new("flexinfer.pod", &pods[2])],
         ];
         let mut e = AttributeEncoder::default();
         for round in 0..2 {
@@ -373,14 +408,54 @@ mod tests {
             let mut a = Attributes::default();
             a.measured(key, v);
             a.set("flexinfer.outcome", "hit");
-            a.set("flexinfer.label", String::from("x"));
+            a.set("flexinfer.label", Value::Text("x"));
             let expected = fresh_all([
                 &Attribute::new("flexinfer.outcome", "hit"),
-                &Attribute::new("flexinfer.label", String::from("x")),
+                &Attribute::new("flexinfer.label", Value::Text("x")),
                 &Attribute::new(key, v),
             ]);
             assert_eq!(written(&mut e, &a), expected, "{v:e} ({:#x})", v.to_bits());
         }
+    }
+
+    /// An integer written over its name's encoding is what prost writes for it, whatever
+    /// its varint's length, and each name keeps one encoding per length, not per value.
+    #[test]
+    fn a_measured_integer_is_its_names_encoding_with_its_own_varint() {
+        let mut e = AttributeEncoder::default();
+        let specials = [
+            0,
+            1,
+            127,
+            128,
+            16_383,
+            16_384,
+            -1,
+            i64::MIN,
+            i64::MAX,
+            1 << 62,
+        ];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let generated = (0..300).map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // every varint length, small ones most often
+            (x >> (i % 64)) as i64
+        });
+        for (i, v) in specials.into_iter().chain(generated).enumerate() {
+            let key = ["gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"][i % 2];
+            let mut a = Attributes::default();
+            a.measured(key, v);
+            a.set("flexinfer.outcome", "hit");
+            let expected = fresh_all([
+                &Attribute::new("flexinfer.outcome", "hit"),
+                &Attribute::new(key, v),
+            ]);
+            assert_eq!(written(&mut e, &a), expected, "{v}");
+        }
+        // one block, and at most ten lengths for each of the two names
+        assert!(e.cached() <= 1 + 2 * 10, "{}", e.cached());
     }
 
     /// Entries that meet in a slot take it from each other, and what is written is always

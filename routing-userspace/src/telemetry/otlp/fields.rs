@@ -89,7 +89,7 @@ struct HeadLayout {
 
 impl SpanFields {
     /// Append `span`'s head to `out`.
-    pub(super) fn write_head(&mut self, span: &EndedSpan<'_>, out: &mut Vec<u8>) {
+    pub(super) fn write_head(&mut self, span: &EndedSpan<'_, '_>, out: &mut Vec<u8>) {
         let keepable =
             span.trace_state.is_none() && span.start_unix_nano != 0 && span.end_unix_nano != 0;
         if !keepable {
@@ -113,7 +113,7 @@ impl SpanFields {
     }
 
     /// Append `span`'s tail to `out`.
-    pub(super) fn write_tail(&mut self, span: &EndedSpan<'_>, out: &mut Vec<u8>) {
+    pub(super) fn write_tail(&mut self, span: &EndedSpan<'_, '_>, out: &mut Vec<u8>) {
         let flags = flags(span);
         if span.error.is_some() {
             return self.encode_tail(span, flags, out);
@@ -128,7 +128,7 @@ impl SpanFields {
     }
 
     /// The layout of `span`'s head, or `None` if its ids and times cannot be found in it.
-    fn layout(&mut self, span: &EndedSpan<'_>, key: LayoutKey) -> Option<HeadLayout> {
+    fn layout(&mut self, span: &EndedSpan<'_, '_>, key: LayoutKey) -> Option<HeadLayout> {
         let mut kept = Vec::new();
         self.encode_head(span, &mut kept);
         let inverted = EndedSpan {
@@ -171,7 +171,7 @@ impl SpanFields {
         })
     }
 
-    fn encode_head(&mut self, span: &EndedSpan<'_>, out: &mut Vec<u8>) {
+    fn encode_head(&mut self, span: &EndedSpan<'_, '_>, out: &mut Vec<u8>) {
         let head = &mut self.head;
         set_bytes(&mut head.trace_id, &span.trace_id.to_bytes());
         set_bytes(&mut head.span_id, &span.span_id.to_bytes());
@@ -191,7 +191,7 @@ impl SpanFields {
         head.encode(out).expect("a Vec grows to fit the message");
     }
 
-    fn encode_tail(&mut self, span: &EndedSpan<'_>, flags: u32, out: &mut Vec<u8>) {
+    fn encode_tail(&mut self, span: &EndedSpan<'_, '_>, flags: u32, out: &mut Vec<u8>) {
         let tail = &mut self.tail;
         let status = tail.status.get_or_insert_with(Status::default);
         match span.error {
@@ -210,7 +210,7 @@ impl SpanFields {
 }
 
 impl HeadLayout {
-    fn write(&self, span: &EndedSpan<'_>, out: &mut Vec<u8>) {
+    fn write(&self, span: &EndedSpan<'_, '_>, out: &mut Vec<u8>) {
         let base = out.len();
         out.extend_from_slice(&self.bytes);
         let head = &mut out[base..];
@@ -225,7 +225,7 @@ impl HeadLayout {
 }
 
 /// The span's W3C flags: sampled, and whether its parent is remote (known, so flagged known).
-fn flags(span: &EndedSpan<'_>) -> u32 {
+fn flags(span: &EndedSpan<'_, '_>) -> u32 {
     let mut flags = SAMPLED | SpanFlags::ContextHasIsRemoteMask as u32;
     if span.parent_is_remote {
         flags |= SpanFlags::ContextIsRemoteMask as u32;
@@ -250,7 +250,7 @@ mod tests {
     use super::*;
     use crate::telemetry::span::Attributes;
 
-    fn fresh(f: &mut SpanFields, span: &EndedSpan<'_>) -> Vec<u8> {
+    fn fresh(f: &mut SpanFields, span: &EndedSpan<'_, '_>) -> Vec<u8> {
         let mut out = Vec::new();
         f.encode_head(span, &mut out);
         f.encode_tail(span, flags(span), &mut out);

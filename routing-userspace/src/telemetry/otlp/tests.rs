@@ -6,7 +6,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::{span, status, Span};
 
 use crate::telemetry::export::SpanBatch;
-use crate::telemetry::span::{Attribute, Attributes, EndedSpan, SpanKind};
+use crate::telemetry::span::{Attribute, Attributes, EndedSpan, SpanKind, Value};
 
 use super::*;
 
@@ -16,26 +16,32 @@ fn resource() -> opentelemetry_sdk::Resource {
         .build()
 }
 
+/// The model name of the tests' spans (one allocation for the whole run, as a model's is).
+fn model() -> &'static Arc<str> {
+    static MODEL: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    MODEL.get_or_init(|| Arc::from("m"))
+}
+
 /// The server span's attributes in the tests.
-fn server_attributes() -> Attributes {
+fn server_attributes() -> Attributes<'static> {
     Attributes::from(vec![
-        Attribute::new("gen_ai.request.model", Arc::<str>::from("m")),
+        Attribute::new("gen_ai.request.model", model()),
         Attribute::new("flexinfer.strategy", "prefix"),
-        Attribute::new("url.path", String::from("/v1/chat/completions")),
+        Attribute::new("url.path", Value::Text("/v1/chat/completions")),
         Attribute::new("flexinfer.retries", 0i64),
         Attribute::new("flexinfer.queue_wait_seconds", 0.25),
         Attribute::new("flexinfer.spill", false),
     ])
 }
 
-fn attempt_attributes() -> Attributes {
+fn attempt_attributes() -> Attributes<'static> {
     Attributes::from(vec![
         Attribute::new("server.address", "10.0.0.1:8000"),
         Attribute::new("error.type", "upstream"),
     ])
 }
 
-fn server(n: u64, attributes: &Attributes) -> EndedSpan<'_> {
+fn server<'a, 'v>(n: u64, attributes: &'a Attributes<'v>) -> EndedSpan<'a, 'v> {
     EndedSpan {
         trace_id: TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736_u128),
         span_id: SpanId::from(n),
@@ -51,7 +57,7 @@ fn server(n: u64, attributes: &Attributes) -> EndedSpan<'_> {
     }
 }
 
-fn attempt(n: u64, parent: u64, attributes: &Attributes) -> EndedSpan<'_> {
+fn attempt<'a, 'v>(n: u64, parent: u64, attributes: &'a Attributes<'v>) -> EndedSpan<'a, 'v> {
     EndedSpan {
         span_id: SpanId::from(n),
         parent: SpanId::from(parent),
@@ -65,7 +71,7 @@ fn attempt(n: u64, parent: u64, attributes: &Attributes) -> EndedSpan<'_> {
 }
 
 /// `spans` encoded by `e` and framed by `f`, as the request body.
-fn body(e: &mut SpanEncoder, f: &mut Encoder, spans: &[EndedSpan<'_>]) -> Bytes {
+fn body(e: &mut SpanEncoder, f: &mut Encoder, spans: &[EndedSpan<'_, '_>]) -> Bytes {
     let mut batch = SpanBatch::default();
     let mut one = Vec::new();
     for s in spans {
@@ -78,7 +84,7 @@ fn body(e: &mut SpanEncoder, f: &mut Encoder, spans: &[EndedSpan<'_>]) -> Bytes 
 
 /// The body of `spans` from fresh encoders (the resource's attributes come in the order of
 /// its map: one resource, one order).
-fn fresh_body(r: &opentelemetry_sdk::Resource, spans: &[EndedSpan<'_>]) -> Bytes {
+fn fresh_body(r: &opentelemetry_sdk::Resource, spans: &[EndedSpan<'_, '_>]) -> Bytes {
     body(&mut SpanEncoder::default(), &mut Encoder::new(r), spans)
 }
 

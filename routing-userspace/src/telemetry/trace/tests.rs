@@ -32,8 +32,8 @@ fn error(s: &Span) -> Option<String> {
     (st.code == status::StatusCode::Error as i32).then(|| st.message.clone())
 }
 
-fn pod(addr: &'static str) -> impl FnOnce() -> Value {
-    move || Value::Static(addr)
+fn pod(addr: &'static str) -> impl FnOnce() -> HeldStr {
+    move || HeldStr::Static(addr)
 }
 
 const CLIENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -96,7 +96,7 @@ fn a_sampled_request_gives_the_pod_its_attempt_as_parent() {
     assert_ne!(first, sent, "each attempt is its own span");
     let sent = propagation::parse(&sent).unwrap();
     let retries = trace.retries();
-    trace.finish(Instant::now(), Some(200), |a| {
+    trace.finish(Instant::now(), Some(200), &|a: &mut Attributes<'_>| {
         a.set("flexinfer.retries", i64::from(retries));
         a.measured("flexinfer.ttft_seconds", 0.25);
     });
@@ -162,7 +162,7 @@ fn a_new_root_drops_an_orphan_tracestate() {
     assert_eq!(trace.keeps_tracestate(), Some(false));
     let sent = trace.attempt_started(pod("10.0.0.1:8000")).unwrap();
     assert_eq!(propagation::parse(&sent).unwrap().trace_id, root);
-    trace.finish(Instant::now(), None, |_| {});
+    trace.finish(Instant::now(), None, &|_: &mut Attributes<'_>| {});
     let spans = rx.take(usize::MAX).decoded();
     let server = spans.last().unwrap();
     assert!(server.parent_span_id.is_empty());
@@ -183,13 +183,13 @@ fn url_path_is_the_request_path_known_or_not() {
         "/v1/chat/completions/",
     ] {
         let mut trace = Trace::start(Some(&t), &h, &Method::POST, path, Instant::now());
-        trace.finish(Instant::now(), Some(200), |_| {});
+        trace.finish(Instant::now(), Some(200), &|_: &mut Attributes<'_>| {});
         let span = q.take(16).decoded().pop().unwrap();
         assert_eq!(attribute(&span, "url.path"), text(path));
         let expected = if path == "/v1/embeddings" {
-            Value::Static("/v1/embeddings")
+            HeldStr::Static("/v1/embeddings")
         } else {
-            Value::Owned(path.to_owned())
+            HeldStr::Owned(path.into())
         };
         assert_eq!(path_value(path), expected);
     }
