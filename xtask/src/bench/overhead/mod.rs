@@ -25,6 +25,7 @@
 
 mod configs;
 mod sample;
+mod shared;
 mod table;
 mod targets;
 
@@ -63,6 +64,12 @@ pub(crate) struct OverheadBench {
     /// Skip building (use the release binary already in the target directory).
     #[arg(long)]
     pub no_build: bool,
+    /// Run each configuration at the same moments as this one (e.g. haproxy, fx-userspace),
+    /// both on the proxy CPU in CPU cgroups of equal weight, each under its own wrk and
+    /// upstreams, and report the ratio of their request rates: their CPU cost per request
+    /// compared with the machine's drift cancelled. Needs root (cgroups).
+    #[arg(long, value_name = "CONFIG")]
+    pub shared_core_with: Option<String>,
 }
 
 /// Prefix of the cgroups and pin dirs this harness creates (`<prefix>-<pid>-<n>`).
@@ -79,8 +86,16 @@ struct Env<'a> {
 
 pub(crate) fn run(args: &OverheadBench) -> Result<()> {
     let (targets, cases) = select(&args.only)?;
+    let reference = args
+        .shared_core_with
+        .as_deref()
+        .map(|name| shared_reference(name, &targets))
+        .transpose()?;
     crate::setup::ensure_apt(&["nginx", "haproxy", "wrk"])?;
     let root = is_root();
+    if reference.is_some() && !root {
+        bail!("--shared-core-with puts each proxy in a CPU cgroup: run it as root");
+    }
     let bin = ebpf::release_proxy(!args.no_build, root)?;
     if root {
         peers::remove_stale(PREFIX, "bench overhead");
@@ -122,8 +137,16 @@ pub(crate) fn run(args: &OverheadBench) -> Result<()> {
         args.rounds,
         out.path().display()
     );
-    let rows = rounds(&targets, &cases, &env)?;
-    let mut table = render_table(&rows);
+    let mut table = match reference {
+        Some(reference) => {
+            let others: Vec<Target> = targets.into_iter().filter(|&t| t != reference).collect();
+            shared::render(
+                &shared::rounds(reference, &others, &cases, &env)?,
+                reference,
+            )
+        }
+        None => render_table(&rounds(&targets, &cases, &env)?),
+    };
     for s in &skipped {
         let _ = writeln!(table, "\n{s}");
     }
@@ -183,6 +206,29 @@ fn rounds(
         }
     }
     Ok(rows)
+}
+
+/// The reference configuration of `--shared-core-with`: one with a proxy process of its own
+/// (not `direct`), and not `fx-default`, whose cgroup holds its upstreams for the eBPF gauge.
+/// It must not be the only configuration selected.
+fn shared_reference(name: &str, targets: &[Target]) -> Result<Target> {
+    let Some(reference) = TARGETS.into_iter().find(|t| t.name() == name) else {
+        let names: Vec<&str> = TARGETS.iter().map(|t| t.name()).collect();
+        bail!("--shared-core-with {name}: not one of {}", names.join(", "));
+    };
+    for t in targets.iter().copied().chain([reference]) {
+        if matches!(t, Target::Direct | Target::FxDefault) {
+            bail!(
+                "--shared-core-with: {} cannot share the core (direct has no proxy; fx-default's \
+                 cgroup holds its upstreams for the eBPF gauge); leave it out with --only",
+                t.name()
+            );
+        }
+    }
+    if targets.iter().all(|&t| t == reference) {
+        bail!("--shared-core-with {name}: name other configurations to compare with --only");
+    }
+    Ok(reference)
 }
 
 /// Split `--only` into the configurations and cases it names (all of a kind it does not name).
@@ -260,6 +306,27 @@ mod tests {
         let (t, _) = select(&["fx-trace-0.1".into()]).unwrap();
         assert_eq!(t, vec![Target::FxTraceTenth]);
         assert!(select(&["fx-ebpf".into()]).is_err());
+    }
+
+    #[test]
+    fn a_shared_core_reference_has_a_proxy_and_others_beside_it() {
+        let t = |names: &[&str]| -> Vec<Target> {
+            names
+                .iter()
+                .map(|n| *TARGETS.iter().find(|t| t.name() == *n).unwrap())
+                .collect()
+        };
+        let r = shared_reference("haproxy", &t(&["haproxy", "fx-userspace", "fx-trace-1"]));
+        assert_eq!(r.unwrap(), Target::Haproxy);
+        assert!(shared_reference("haproxy", &t(&["haproxy"])).is_err());
+        assert!(shared_reference("nope", &t(&["fx-userspace"])).is_err());
+        for bad in ["direct", "fx-default"] {
+            assert!(
+                shared_reference(bad, &t(&["fx-userspace"])).is_err(),
+                "{bad}"
+            );
+            assert!(shared_reference("haproxy", &t(&[bad, "haproxy", "fx-userspace"])).is_err());
+        }
     }
 
     #[test]

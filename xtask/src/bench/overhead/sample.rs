@@ -77,7 +77,7 @@ impl Sample {
 }
 
 /// The processes of one sample, dropped in field order: proxy, upstreams, pins, cgroup.
-struct Running {
+pub(super) struct Running {
     proxy: Option<Proc>,
     _upstream: Proc,
     pins: Option<PinDir>,
@@ -86,6 +86,21 @@ struct Running {
     stats: Option<SocketAddr>,
     /// Where wrk sends its requests.
     url_addr: SocketAddr,
+}
+
+impl Running {
+    /// The proxy's process, if the configuration has one.
+    pub(super) fn proxy(&self) -> Option<&Proc> {
+        self.proxy.as_ref()
+    }
+
+    pub(super) fn url_addr(&self) -> SocketAddr {
+        self.url_addr
+    }
+
+    pub(super) fn url(&self) -> String {
+        format!("http://{}{PATH}", self.url_addr)
+    }
 }
 
 /// Start the processes of one run, check one request, warm up, measure, stop everything.
@@ -97,7 +112,7 @@ pub(super) fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Resul
     preflight(run.url_addr, case, &body, target, tag, env)?;
     let script = dir.join("load.lua");
     std::fs::write(&script, wrk_script(&body, case.sends_session()))?;
-    let url = format!("http://{}{PATH}", run.url_addr);
+    let url = run.url();
     if env.args.warmup > 0 {
         wrk(env, &script, &url, env.args.warmup, None)?;
     }
@@ -112,7 +127,13 @@ pub(super) fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Resul
     Ok(sample)
 }
 
-fn start(target: Target, case: Case, tag: &str, dir: &Path, env: &Env) -> Result<Running> {
+pub(super) fn start(
+    target: Target,
+    case: Case,
+    tag: &str,
+    dir: &Path,
+    env: &Env,
+) -> Result<Running> {
     let log = |what: &str| env.out.join(format!("{tag}-{what}.log"));
     let cgroup = match target {
         Target::FxDefault => Some(Cgroup::create(PREFIX)?),
@@ -280,7 +301,7 @@ fn start_smg(
 }
 
 /// Evidence next to the numbers: the proxy's own view after the run, `ebpf status`.
-fn evidence(run: &Running, target: Target, tag: &str, env: &Env) -> Result<()> {
+pub(super) fn evidence(run: &Running, target: Target, tag: &str, env: &Env) -> Result<()> {
     if let Some(a) = run.stats {
         let path = if target == Target::Smg {
             "/metrics"
@@ -311,7 +332,7 @@ fn evidence(run: &Running, target: Target, tag: &str, env: &Env) -> Result<()> {
 
 /// One request through the configuration must answer 200 with the completion, then a few
 /// sessions show which upstreams it spreads over (written to `<tag>-preflight.txt`).
-fn preflight(
+pub(super) fn preflight(
     addr: SocketAddr,
     case: Case,
     body: &str,
@@ -374,7 +395,13 @@ fn start_upstreams(
     peers::nginx(&up, &conf, LOAD_CPU, cgroup, log)
 }
 
-fn wrk(env: &Env, script: &Path, url: &str, secs: u32, save: Option<&Path>) -> Result<String> {
+pub(super) fn wrk(
+    env: &Env,
+    script: &Path,
+    url: &str,
+    secs: u32,
+    save: Option<&Path>,
+) -> Result<String> {
     let mut cmd = Command::new("wrk");
     cmd.arg("-t1")
         .arg(format!("-c{}", env.args.connections))
