@@ -280,15 +280,7 @@ async fn read_head(
         if buf.capacity() == 0 {
             *buf = buffers::read_buffer();
         }
-        let room = buf.capacity() - buf.len();
-        if room < 512 {
-            let grow = if buf.capacity() == 0 {
-                HEAD_READ
-            } else {
-                buf.capacity()
-            };
-            buf.reserve(grow.min(settings.max_head_bytes.max(HEAD_READ)));
-        }
+        room_for_head(buf, settings.max_head_bytes);
         match read_ready(&link.io, buf) {
             Ok(0) => return Ok(Next::Closed),
             Ok(_) => continue,
@@ -332,6 +324,17 @@ async fn read_head(
     }
 }
 
+/// Make room in `buf` for a whole head in one read. A pooled buffer's view may have shrunk to
+/// the tail of its block (a few hundred bytes, after the requests it held were split off): its
+/// block is reclaimed here, so a head never takes two reads for want of room. A head that
+/// keeps coming doubles it, up to `max_head` (at least [`HEAD_READ`]).
+fn room_for_head(buf: &mut BytesMut, max_head: usize) {
+    if buf.capacity() - buf.len() < 512 {
+        let grow = HEAD_READ.max(buf.len());
+        buf.reserve(grow.min(max_head.max(HEAD_READ)));
+    }
+}
+
 /// Read what the client sent into `buf`, without waiting. A read that leaves room in the
 /// buffer drained the socket, so it also clears the socket's readiness, as tokio's own
 /// `poll_read` does after a short read: the wait for the next request then goes to epoll, not
@@ -359,13 +362,16 @@ fn refusal(e: HeadError) -> ApiError {
 
 /// A body of `n` bytes that did not come whole with its head: read what of it is already
 /// there (no waiting), so a body of a few KB split over two segments is handed over whole.
+/// The room offered is more than the body needs, so a read that drains the socket is short
+/// and clears its readiness (see [`read_ready`]): watching the client during the request then
+/// costs no system call.
 fn read_on_if_there(link: &Link, buf: &mut BytesMut, n: u64) {
     if buf.len() as u64 >= n || n > WHOLE_BODY {
         return;
     }
-    buf.reserve(n as usize - buf.len());
+    buf.reserve(n as usize - buf.len() + 512);
     while (buf.len() as u64) < n {
-        match link.io.try_read_buf(buf) {
+        match read_ready(&link.io, buf) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }

@@ -647,3 +647,30 @@ async fn a_short_read_clears_readiness_and_the_next_bytes_still_wake_the_reader(
     }
     assert_eq!(&buf[..], b"aaaaaaaaaabbbbbbbbbbcccccccccc");
 }
+
+/// A pooled read buffer whose view shrank to the tail of its block (requests split off its
+/// front) gets room for a whole head back, from its own block; a head that keeps coming
+/// doubles the room.
+#[test]
+fn a_head_is_read_whole_from_a_shrunk_buffer() {
+    let mut buf = BytesMut::with_capacity(HEAD_READ);
+    buf.resize(HEAD_READ - 152, b'x');
+    drop(buf.split_to(HEAD_READ - 152));
+    buf.clear();
+    assert!(buf.capacity() < 512, "the tail view: {}", buf.capacity());
+    room_for_head(&mut buf, 64 * 1024);
+    assert!(buf.capacity() >= HEAD_READ, "{}", buf.capacity());
+    // a head still coming after the first 4 KiB
+    buf.resize(buf.capacity() - 100, b'h');
+    let had = buf.len();
+    room_for_head(&mut buf, 64 * 1024);
+    assert!(
+        buf.capacity() - buf.len() >= had,
+        "doubled: {}",
+        buf.capacity()
+    );
+    // room enough already: untouched
+    let mut roomy = BytesMut::with_capacity(HEAD_READ);
+    room_for_head(&mut roomy, 64 * 1024);
+    assert_eq!(roomy.capacity(), HEAD_READ);
+}
