@@ -20,6 +20,7 @@ pub mod config;
 pub mod demo;
 pub mod discovery;
 pub mod ebpf;
+pub mod header_lookup;
 pub mod keys;
 pub mod load;
 pub mod lock;

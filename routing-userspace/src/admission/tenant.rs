@@ -12,6 +12,7 @@
 use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderName};
 
+use crate::header_lookup::header;
 use crate::keys::explicit::{self, Malformed};
 use crate::keys::KeyLimits;
 
@@ -97,7 +98,7 @@ impl<'h> Tenant<'h> {
 /// The request's tenant, and why a present `x-flexinfer-tenant` was not used.
 pub fn tenant<'h>(headers: &'h HeaderMap, limits: &KeyLimits) -> (Tenant<'h>, Option<Malformed>) {
     let mut bad = None;
-    if let Some(value) = headers.get(HEADER_TENANT) {
+    if let Some(value) = header(headers, &HEADER_TENANT) {
         match value.to_str() {
             Ok(raw) => match explicit::validate(raw, limits.explicit_key_max_length) {
                 Ok(id) => return (Tenant::named(id), None),
@@ -113,7 +114,7 @@ pub fn tenant<'h>(headers: &'h HeaderMap, limits: &KeyLimits) -> (Tenant<'h>, Op
 
 /// The token of `Authorization: Bearer <token>` (scheme case-insensitive), if non-empty.
 fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
-    let value = headers.get(AUTHORIZATION)?.as_bytes();
+    let value = header(headers, &AUTHORIZATION)?.as_bytes();
     let scheme = value.get(..7)?;
     if !scheme.eq_ignore_ascii_case(b"bearer ") {
         return None;

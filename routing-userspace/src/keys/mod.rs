@@ -211,7 +211,7 @@ pub fn needs_body(strategy: Strategy, headers: &HeaderMap, limits: &KeyLimits) -
 
 /// A header's value as text, if present and valid UTF-8.
 fn header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
+    crate::header_lookup::header(headers, name).and_then(|v| v.to_str().ok())
 }
 
 #[cfg(test)]

@@ -42,9 +42,7 @@ fn head_bytes(parts: &Parts) -> usize {
 
 /// The body length the client declared, if it declared one that parses.
 fn declared_length(parts: &Parts) -> Option<u64> {
-    parts
-        .headers
-        .get(header::CONTENT_LENGTH)?
+    crate::header_lookup::header(&parts.headers, &header::CONTENT_LENGTH)?
         .to_str()
         .ok()?
         .parse()

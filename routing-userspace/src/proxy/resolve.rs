@@ -119,7 +119,10 @@ pub fn split_model_path(path: &str) -> Option<(Cow<'_, str>, &str)> {
 
 /// The model named by the `X-Model-ID` header.
 pub fn header_model(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(HEADER_MODEL_ID)?.to_str().ok()?.trim();
+    let v = crate::header_lookup::header(headers, &HEADER_MODEL_ID)?
+        .to_str()
+        .ok()?
+        .trim();
     (!v.is_empty()).then_some(v)
 }
 

@@ -111,7 +111,7 @@ impl UsageObserver {
 
     /// An observer for a response whose body can carry usage (JSON or SSE), else `None`.
     pub fn for_response(headers: &HeaderMap) -> Option<Self> {
-        let ct = headers.get(header::CONTENT_TYPE)?.as_bytes();
+        let ct = crate::header_lookup::header(headers, &header::CONTENT_TYPE)?.as_bytes();
         let essence = ct.split(|&b| b == b';').next()?.trim_ascii();
         let readable = essence.eq_ignore_ascii_case(b"application/json")
             || essence.eq_ignore_ascii_case(b"text/event-stream");
