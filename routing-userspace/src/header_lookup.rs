@@ -20,11 +20,49 @@ pub fn header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h Heade
     headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
 }
 
+/// Whether `headers` has `name`.
+#[inline]
+pub fn contains(headers: &HeaderMap, name: &HeaderName) -> bool {
+    header(headers, name).is_some()
+}
+
+/// Every value of `name` in `headers`, in order, as `HeaderMap::get_all` gives them.
+pub fn values<'h, 'n>(headers: &'h HeaderMap, name: &'n HeaderName) -> Values<'h, 'n> {
+    if headers.len() > COMPARED {
+        return Values::Hashed(headers.get_all(name).iter());
+    }
+    Values::Compared {
+        all: headers.iter(),
+        name,
+    }
+}
+
+/// The values [`values`] finds.
+pub enum Values<'h, 'n> {
+    Compared {
+        all: http::header::Iter<'h, HeaderValue>,
+        name: &'n HeaderName,
+    },
+    Hashed(http::header::ValueIter<'h, HeaderValue>),
+}
+
+impl<'h> Iterator for Values<'h, '_> {
+    type Item = &'h HeaderValue;
+
+    fn next(&mut self) -> Option<&'h HeaderValue> {
+        match self {
+            Values::Compared { all, name } => all.find(|(k, _)| *k == *name).map(|(_, v)| v),
+            Values::Hashed(values) => values.next(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Whatever the map's size, names, case and repeats: what `get` finds.
+    /// Whatever the map's size, names and repeats: what `get`, `contains_key` and `get_all`
+    /// find.
     #[test]
     fn finds_what_get_finds() {
         let names = [
@@ -56,6 +94,10 @@ mod tests {
                     h.get(&name),
                     "round {round}: {n} in {h:?}"
                 );
+                assert_eq!(contains(&h, &name), h.contains_key(&name));
+                let all: Vec<_> = values(&h, &name).collect();
+                let expected: Vec<_> = h.get_all(&name).iter().collect();
+                assert_eq!(all, expected, "round {round}: {n} in {h:?}");
             }
         }
     }

@@ -43,7 +43,8 @@ pub fn is_sheddable(priority: i32) -> bool {
 
 /// The request's priority, and why the header was ignored if it was.
 pub fn priority(headers: &HeaderMap) -> (i32, Option<BadPriority>) {
-    let mut values = headers.get_all(HEADER_PRIORITY).iter();
+    let name = HEADER_PRIORITY;
+    let mut values = crate::header_lookup::values(headers, &name);
     let Some(first) = values.next() else {
         return (DEFAULT_PRIORITY, None);
     };

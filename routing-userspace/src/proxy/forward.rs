@@ -244,7 +244,7 @@ fn note_load_report(shared: &Shared, d: &Decision, i: usize, headers: &http::Hea
     let Some(slot) = model.pods[i].slot else {
         return;
     };
-    if !headers.contains_key(orca::RESPONSE_HEADER) {
+    if !crate::header_lookup::contains(headers, &orca::RESPONSE_HEADER) {
         return;
     }
     let metrics = &model.metrics.pod_signals[i];

@@ -59,7 +59,7 @@ fn field_of(key: &[u8]) -> Option<Field> {
 /// The report in a response's `endpoint-load-metrics` header (the first one), if it has one
 /// with at least one sane field.
 pub fn from_headers(headers: &HeaderMap) -> Option<EngineReport> {
-    parse(headers.get(RESPONSE_HEADER)?.as_bytes())
+    parse(crate::header_lookup::header(headers, &RESPONSE_HEADER)?.as_bytes())
 }
 
 /// Parse one `endpoint-load-metrics` value. `None` when it is too long, not the `TEXT` form, or

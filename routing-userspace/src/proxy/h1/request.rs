@@ -134,10 +134,11 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|_| HeadError::BadTarget)?;
     // Room for what the proxy adds before forwarding, so the map is built once.
     let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
+    let mut has_length = false;
     for &(n0, n1, v0, v1) in &spans[..count] {
         let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
             .map_err(|_| HeadError::Syntax("header name"))?;
-        if name == header::CONTENT_LENGTH && headers.contains_key(header::CONTENT_LENGTH) {
+        if name == header::CONTENT_LENGTH && std::mem::replace(&mut has_length, true) {
             // A repeated equal length (a different one was refused above) is kept once, so
             // the pod is not sent two.
             continue;
@@ -196,8 +197,9 @@ struct Rules {
 
 impl Rules {
     fn note(&mut self, name: &[u8], value: &[u8]) -> Result<(), HeadError> {
-        let is = |known: &HeaderName| name.eq_ignore_ascii_case(known.as_str().as_bytes());
-        if is(&header::CONTENT_LENGTH) {
+        // Names as bytes: a length that differs settles most comparisons at once.
+        let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+        if is(b"content-length") {
             // One number per line (a list is refused, as hyper refuses it); equal lines are one
             // length.
             match (length(value), self.length) {
@@ -209,7 +211,7 @@ impl Rules {
                 }
                 (Ok(n), _) => self.length = Some(n),
             }
-        } else if is(&header::TRANSFER_ENCODING) {
+        } else if is(b"transfer-encoding") {
             self.transfer_encoding = true;
             for item in value.split(|&b| b == b',') {
                 let coding = item.trim_ascii();
@@ -226,12 +228,12 @@ impl Rules {
                     self.chunked_last = false;
                 }
             }
-        } else if is(&header::HOST) {
+        } else if is(b"host") {
             self.hosts += 1;
             if self.hosts > 1 {
                 return Err(HeadError::DuplicateHost);
             }
-        } else if is(&header::CONNECTION) {
+        } else if is(b"connection") {
             for token in value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
@@ -240,7 +242,7 @@ impl Rules {
                     self.keep_alive = true;
                 }
             }
-        } else if is(&header::EXPECT) {
+        } else if is(b"expect") {
             self.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         }
         Ok(())

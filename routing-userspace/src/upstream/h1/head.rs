@@ -149,7 +149,7 @@ pub fn decimal_length(digits: &[u8]) -> Option<u64> {
 
 fn content_length(headers: &HeaderMap) -> Result<Option<u64>, HeadError> {
     let mut found: Option<u64> = None;
-    for v in headers.get_all(header::CONTENT_LENGTH) {
+    for v in crate::header_lookup::values(headers, &header::CONTENT_LENGTH) {
         // `42, 42` and repeated equal fields are one length; anything else is an error.
         for part in v.as_bytes().split(|&b| b == b',') {
             let bad = || HeadError::BadLength(String::from_utf8_lossy(v.as_bytes()).into_owned());
@@ -407,7 +407,8 @@ fn keep_alive(headers: &HeaderMap, hop: &HopByHop, version: Version, framing: Fr
     };
     asked
         && framing != Framing::Close
-        && !(hop.transfer_encoding.is_some() && headers.contains_key(header::CONTENT_LENGTH))
+        && !(hop.transfer_encoding.is_some()
+            && crate::header_lookup::contains(headers, &header::CONTENT_LENGTH))
 }
 
 #[cfg(test)]

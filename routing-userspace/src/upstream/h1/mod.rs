@@ -291,7 +291,8 @@ impl H1Conn {
         reused: bool,
     ) -> Result<Option<UpBody>, SendError> {
         // A body sent again after a streamed first attempt has no length header yet.
-        let has_length = head.headers.contains_key(http::header::CONTENT_LENGTH);
+        let has_length =
+            crate::header_lookup::contains(&head.headers, &http::header::CONTENT_LENGTH);
         let length = bytes.as_ref().filter(|_| !has_length).map(|b| b.len());
         let inline = bytes.as_ref().is_some_and(|b| b.len() <= INLINE_BODY);
         self.start_write(bytes.as_ref().filter(|_| inline).map_or(0, |b| b.len()));
@@ -324,7 +325,7 @@ impl H1Conn {
         mut body: UpBody,
         reused: bool,
     ) -> Result<Option<UpBody>, SendError> {
-        let chunked = !head.headers.contains_key(http::header::CONTENT_LENGTH);
+        let chunked = !crate::header_lookup::contains(&head.headers, &http::header::CONTENT_LENGTH);
         self.start_write(0);
         head::encode_request(
             &mut self.write_buf,
