@@ -18,9 +18,15 @@
 //! timer set up again per request, on a thread of its own a futex wake and a context switch.)
 //! So the thread costs two context switches a batch, and in exchange sending a batch (framing
 //! it and the HTTP request) never holds up the requests of a worker.
+//!
+//! The thread starts with the first span queued, not with tracing: a second thread makes
+//! glibc take its multi-threaded paths (every system call's cancellation check, malloc's arena
+//! locks) for the whole process, about 400 instructions a request on a one-worker proxy, which
+//! a proxy that samples nothing (sampling 0, parents that are never sampled) need not pay.
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -116,13 +122,28 @@ pub struct SpanSink {
 }
 
 /// The spans waiting for export, and the export task's wake-up for a full batch.
-#[derive(Debug)]
 pub struct SpanQueue {
     spans: Mutex<Queued>,
     capacity: usize,
     batch_size: usize,
     batch_full: Notify,
     queue_full: prometheus::IntCounter,
+    /// What starts the export thread, until the first span is queued (see the module doc).
+    launch: Mutex<Option<Launch>>,
+    launched: AtomicBool,
+}
+
+/// Starts the export thread.
+type Launch = Box<dyn FnOnce() + Send>;
+
+impl std::fmt::Debug for SpanQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpanQueue")
+            .field("capacity", &self.capacity)
+            .field("batch_size", &self.batch_size)
+            .field("launched", &self.launched)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SpanSink {
@@ -139,6 +160,8 @@ impl SpanSink {
             batch_size: batch_size.clamp(1, size.max(1)),
             batch_full: Notify::new(),
             queue_full,
+            launch: Mutex::new(None),
+            launched: AtomicBool::new(true),
         });
         (
             Self {
@@ -182,9 +205,41 @@ impl SpanQueue {
         q.batch.push(span);
         let full = q.batch.len() == self.batch_size;
         drop(q);
+        if !self.launched.load(Ordering::Acquire) {
+            self.launch_now();
+        }
         if full {
             self.batch_full.notify_one();
         }
+    }
+
+    /// Start the export thread if it has not started (the first span is queued).
+    fn launch_now(&self) {
+        let launch = crate::lock::lock(&self.launch).take();
+        self.launched.store(true, Ordering::Release);
+        if let Some(launch) = launch {
+            launch();
+        }
+    }
+
+    /// Start the export thread with the first span queued, by `launch`.
+    fn launch_with_first_span(&self, launch: Launch) {
+        *crate::lock::lock(&self.launch) = Some(launch);
+        self.launched.store(false, Ordering::Release);
+    }
+
+    /// Whether the export thread was started (tests).
+    #[cfg(test)]
+    pub(crate) fn launched(&self) -> bool {
+        self.launched.load(Ordering::Acquire)
+    }
+
+    /// Never start the export thread from now on; whether it had not started (no span was
+    /// ever queued).
+    fn cancel_launch(&self) -> bool {
+        let launch = crate::lock::lock(&self.launch).take();
+        self.launched.store(true, Ordering::Release);
+        launch.is_some()
     }
 
     /// Up to `max` of the oldest queued spans, or none while fewer than `min` are queued (the
@@ -222,6 +277,8 @@ impl SpanQueue {
 pub struct ExportHandle {
     stop: oneshot::Sender<()>,
     ended: Ended,
+    /// The queue, whose export thread may not have started.
+    queue: Arc<SpanQueue>,
 }
 
 /// How the end of the export loop is seen.
@@ -236,6 +293,10 @@ enum Ended {
 impl ExportHandle {
     /// Export what is queued and stop, within `bound` (past it, what is left is lost).
     pub async fn shutdown(self, bound: Duration) {
+        if self.queue.cancel_launch() {
+            // No span was ever queued: no thread to stop.
+            return;
+        }
         let _ = self.stop.send(());
         let in_time = match self.ended {
             Ended::Thread(done) => tokio::time::timeout(bound, done).await.is_ok(),
@@ -281,33 +342,48 @@ fn queue(
     (sink, queue, batching)
 }
 
-/// Start the export loop with `exporter` on a thread of its own.
+/// The export loop with `exporter`, on a thread of its own that starts with the first span
+/// queued.
 pub fn start<E>(
     exporter: E,
     settings: &TraceSettings,
     metrics: &TraceFamilies,
-) -> std::io::Result<(SpanSink, ExportHandle)>
+) -> (SpanSink, ExportHandle)
 where
     E: Exporter,
 {
     let (sink, queue, batching) = queue(settings, metrics);
     let (stop_tx, stop_rx) = oneshot::channel();
     let (done_tx, done_rx) = oneshot::channel();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let metrics = metrics.clone();
-    std::thread::Builder::new()
-        .name("otlp-export".into())
-        .spawn(move || {
-            runtime.block_on(run(exporter, queue, stop_rx, batching, metrics));
-            let _ = done_tx.send(());
-        })?;
+    let queued = Arc::clone(&queue);
+    // If the thread or its runtime cannot start, the queue fills and further spans are dropped
+    // and counted as queue_full.
+    queue.launch_with_first_span(Box::new(move || {
+        let spawned = std::thread::Builder::new()
+            .name("otlp-export".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(r) => r.block_on(run(exporter, queued, stop_rx, batching, metrics)),
+                    Err(e) => {
+                        tracing::error!(error = %e, "trace export cannot start; spans are dropped")
+                    }
+                }
+                let _ = done_tx.send(());
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "trace export cannot start; spans are dropped");
+        }
+    }));
     let handle = ExportHandle {
         stop: stop_tx,
         ended: Ended::Thread(done_rx),
+        queue,
     };
-    Ok((sink, handle))
+    (sink, handle)
 }
 
 /// The same loop as a task of the current runtime (the tests drive it on paused time).
@@ -319,10 +395,17 @@ fn start_task<E: Exporter>(
 ) -> (SpanSink, ExportHandle) {
     let (sink, queue, batching) = queue(settings, metrics);
     let (stop_tx, stop_rx) = oneshot::channel();
-    let task = tokio::spawn(run(exporter, queue, stop_rx, batching, metrics.clone()));
+    let task = tokio::spawn(run(
+        exporter,
+        Arc::clone(&queue),
+        stop_rx,
+        batching,
+        metrics.clone(),
+    ));
     let handle = ExportHandle {
         stop: stop_tx,
         ended: Ended::Task(task),
+        queue,
     };
     (sink, handle)
 }

@@ -57,8 +57,7 @@ pub fn start(
         .with_service_name(settings.service_name.clone())
         .build();
     let exporter = otlp::OtlpHttpExporter::new(client, uri, headers, &resource);
-    let (sink, handle) = export::start(exporter, settings, metrics)
-        .map_err(|e| TraceError::Exporter(format!("starting the export thread: {e}")))?;
+    let (sink, handle) = export::start(exporter, settings, metrics);
     Ok(Some((
         Arc::new(Tracer::new(settings.sampler, sink)),
         handle,

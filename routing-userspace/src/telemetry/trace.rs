@@ -289,15 +289,23 @@ const WALL_CLOCK_READ_AGAIN: Duration = Duration::from_secs(1);
 fn unix_nano_at(t: Instant) -> u64 {
     WALL_CLOCK.with(|reading| {
         if let Some((at, unix)) = reading.get() {
+            // `t` may come a little before the reading (a request that arrived before another
+            // one's start took it).
             match t.checked_duration_since(at) {
-                Some(d) if d < WALL_CLOCK_READ_AGAIN => return unix + nanos(d),
+                Some(after) if after < WALL_CLOCK_READ_AGAIN => return unix + nanos(after),
+                None if at - t < WALL_CLOCK_READ_AGAIN => {
+                    return unix.saturating_sub(nanos(at - t))
+                }
                 _ => {}
             }
         }
         let at = Instant::now();
         let unix = unix_nano(SystemTime::now());
         reading.set(Some((at, unix)));
-        unix.saturating_sub(nanos(at.saturating_duration_since(t)))
+        match t.checked_duration_since(at) {
+            Some(after) => unix + nanos(after),
+            None => unix.saturating_sub(nanos(at - t)),
+        }
     })
 }
 

@@ -161,7 +161,7 @@ async fn spans_that_arrive_during_an_export_wait_for_a_full_batch() {
 async fn the_export_thread_sends_what_is_queued_and_stops_on_shutdown() {
     let rec = Recorder::default();
     let metrics = TraceFamilies::new();
-    let (sink, handle) = start(rec.clone(), &settings(16, 2), &metrics).unwrap();
+    let (sink, handle) = start(rec.clone(), &settings(16, 2), &metrics);
     for n in 1..=3 {
         sink.send(&span(n));
     }
@@ -197,4 +197,32 @@ fn a_queue_longer_than_a_batch_gives_its_oldest_spans_first() {
     assert_eq!(ids(&rest), [4, 5, 6]);
     assert_eq!(rest.iter().count(), rest.len());
     assert!(q.take_at_least(1, 3).is_empty());
+}
+
+/// The export thread starts with the first span queued: a tracer that samples nothing never
+/// starts one, and shuts down at once; the first span starts it and is exported.
+#[tokio::test]
+async fn the_export_thread_starts_with_the_first_span() {
+    let idle = Recorder::default();
+    let metrics = TraceFamilies::new();
+    let (sink, handle) = start(idle.clone(), &settings(16, 2), &metrics);
+    assert!(!sink.queue.launched(), "no span, no thread");
+    let began = std::time::Instant::now();
+    handle.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "nothing to wait for"
+    );
+    sink.send(&span(9));
+    assert!(
+        idle.batches.lock().unwrap().is_empty(),
+        "not after shutdown"
+    );
+
+    let rec = Recorder::default();
+    let (sink, handle) = start(rec.clone(), &settings(16, 2), &metrics);
+    sink.send(&span(1));
+    assert!(sink.queue.launched());
+    handle.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(rec.batches.lock().unwrap().clone(), vec![vec![1]]);
 }

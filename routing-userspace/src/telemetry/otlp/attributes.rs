@@ -22,11 +22,10 @@
 use std::sync::Arc;
 
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use prost::encoding::{encode_varint, encoded_len_varint};
 
 use super::kept::Kept;
 use super::set_str;
-use prost::encoding::{encode_varint, encoded_len_varint};
-
 use crate::telemetry::span::{Attribute, Attributes, Identity, Value, FLOAT_NAME, INT_NAME};
 
 /// `Span.attributes`.

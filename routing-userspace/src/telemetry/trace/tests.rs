@@ -194,3 +194,24 @@ fn url_path_is_the_request_path_known_or_not() {
         assert_eq!(path_value(path), expected);
     }
 }
+
+/// Times before and after the thread's reading of the wall clock come out as far apart as
+/// the monotonic clock says, and near the wall clock.
+#[test]
+fn span_times_follow_the_monotonic_clock_from_one_reading() {
+    let now = Instant::now();
+    let at = unix_nano_at(now);
+    let wall = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    assert!(wall.abs_diff(at) < 100_000_000, "{wall} against {at}");
+    let ms = Duration::from_millis;
+    let later = unix_nano_at(now + ms(5));
+    let earlier = unix_nano_at(now - ms(3));
+    assert_eq!(later - at, 5_000_000);
+    assert_eq!(at - earlier, 3_000_000);
+    // past a second from the reading, the clock is read again, and still agrees
+    let far = unix_nano_at(now + ms(1500));
+    assert!(far.abs_diff(at + 1_500_000_000) < 100_000_000, "{far}");
+}

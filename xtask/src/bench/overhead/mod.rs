@@ -67,7 +67,8 @@ pub(crate) struct OverheadBench {
     /// Run each configuration at the same moments as this one (e.g. haproxy, fx-userspace),
     /// both on the proxy CPU in CPU cgroups of equal weight, each under its own wrk and
     /// upstreams, and report the ratio of their request rates: their CPU cost per request
-    /// compared with the machine's drift cancelled. Needs root (cgroups).
+    /// compared with the machine's drift cancelled (this one beside itself, if selected, shows
+    /// the method's spread). Needs root (cgroups).
     #[arg(long, value_name = "CONFIG")]
     pub shared_core_with: Option<String>,
 }
@@ -138,13 +139,10 @@ pub(crate) fn run(args: &OverheadBench) -> Result<()> {
         out.path().display()
     );
     let mut table = match reference {
-        Some(reference) => {
-            let others: Vec<Target> = targets.into_iter().filter(|&t| t != reference).collect();
-            shared::render(
-                &shared::rounds(reference, &others, &cases, &env)?,
-                reference,
-            )
-        }
+        Some(reference) => shared::render(
+            &shared::rounds(reference, &targets, &cases, &env)?,
+            reference,
+        ),
         None => render_table(&rounds(&targets, &cases, &env)?),
     };
     for s in &skipped {
@@ -210,7 +208,7 @@ fn rounds(
 
 /// The reference configuration of `--shared-core-with`: one with a proxy process of its own
 /// (not `direct`), and not `fx-default`, whose cgroup holds its upstreams for the eBPF gauge.
-/// It must not be the only configuration selected.
+/// Selected itself, it runs beside itself: the method's own spread.
 fn shared_reference(name: &str, targets: &[Target]) -> Result<Target> {
     let Some(reference) = TARGETS.into_iter().find(|t| t.name() == name) else {
         let names: Vec<&str> = TARGETS.iter().map(|t| t.name()).collect();
@@ -224,9 +222,6 @@ fn shared_reference(name: &str, targets: &[Target]) -> Result<Target> {
                 t.name()
             );
         }
-    }
-    if targets.iter().all(|&t| t == reference) {
-        bail!("--shared-core-with {name}: name other configurations to compare with --only");
     }
     Ok(reference)
 }
@@ -318,7 +313,6 @@ mod tests {
         };
         let r = shared_reference("haproxy", &t(&["haproxy", "fx-userspace", "fx-trace-1"]));
         assert_eq!(r.unwrap(), Target::Haproxy);
-        assert!(shared_reference("haproxy", &t(&["haproxy"])).is_err());
         assert!(shared_reference("nope", &t(&["fx-userspace"])).is_err());
         for bad in ["direct", "fx-default"] {
             assert!(

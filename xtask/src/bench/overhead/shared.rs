@@ -24,7 +24,8 @@ use super::{Env, PREFIX};
 /// A configuration's samples beside the reference's, round by round.
 pub(super) type SharedRow = (Case, Target, Vec<(Sample, Sample)>);
 
-/// Every (case, configuration) beside `reference` once per round, rounds interleaved.
+/// Every (case, configuration) beside `reference` once per round, rounds interleaved (the
+/// reference itself beside another copy of it, if selected).
 pub(super) fn rounds(
     reference: Target,
     targets: &[Target],
