@@ -92,7 +92,12 @@ impl Cgroup {
         let Ok(root) = cgroup2_root() else {
             return Vec::new();
         };
-        let Ok(entries) = std::fs::read_dir(&root) else {
+        Self::remove_stale_under(&root, prefix)
+    }
+
+    /// [`Cgroup::remove_stale`] in another hierarchy's `root` (a cgroup v1 controller's mount).
+    pub fn remove_stale_under(root: &Path, prefix: &str) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(root) else {
             return Vec::new();
         };
         entries

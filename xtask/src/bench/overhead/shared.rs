@@ -33,6 +33,12 @@ pub(super) fn rounds(
     env: &Env,
 ) -> Result<Vec<SharedRow>> {
     let cpu = cpu_controller()?;
+    for p in Cgroup::remove_stale_under(&cpu, PREFIX) {
+        eprintln!(
+            "bench overhead: removed {} of a run that was killed",
+            p.display()
+        );
+    }
     let mut rows: Vec<SharedRow> = Vec::new();
     for &case in cases {
         for &t in targets {
