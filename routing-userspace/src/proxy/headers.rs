@@ -14,7 +14,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::signals::orca;
 use crate::telemetry::propagation::{self, TRACEPARENT, TRACESTATE};
-use crate::upstream::h1::head::{hop_by_hop, HOP_BY_HOP};
+use crate::upstream::h1::head::{hop_by_hop, names_end_to_end, HOP_BY_HOP};
 
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -64,7 +64,7 @@ fn names_other_headers(headers: &HeaderMap) -> bool {
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .map(<[u8]>::trim_ascii)
-        .any(|t| !t.is_empty() && hop_by_hop(t).is_none())
+        .any(names_end_to_end)
 }
 
 /// Header lines the upstream encoder writes after the head's own: `Host` and a sampled

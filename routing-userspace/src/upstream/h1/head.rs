@@ -306,9 +306,10 @@ fn is_header_value(value: &[u8]) -> bool {
     value.iter().all(|&b| b >= 32 && b != 127 || b == b'\t')
 }
 
-/// A `Connection` token that names an end-to-end header (which then leaves the map, too;
-/// `close` counts as one, so a header of that name goes).
-fn names_end_to_end(token: &[u8]) -> bool {
+/// A `Connection` token (trimmed) that names an end-to-end header, which then goes too
+/// (`close` counts as one, so a header of that name goes): for a pod's response here and the
+/// client's request (`proxy::headers`).
+pub fn names_end_to_end(token: &[u8]) -> bool {
     !token.is_empty() && hop_by_hop(token).is_none()
 }
 
