@@ -92,10 +92,10 @@ pub fn respond(
         parts.headers.insert(ROUTE_HEADER, d.route_header());
     }
     ctx.status = Some(parts.status.as_u16());
-    let sse = crate::header_lookup::header(&parts.headers, &http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let content_type = crate::header_lookup::header(&parts.headers, &http::header::CONTENT_TYPE);
+    let sse = content_type.is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let usage = match parts.status.is_success() {
-        true => UsageObserver::for_response(&parts.headers),
+        true => UsageObserver::for_content_type(content_type),
         false => None,
     };
     let mut body = ObservedBody {

@@ -23,7 +23,7 @@
 //! SSE bodies are read alike: the keys are searched for in the bytes, so no event framing is
 //! needed, and a quoted key cannot match inside a JSON string (its quotes would be escaped).
 
-use http::{header, HeaderMap};
+use http::{header, HeaderMap, HeaderValue};
 
 use counts::Counts;
 
@@ -111,7 +111,12 @@ impl UsageObserver {
 
     /// An observer for a response whose body can carry usage (JSON or SSE), else `None`.
     pub fn for_response(headers: &HeaderMap) -> Option<Self> {
-        let ct = crate::header_lookup::header(headers, &header::CONTENT_TYPE)?.as_bytes();
+        Self::for_content_type(crate::header_lookup::header(headers, &header::CONTENT_TYPE))
+    }
+
+    /// [`UsageObserver::for_response`] from the response's `Content-Type`, already looked up.
+    pub fn for_content_type(content_type: Option<&HeaderValue>) -> Option<Self> {
+        let ct = content_type?.as_bytes();
         let essence = ct.split(|&b| b == b';').next()?.trim_ascii();
         let readable = essence.eq_ignore_ascii_case(b"application/json")
             || essence.eq_ignore_ascii_case(b"text/event-stream");
