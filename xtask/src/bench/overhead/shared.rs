@@ -10,6 +10,7 @@
 //! upstream nginx on the other CPU) must not be the limit: the table shows each proxy's share
 //! of the core, which is near half when it is not.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -164,9 +165,10 @@ fn cpu_time(run: &Running) -> Option<std::time::Duration> {
 pub(super) fn render(rows: &[SharedRow], reference: Target) -> String {
     let mut t = String::new();
     let r = reference.name();
-    t.push_str(&format!(
-        "| case | config | req/s / `{r}` beside it, median [min, max] | req/s median | `{r}` req/s median | CPU us/req | `{r}` CPU us/req | core share (each) | errors + non-2xx |\n"
-    ));
+    let _ = writeln!(
+        t,
+        "| case | config | req/s / `{r}` beside it, median [min, max] | req/s median | `{r}` req/s median | CPU us/req | `{r}` CPU us/req | core share (each) | errors + non-2xx |"
+    );
     t.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (case, target, pairs) in rows {
         let ratios: Vec<f64> = pairs.iter().map(|(s, r)| s.rps() / r.rps()).collect();
@@ -184,29 +186,27 @@ pub(super) fn render(rows: &[SharedRow], reference: Target) -> String {
                 .map_or("-".into(), |x| format!("{:.0}%", x * 100.0))
         };
         let last = pairs.last();
-        let _ = std::fmt::Write::write_fmt(
-            &mut t,
-            format_args!(
-                "| {} | `{}` | {:.3} [{:.3}, {:.3}] | {:.0} | {:.0} | {} | {} | {} | {} |\n",
-                case.name(),
-                target.name(),
-                median(&ratios),
-                lo,
-                hi,
-                median(&pairs.iter().map(|(s, _)| s.rps()).collect::<Vec<_>>()),
-                median(&pairs.iter().map(|(_, r)| r.rps()).collect::<Vec<_>>()),
-                of(|(s, _)| s.cpu_us_per_request()),
-                of(|(_, r)| r.cpu_us_per_request()),
-                last.map_or("-".into(), |(s, r)| format!(
-                    "{} / {} (last round)",
-                    share(s),
-                    share(r)
-                )),
-                pairs
-                    .iter()
-                    .map(|(s, r)| s.errors + s.non2xx + r.errors + r.non2xx)
-                    .sum::<u64>(),
-            ),
+        let _ = writeln!(
+            t,
+            "| {} | `{}` | {:.3} [{:.3}, {:.3}] | {:.0} | {:.0} | {} | {} | {} | {} |",
+            case.name(),
+            target.name(),
+            median(&ratios),
+            lo,
+            hi,
+            median(&pairs.iter().map(|(s, _)| s.rps()).collect::<Vec<_>>()),
+            median(&pairs.iter().map(|(_, r)| r.rps()).collect::<Vec<_>>()),
+            of(|(s, _)| s.cpu_us_per_request()),
+            of(|(_, r)| r.cpu_us_per_request()),
+            last.map_or("-".into(), |(s, r)| format!(
+                "{} / {} (last round)",
+                share(s),
+                share(r)
+            )),
+            pairs
+                .iter()
+                .map(|(s, r)| s.errors + s.non2xx + r.errors + r.non2xx)
+                .sum::<u64>(),
         );
     }
     t
