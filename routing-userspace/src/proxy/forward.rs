@@ -30,6 +30,7 @@ use crate::router::health::{Failure, Verdict};
 use crate::router::{Attempt, Decision};
 use crate::signals::{orca, Source};
 use crate::telemetry::AttemptEnd;
+use crate::upstream::h1::fields::Fields;
 use crate::upstream::{Conn, ConnectError, PoolKey, SendError, Sent, UpBody, UpstreamBody};
 use crate::vocab::RetryReason;
 
@@ -214,7 +215,7 @@ async fn attempt(
 fn answered(shared: &Shared, d: &Decision, a: Attempt, sent: Sent) -> Step {
     let Sent { response, replay } = sent;
     if let Attempt::Pod(i) = a {
-        note_load_report(shared, d, i, response.headers());
+        note_load_report(shared, d, i, response.body().fields());
     }
     let status = response.status().as_u16();
     let health = match status {
@@ -239,16 +240,17 @@ fn answered(shared: &Shared, d: &Decision, a: Attempt, sent: Sent) -> Step {
 }
 
 /// The pod's in-band load report, if its answer carries one, goes to the signal store.
-fn note_load_report(shared: &Shared, d: &Decision, i: usize, headers: &http::HeaderMap) {
+fn note_load_report(shared: &Shared, d: &Decision, i: usize, fields: &Fields) {
     let model = d.model();
     let Some(slot) = model.pods[i].slot else {
         return;
     };
-    if !crate::header_lookup::contains(headers, &orca::RESPONSE_HEADER) {
+    // The first `endpoint-load-metrics` field, if any.
+    let Some(value) = fields.get(orca::RESPONSE_HEADER.as_str()) else {
         return;
-    }
+    };
     let metrics = &model.metrics.pod_signals[i];
-    match orca::from_headers(headers) {
+    match orca::parse(value) {
         Some(report) => {
             let signals = shared.router.signals();
             signals.report(slot, &report, Source::InBand, Instant::now());

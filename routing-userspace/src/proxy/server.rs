@@ -150,6 +150,16 @@ fn protocol_of(first: &[u8]) -> Protocol {
     }
 }
 
+/// A response for hyper's server (HTTP/2): the fields its body carries (a pod's, relayed) go
+/// into its map, the one place hyper writes fields from.
+fn with_fields_in_map<B: h1::response::CarriesFields>(response: Response<B>) -> Response<B> {
+    let (mut parts, mut body) = response.into_parts();
+    if let Some(fields) = body.take_fields() {
+        fields.append_to(&mut parts.headers);
+    }
+    Response::from_parts(parts, body)
+}
+
 /// Wait for the connection's first bytes (within `timeout`, unless zero) and tell its protocol
 /// from them, leaving them in the socket.
 async fn sniff(stream: &TcpStream, timeout: Duration) -> std::io::Result<Protocol> {
@@ -226,7 +236,7 @@ pub async fn serve<H, F, B>(
 where
     H: Fn(Request<RequestBody>, Arc<Peer>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + h1::response::CarriesFields + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let graceful = GracefulShutdown::new();
@@ -296,7 +306,7 @@ where
                     let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                         let pipeline =
                             Box::pin(handler(req.map(RequestBody::Hyper), client.clone()));
-                        async move { Ok::<_, Infallible>(pipeline.await) }
+                        async move { Ok::<_, Infallible>(with_fields_in_map(pipeline.await)) }
                     });
                     Box::pin(async move {
                         let conn = auto

@@ -86,14 +86,16 @@ pub fn respond(
     deadlines: Deadlines,
     route_header: bool,
 ) -> Response<ObservedBody> {
-    // The pod's hop-by-hop headers never entered the map (see upstream::h1::head).
+    // The pod's end-to-end fields travel with its body (`UpstreamBody::fields`), its
+    // hop-by-hop ones were read and left out (see upstream::h1::head); the map holds only what
+    // the proxy adds.
     let (mut parts, inner) = f.response.into_parts();
     if let Some(d) = ctx.decision.as_ref().filter(|_| route_header) {
         parts.headers.insert(ROUTE_HEADER, d.route_header());
     }
     ctx.status = Some(parts.status.as_u16());
-    let content_type = crate::header_lookup::header(&parts.headers, &http::header::CONTENT_TYPE);
-    let sse = content_type.is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let content_type = inner.fields().get(http::header::CONTENT_TYPE.as_str());
+    let sse = content_type.is_some_and(|v| v.starts_with(b"text/event-stream"));
     let usage = match parts.status.is_success() {
         true => UsageObserver::for_content_type(content_type),
         false => None,
@@ -120,6 +122,12 @@ pub fn respond(
 fn sse_error(code: &str, message: &str) -> Bytes {
     let event = json!({"error": {"message": message, "type": "upstream_error", "code": code}});
     Bytes::from(format!("data: {event}\n\n"))
+}
+
+impl super::h1::response::CarriesFields for ObservedBody {
+    fn take_fields(&mut self) -> Option<crate::upstream::h1::fields::Fields> {
+        Some(self.inner.take_fields())
+    }
 }
 
 impl ObservedBody {

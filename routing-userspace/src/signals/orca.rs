@@ -19,7 +19,7 @@
 //! goes through [`super::report`]'s checks, and a key given twice is dropped (it cannot be told
 //! which value is meant). Only the `TEXT` form is read; `JSON` and `BIN` yield no report.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue};
 
 use super::report::{count, ratio, EngineReport};
 
@@ -54,12 +54,6 @@ fn field_of(key: &[u8]) -> Option<Field> {
         }
         _ => None,
     }
-}
-
-/// The report in a response's `endpoint-load-metrics` header (the first one), if it has one
-/// with at least one sane field.
-pub fn from_headers(headers: &HeaderMap) -> Option<EngineReport> {
-    parse(crate::header_lookup::header(headers, &RESPONSE_HEADER)?.as_bytes())
 }
 
 /// Parse one `endpoint-load-metrics` value. `None` when it is too long, not the `TEXT` form, or
@@ -182,13 +176,6 @@ mod tests {
 
     #[test]
     fn reads_the_response_header() {
-        let mut h = HeaderMap::new();
-        assert_eq!(from_headers(&h), None);
-        h.insert(
-            RESPONSE_HEADER,
-            HeaderValue::from_static("TEXT named_metrics.num_requests_waiting=4.0"),
-        );
-        assert_eq!(from_headers(&h), r(None, Some(4), None));
         assert_eq!(REQUEST_HEADER.as_str(), "endpoint-load-metrics-format");
         assert_eq!(REQUEST_VALUE, "text");
         let line = format!(

@@ -111,12 +111,14 @@ impl UsageObserver {
 
     /// An observer for a response whose body can carry usage (JSON or SSE), else `None`.
     pub fn for_response(headers: &HeaderMap) -> Option<Self> {
-        Self::for_content_type(crate::header_lookup::header(headers, &header::CONTENT_TYPE))
+        Self::for_content_type(
+            crate::header_lookup::header(headers, &header::CONTENT_TYPE).map(HeaderValue::as_bytes),
+        )
     }
 
     /// [`UsageObserver::for_response`] from the response's `Content-Type`, already looked up.
-    pub fn for_content_type(content_type: Option<&HeaderValue>) -> Option<Self> {
-        let ct = content_type?.as_bytes();
+    pub fn for_content_type(content_type: Option<&[u8]>) -> Option<Self> {
+        let ct = content_type?;
         let essence = ct.split(|&b| b == b';').next()?.trim_ascii();
         let readable = essence.eq_ignore_ascii_case(b"application/json")
             || essence.eq_ignore_ascii_case(b"text/event-stream");

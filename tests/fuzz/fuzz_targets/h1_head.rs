@@ -8,12 +8,19 @@
 //! however the bytes were split; the head consumed is a prefix of the input and what follows
 //! stays in the buffer untouched; header values are bytes of the input; framing follows the
 //! headers (no body for HEAD, 204 and 304; chunked beats Content-Length; a body delimited by
-//! the close never keeps the connection); no hop-by-hop header is in the header map (they are
-//! read from the head's lines).
+//! the close never keeps the connection); no hop-by-hop header is among the fields relayed
+//! (they are read from the head's lines); every field relayed is one that `HeaderName` and
+//! `HeaderValue` accept (the relay writes them without another check); and the head the proxy
+//! writes for its client from them (`proxy::h1::response::write_head`, each field relayed as
+//! its line) reads back, with httparse, as the same fields.
 #![no_main]
 
 use bytes::BytesMut;
 use flexinfer_fuzz::split_patterns;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::Version;
+use routing_userspace::proxy::h1::response::{write_head, Asked};
+use routing_userspace::upstream::h1::fields::Fields;
 use http::{header, Method, StatusCode};
 use libfuzzer_sys::fuzz_target;
 use routing_userspace::upstream::h1::head::{
@@ -40,9 +47,13 @@ fn outcome(head: ResponseHead, rest: &[u8]) -> Outcome {
     Outcome::Head {
         status: head.status,
         headers: head
-            .headers
+            .fields
             .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .map(|(n, v)| {
+                assert!(HeaderName::from_bytes(n).is_ok(), "name {n:?} relayed");
+                assert!(HeaderValue::from_bytes(v).is_ok(), "value {v:?} relayed");
+                (String::from_utf8_lossy(n).into_owned(), v.to_vec())
+            })
             .collect(),
         framing: head.framing,
         keep_alive: head.keep_alive,
@@ -60,6 +71,7 @@ fn feed(data: &[u8], lengths: &[usize], method: &Method) -> Outcome {
         match parse_response(&mut buf, method) {
             Ok(None) => {}
             Ok(Some(head)) => {
+                relays_faithfully(head.status, &head.fields);
                 // The rest of the input would arrive in the same buffer.
                 buf.extend_from_slice(&data[at..]);
                 return outcome(head, &buf);
@@ -68,6 +80,46 @@ fn feed(data: &[u8], lengths: &[usize], method: &Method) -> Outcome {
         }
     }
     Outcome::Incomplete
+}
+
+/// Fields the client's head writes from what they say, not as they came.
+fn rewritten(name: &str) -> bool {
+    [
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+        header::DATE,
+    ]
+    .iter()
+    .any(|h| h.as_str() == name)
+}
+
+/// The fields as (lowercase name, value), without those the proxy rewrites.
+fn relayed(fields: impl Iterator<Item = (String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    fields.filter(|(n, _)| !rewritten(n)).collect()
+}
+
+/// The head written for the client from `fields` holds the same fields, read by httparse.
+fn relays_faithfully(status: StatusCode, fields: &Fields) {
+    let mut out = Vec::new();
+    let asked = Asked {
+        head_method: false,
+        version: Version::HTTP_11,
+        keep_alive: true,
+    };
+    write_head(&mut out, status, &HeaderMap::new(), Some(fields), None, asked);
+    let mut lines = [httparse::EMPTY_HEADER; 200];
+    let mut r = httparse::Response::new(&mut lines);
+    let parsed = r.parse(&out);
+    assert!(
+        matches!(parsed, Ok(httparse::Status::Complete(n)) if n == out.len()),
+        "the written head reads back whole: {parsed:?}\n{}",
+        String::from_utf8_lossy(&out)
+    );
+    let lower = |n: &[u8]| String::from_utf8_lossy(n).to_ascii_lowercase();
+    let sent = relayed(fields.iter().map(|(n, v)| (lower(n), v.to_vec())));
+    let read = relayed(r.headers.iter().map(|h| (lower(h.name.as_bytes()), h.value.to_vec())));
+    assert_eq!(read, sent, "{}", String::from_utf8_lossy(&out));
 }
 
 fn check_head(data: &[u8], method: &Method, o: &Outcome) {

@@ -253,6 +253,44 @@ async fn recording_backend() -> (std::net::SocketAddr, tokio::task::JoinHandle<S
     (addr, task)
 }
 
+/// An HTTP/2 client gets the pod's end-to-end fields as an HTTP/1 client does (they travel
+/// beside the response's header map and enter it only for hyper's HTTP/2 server), and none of
+/// its hop-by-hop ones.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pods_fields_reach_an_http2_client_without_its_hop_by_hop_ones() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let dir = TempDir::new("headers-h2");
+    let (backend, seen) = recording_backend().await;
+    let cfg = ModelsFile::new().model(ModelEntry::new("solo").routing("prefix").endpoint(backend));
+    let proxy = start_proxy(&cfg, &[], &[], dir.path()).await;
+    let io = TokioIo::new(tokio::net::TcpStream::connect(proxy.addr).await.unwrap());
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::post(format!(
+        "http://{}/model/solo/v1/chat/completions",
+        proxy.addr
+    ))
+    .header("content-type", "application/json")
+    .body(Full::new(Bytes::from(chat_body("solo", None, "hi", ""))))
+    .unwrap();
+    let r = h2.send_request(req).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.version(), http::Version::HTTP_2);
+    let h = r.headers();
+    assert_eq!(h.get("x-backend-header").unwrap(), "kept");
+    assert_eq!(h.get("content-type").unwrap(), "application/json");
+    assert!(h.get("x-backend-hop").is_none() && h.get("keep-alive").is_none());
+    assert!(
+        h.get("connection").is_none(),
+        "no connection field in HTTP/2"
+    );
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "{\"ok\":true}");
+    seen.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hop_by_hop_headers_stay_on_their_hop_and_others_pass() {
     let dir = TempDir::new("headers");

@@ -39,7 +39,7 @@ use tokio::time::Sleep;
 pub use body::{Body, BodyError};
 use body::{Handback, Link};
 use request::{Framing, Head, HeadError};
-use response::{Asked, BodyFraming};
+use response::{Asked, BodyFraming, CarriesFields};
 
 use super::errors::ApiError;
 use super::request_body::RequestBody;
@@ -89,7 +89,7 @@ pub async fn serve_connection<H, F, B>(
 where
     H: Fn(Request<RequestBody>, Arc<Peer>) -> F,
     F: Future<Output = Response<B>>,
-    B: http_body::Body<Data = Bytes>,
+    B: http_body::Body<Data = Bytes> + CarriesFields,
 {
     let link = Arc::new(Link::new(io));
     // The header-read timer, re-armed lazily (see `read_head`); never earlier than a deadline.
@@ -175,7 +175,7 @@ where
             keep_alive: asked.keep_alive && !*stopping.borrow(),
             ..asked
         };
-        let (parts, body) = response.into_parts();
+        let (parts, mut body) = response.into_parts();
         let size = body.size_hint().exact();
         if out.capacity() == 0 {
             out = buffers::write_buffer();
@@ -183,8 +183,16 @@ where
         // Room for the head and a body that comes whole, made once: grown a push at a time,
         // the buffer went through seven reallocations per short answer.
         out.reserve(HEAD_WRITE + size.map_or(0, |n| n.min(FLUSH_AT as u64) as usize));
-        let written = response::write_head(&mut out, parts.status, &parts.headers, size, asked);
-        drop(parts);
+        let relayed = body.take_fields();
+        let written = response::write_head(
+            &mut out,
+            parts.status,
+            &parts.headers,
+            relayed.as_ref(),
+            size,
+            asked,
+        );
+        drop((parts, relayed));
         let sent = send_body(&link, &mut out, body, written.framing, &mut watch, &mut buf).await?;
         if !sent || !written.keep_alive || *stopping.borrow() {
             close(&link);
@@ -512,6 +520,7 @@ async fn refuse(link: &Link, out: &mut Vec<u8>, error: ApiError) {
         out,
         error.status,
         &headers,
+        None,
         Some(body.len() as u64),
         Asked {
             head_method: false,

@@ -8,10 +8,41 @@
 use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap};
 use http::{Method, StatusCode, Version};
+use http_body_util::{Either, Full};
 
+use crate::upstream::h1::fields::Fields;
 use crate::upstream::h1::head::{decimal_length, push_decimal};
+
+/// A response body that may carry header fields of the head's own (a pod's, relayed as they
+/// came: `upstream::h1::fields`), for the server to write after the head's map. An
+/// `http::Response` has room for a map only, and making one of a pod's fields costs more than
+/// relaying them.
+pub trait CarriesFields {
+    /// The fields, taken (the server writes them once).
+    fn take_fields(&mut self) -> Option<Fields> {
+        None
+    }
+}
+
+impl CarriesFields for Full<Bytes> {}
+
+impl<T: CarriesFields + ?Sized> CarriesFields for Box<T> {
+    fn take_fields(&mut self) -> Option<Fields> {
+        (**self).take_fields()
+    }
+}
+
+impl<L: CarriesFields, R: CarriesFields> CarriesFields for Either<L, R> {
+    fn take_fields(&mut self) -> Option<Fields> {
+        match self {
+            Either::Left(l) => l.take_fields(),
+            Either::Right(r) => r.take_fields(),
+        }
+    }
+}
 
 /// How the response body goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,12 +83,13 @@ pub struct Written {
     pub keep_alive: bool,
 }
 
-/// Append the head of a response with `status` and `headers` to `out`; `size` is the body's
-/// exact length when known.
+/// Append the head of a response with `status`, `headers` and `relayed` (a pod's fields) to
+/// `out`; `size` is the body's exact length when known.
 pub fn write_head(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
+    relayed: Option<&Fields>,
     size: Option<u64>,
     asked: Asked,
 ) -> Written {
@@ -68,32 +100,33 @@ pub fn write_head(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
 
-    let mut length: Option<u64> = None;
-    let mut has_date = false;
+    let mut seen = Seen {
+        length: None,
+        date: false,
+        close: false,
+    };
     for (name, value) in headers {
-        if name == header::TRANSFER_ENCODING {
-            continue;
+        if seen.passes(name.as_str().as_bytes(), value.as_bytes()) {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
-        if name == header::CONTENT_LENGTH {
-            match decimal_length(value.as_bytes().trim_ascii()) {
-                Some(n) if length.is_none() => length = Some(n),
-                // A second or a broken one: the first valid length frames the body.
-                _ => continue,
-            }
-        } else if name == header::CONNECTION {
-            if connection_says_close(value.as_bytes()) {
-                keep_alive = false;
-            }
-            // Written below, once, as the proxy decides.
-            continue;
-        } else if name == header::DATE {
-            has_date = true;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
     }
+    if let Some(relayed) = relayed {
+        for ((name, value), (_, line)) in relayed.iter().zip(relayed.lines()) {
+            if seen.passes(name, value) {
+                out.extend_from_slice(line);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+    let Seen {
+        length,
+        date: has_date,
+        close,
+    } = seen;
+    keep_alive &= !close;
 
     let bodiless = status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -132,6 +165,45 @@ pub fn write_head(
             framing
         },
         keep_alive,
+    }
+}
+
+/// What the fields written so far said that the head's end depends on.
+struct Seen {
+    /// The first valid `Content-Length`.
+    length: Option<u64>,
+    date: bool,
+    /// A `Connection` field said `close`.
+    close: bool,
+}
+
+impl Seen {
+    /// Note the field `name` (any case): whether it is written as it is, or the proxy writes
+    /// what it says itself.
+    fn passes(&mut self, name: &[u8], value: &[u8]) -> bool {
+        let is = |h: &header::HeaderName| name.eq_ignore_ascii_case(h.as_str().as_bytes());
+        // Most fields are none of these four, and their length says so.
+        match name.len() {
+            17 if is(&header::TRANSFER_ENCODING) => false,
+            14 if is(&header::CONTENT_LENGTH) => match decimal_length(value.trim_ascii()) {
+                Some(n) if self.length.is_none() => {
+                    self.length = Some(n);
+                    true
+                }
+                // A second or a broken one: the first valid length frames the body.
+                _ => false,
+            },
+            // Written at the end, once, as the proxy decides.
+            10 if is(&header::CONNECTION) => {
+                self.close |= connection_says_close(value);
+                false
+            }
+            4 if is(&header::DATE) => {
+                self.date = true;
+                true
+            }
+            _ => true,
+        }
     }
 }
 

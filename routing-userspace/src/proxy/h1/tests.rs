@@ -310,6 +310,8 @@ impl http_body::Body for Parts {
     }
 }
 
+impl response::CarriesFields for Parts {}
+
 async fn answer(req: Request<RequestBody>, _peer: Arc<Peer>) -> Response<Answer> {
     let (parts, body) = req.into_parts();
     match parts.uri.path() {

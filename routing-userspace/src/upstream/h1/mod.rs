@@ -11,6 +11,7 @@
 //! can go out again.
 
 pub mod chunked;
+pub mod fields;
 pub mod head;
 pub mod response;
 
@@ -422,13 +423,14 @@ impl H1Conn {
         crate::buffers::give_write_buffer(std::mem::take(&mut self.write_buf));
         let ResponseHead {
             status,
-            headers,
+            fields,
             framing,
             keep_alive,
         } = h;
-        let mut r = Response::new(UpstreamBody::new(self, framing, keep_alive, release));
+        // The pod's fields go with the body, to be written as they came (see `fields`).
+        let body = UpstreamBody::new(self, framing, keep_alive, release, fields);
+        let mut r = Response::new(body);
         *r.status_mut() = status;
-        *r.headers_mut() = headers;
         r
     }
 }

@@ -1,5 +1,6 @@
 //! The body of an upstream response, read from its connection as the client's side asks for
-//! it. Data frames are slices of the read buffer (no copy). When the body has been read to its
+//! it. It carries the response head's own fields ([`Fields`]) until the client's head is
+//! written: an `http::Response` has room for a header map only. Data frames are slices of the read buffer (no copy). When the body has been read to its
 //! end and the connection can carry another request, the connection goes back to its pool;
 //! when the body is dropped early (the client left), the connection is closed with it.
 
@@ -11,6 +12,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::chunked::{ChunkError, ChunkedDecoder, Decoded};
+use super::fields::Fields;
 use super::head::Framing;
 use super::H1Conn;
 use crate::upstream::pool::{Pool, PoolKey};
@@ -51,6 +53,7 @@ pub struct UpstreamBody {
     state: State,
     keep_alive: bool,
     release: Option<Release>,
+    fields: Fields,
 }
 
 impl UpstreamBody {
@@ -59,6 +62,7 @@ impl UpstreamBody {
         framing: Framing,
         keep_alive: bool,
         release: Option<Release>,
+        fields: Fields,
     ) -> Self {
         let state = match framing {
             Framing::Empty => State::Done,
@@ -71,11 +75,23 @@ impl UpstreamBody {
             state,
             keep_alive,
             release,
+            fields,
         };
         if matches!(body.state, State::Done) {
             body.finish();
         }
         body
+    }
+
+    /// The response head's end-to-end fields, as the pod sent them (empty once taken).
+    pub fn fields(&self) -> &Fields {
+        &self.fields
+    }
+
+    /// Take the fields, to write them: their bytes share the connection's read buffer, which
+    /// can only be reused in place once they are gone.
+    pub fn take_fields(&mut self) -> Fields {
+        std::mem::take(&mut self.fields)
     }
 
     /// The body is over: give the connection back when it can serve another request (nothing
