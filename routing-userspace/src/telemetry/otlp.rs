@@ -6,8 +6,8 @@
 //! span to group by scope) was most of what tracing cost a proxy that samples every request.
 //! Here a span is encoded when it ends ([`SpanEncoder`], one per request thread), into reused
 //! messages, its attributes copied from their last encoding where they repeat (`attributes`);
-//! the export request frames the encoded spans (see `RequestOfEncodedSpans` for why), so an
-//! export allocates only the body it sends. The message
+//! the export request frames the encoded spans (see [`Encoder`] for why), so an export
+//! allocates only the body it sends and copies each span into it once. The message
 //! types, their encoding and the wire format (`application/x-protobuf` POST, a 2xx answer,
 //! partial success in the answer's body) are the OTLP crates' and the specification's.
 
@@ -52,14 +52,40 @@ impl SpanEncoder {
     }
 }
 
-/// One export request, reused batch after batch.
+/// The export request around a batch of encoded spans: `ExportTraceServiceRequest` with one
+/// `ResourceSpans` holding one `ScopeSpans`, whose `spans` are the batch's encodings.
+///
+/// prost writes a nested message's length before the message, so encoding the whole request
+/// from the OTLP types measures every span once per level above it (request, resource, scope,
+/// span, attribute): measuring was most of an export's cost. Each span is encoded on its own
+/// when it ends instead, and the request is framed here: the resource and the scope are
+/// encoded once, each span is written as a length-delimited `spans` field, and the lengths of
+/// the two levels above come from the spans' lengths. The body is the batch's one copy, and it
+/// is byte for byte the request prost encodes from the OTLP types (tested).
 #[derive(Debug)]
 pub struct Encoder {
-    request: RequestOfEncodedSpans,
-    /// Span buffers of an earlier, larger batch, kept for the next one.
-    spare: Vec<Vec<u8>>,
-    /// How large the last body was (the next one starts at that capacity).
-    last_len: usize,
+    /// `ResourceSpans.resource` (field 1), encoded.
+    resource: Vec<u8>,
+    /// `ResourceSpans.schema_url` (field 3), encoded; empty when there is none.
+    resource_schema: Vec<u8>,
+    /// `ScopeSpans.scope` (field 1), encoded.
+    scope: Vec<u8>,
+}
+
+/// The field numbers the framing writes.
+const RESOURCE_SPANS: u32 = 1;
+const SCOPE_SPANS: u32 = 2;
+const SPANS: u32 = 2;
+
+/// The encoded length of a length-delimited field of number 1 to 15 holding `len` bytes.
+fn field_len(len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(len as u64) + len
+}
+
+/// Write the key and length of a length-delimited field.
+fn put_field_head(out: &mut Vec<u8>, tag: u32, len: usize) {
+    prost::encoding::encode_key(tag, prost::encoding::WireType::LengthDelimited, out);
+    prost::encoding::encode_varint(len as u64, out);
 }
 
 impl Encoder {
@@ -71,84 +97,42 @@ impl Encoder {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             ..Default::default()
         };
-        let request = RequestOfEncodedSpans {
-            resource_spans: vec![ResourceOfEncodedSpans {
-                resource: Some(Resource {
-                    attributes: resource.attributes.0,
-                    ..Default::default()
-                }),
-                scope_spans: vec![ScopeOfEncodedSpans {
-                    scope: Some(scope),
-                    spans: Vec::new(),
-                    schema_url: String::new(),
-                }],
-                schema_url: resource.schema_url.unwrap_or_default(),
-            }],
+        let message = Resource {
+            attributes: resource.attributes.0,
+            ..Default::default()
         };
-        Self {
-            request,
-            spare: Vec::new(),
-            last_len: 0,
+        let mut encoded = Self {
+            resource: Vec::new(),
+            resource_schema: Vec::new(),
+            scope: Vec::new(),
+        };
+        prost::encoding::message::encode(1, &message, &mut encoded.resource);
+        if let Some(url) = resource.schema_url.filter(|u| !u.is_empty()) {
+            prost::encoding::string::encode(3, &url, &mut encoded.resource_schema);
         }
+        prost::encoding::message::encode(1, &scope, &mut encoded.scope);
+        encoded
     }
 
     /// `batch` (encoded spans) as the body of one export request.
     pub fn encode(&mut self, batch: &SpanBatch) -> Bytes {
-        let encoded = &mut self.request.resource_spans[0].scope_spans[0].spans;
-        while encoded.len() > batch.len() {
-            self.spare.extend(encoded.pop());
+        let spans: usize = batch.iter().map(|s| field_len(s.len())).sum();
+        let scope_spans = self.scope.len() + spans;
+        let resource_spans =
+            self.resource.len() + field_len(scope_spans) + self.resource_schema.len();
+        let mut body = Vec::with_capacity(field_len(resource_spans));
+        put_field_head(&mut body, RESOURCE_SPANS, resource_spans);
+        body.extend_from_slice(&self.resource);
+        put_field_head(&mut body, SCOPE_SPANS, scope_spans);
+        body.extend_from_slice(&self.scope);
+        for span in batch.iter() {
+            put_field_head(&mut body, SPANS, span.len());
+            body.extend_from_slice(span);
         }
-        while encoded.len() < batch.len() {
-            encoded.push(self.spare.pop().unwrap_or_default());
-        }
-        for (out, span) in encoded.iter_mut().zip(batch.iter()) {
-            out.clear();
-            out.extend_from_slice(span);
-        }
-        let mut body = Vec::with_capacity(self.last_len);
-        self.request
-            .encode(&mut body)
-            .expect("a Vec grows to fit the message");
-        self.last_len = body.len();
+        body.extend_from_slice(&self.resource_schema);
+        debug_assert_eq!(body.len(), field_len(resource_spans));
         Bytes::from(body)
     }
-}
-
-/// `ExportTraceServiceRequest` whose spans prost has already encoded, one by one.
-///
-/// prost writes a nested message's length before the message, so encoding the whole request
-/// measures every span once per level above it (request, resource, scope, span, attribute):
-/// measuring was most of an export's cost. Each span is encoded on its own instead, and this
-/// message and the two below carry the results: a `repeated bytes` field and a `repeated`
-/// message field of the same number are the same on the wire (length-delimited values), so the
-/// body is byte for byte the request prost encodes from the OTLP types (tested).
-#[derive(Clone, PartialEq, prost::Message)]
-struct RequestOfEncodedSpans {
-    /// `ExportTraceServiceRequest.resource_spans`.
-    #[prost(message, repeated, tag = "1")]
-    resource_spans: Vec<ResourceOfEncodedSpans>,
-}
-
-/// `ResourceSpans`, with [`ScopeOfEncodedSpans`].
-#[derive(Clone, PartialEq, prost::Message)]
-struct ResourceOfEncodedSpans {
-    #[prost(message, optional, tag = "1")]
-    resource: Option<Resource>,
-    #[prost(message, repeated, tag = "2")]
-    scope_spans: Vec<ScopeOfEncodedSpans>,
-    #[prost(string, tag = "3")]
-    schema_url: String,
-}
-
-/// `ScopeSpans`, with each `Span` as prost encoded it.
-#[derive(Clone, PartialEq, prost::Message)]
-struct ScopeOfEncodedSpans {
-    #[prost(message, optional, tag = "1")]
-    scope: Option<InstrumentationScope>,
-    #[prost(bytes = "vec", repeated, tag = "2")]
-    spans: Vec<Vec<u8>>,
-    #[prost(string, tag = "3")]
-    schema_url: String,
 }
 
 fn set_str(out: &mut String, s: &str) {

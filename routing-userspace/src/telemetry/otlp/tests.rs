@@ -194,26 +194,40 @@ fn a_root_span_has_no_parent_bytes() {
     assert_eq!(spans[0].flags, 0x101);
 }
 
-/// Spans encoded one by one and framed by `RequestOfEncodedSpans` are byte for byte the body
-/// prost encodes from the OTLP types themselves (what a collector decodes, encoded again).
+/// Spans encoded one by one and framed by `Encoder` are byte for byte the body prost encodes
+/// from the OTLP types themselves (what a collector decodes, encoded again): with and without
+/// a resource schema URL, and for batches whose lengths take one to three varint bytes.
 #[test]
 fn the_body_is_what_prost_encodes_from_the_otlp_request() {
     let (sa, aa) = (server_attributes(), attempt_attributes());
-    let (mut e, mut f) = (SpanEncoder::default(), Encoder::new(&resource()));
-    for batch in [
-        vec![
-            server(1, &sa),
-            attempt(2, 1, &aa),
-            server(3, &sa),
-            attempt(4, 3, &aa),
-        ],
-        vec![server(5, &sa)],
-        vec![],
-    ] {
-        let body = body(&mut e, &mut f, &batch);
-        let (request, spans) = decode(&body);
-        assert_eq!(spans.len(), batch.len());
-        assert_eq!(body.as_ref(), request.encode_to_vec().as_slice());
+    let with_schema = opentelemetry_sdk::Resource::builder()
+        .with_service_name("svc-under-test")
+        .with_schema_url([], "https://opentelemetry.io/schemas/1.26.0")
+        .build();
+    assert!(with_schema.schema_url().is_some());
+    for r in [resource(), with_schema] {
+        let (mut e, mut f) = (SpanEncoder::default(), Encoder::new(&r));
+        let many: Vec<_> = (0..300).map(|n| attempt(10 + n, 1, &aa)).collect();
+        for batch in [
+            vec![
+                server(1, &sa),
+                attempt(2, 1, &aa),
+                server(3, &sa),
+                attempt(4, 3, &aa),
+            ],
+            vec![server(5, &sa)],
+            vec![],
+            many,
+        ] {
+            let body = body(&mut e, &mut f, &batch);
+            let (request, spans) = decode(&body);
+            assert_eq!(spans.len(), batch.len());
+            assert_eq!(body.as_ref(), request.encode_to_vec().as_slice());
+            assert_eq!(
+                request.resource_spans[0].schema_url.is_empty(),
+                r.schema_url().is_none()
+            );
+        }
     }
 }
 
