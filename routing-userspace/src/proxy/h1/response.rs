@@ -100,11 +100,7 @@ pub fn write_head(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
 
-    let mut seen = Seen {
-        length: None,
-        date: false,
-        close: false,
-    };
+    let mut seen = Seen::default();
     for (name, value) in headers {
         if seen.passes(name.as_str().as_bytes(), value.as_bytes()) {
             out.extend_from_slice(name.as_str().as_bytes());
@@ -114,7 +110,7 @@ pub fn write_head(
         }
     }
     if let Some(relayed) = relayed {
-        for ((name, value), (_, line)) in relayed.iter().zip(relayed.lines()) {
+        for (name, value, line) in relayed.lines() {
             if seen.passes(name, value) {
                 out.extend_from_slice(line);
                 out.extend_from_slice(b"\r\n");
@@ -169,6 +165,7 @@ pub fn write_head(
 }
 
 /// What the fields written so far said that the head's end depends on.
+#[derive(Default)]
 struct Seen {
     /// The first valid `Content-Length`.
     length: Option<u64>,

@@ -94,17 +94,16 @@ impl Fields {
         Some(&f.head[range(s.value)])
     }
 
-    /// Every field as its line in the head, from its name to its value's end (the pod's own
-    /// spacing around the colon, always valid: `name ":" OWS value`), without the line end.
-    pub fn lines(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+    /// Every field's name, value and line in the head, the line from the name to the
+    /// value's end (the pod's own spacing around the colon, always valid: `name ":" OWS
+    /// value`), without the line end.
+    pub fn lines(&self) -> impl Iterator<Item = (&[u8], &[u8], &[u8])> + '_ {
         self.0.iter().flat_map(|f| {
             f.spans.iter().map(|s| {
                 let (start, _) = s.name;
                 let (value, len) = s.value;
-                (
-                    &f.head[range(s.name)],
-                    &f.head[start as usize..(value + len) as usize],
-                )
+                let line = &f.head[start as usize..(value + len) as usize];
+                (&f.head[range(s.name)], &f.head[range(s.value)], line)
             })
         })
     }
