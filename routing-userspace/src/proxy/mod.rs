@@ -132,7 +132,7 @@ async fn respond(
                 drain: Some(Arc::clone(&shared.drain_cut)),
             };
             let route_header = shared.router.knobs().route_header;
-            stream::respond(f, ctx, deadlines, route_header).map(|b| Either::Left(Box::new(b)))
+            stream::respond(f, ctx, deadlines, route_header).map(Either::Left)
         }
         Ok(Answer::Local(r)) => {
             ctx.local = true;

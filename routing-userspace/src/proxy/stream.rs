@@ -85,7 +85,7 @@ pub fn respond(
     mut ctx: RequestCtx,
     deadlines: Deadlines,
     route_header: bool,
-) -> Response<ObservedBody> {
+) -> Response<Box<ObservedBody>> {
     // The pod's end-to-end fields travel with its body (`UpstreamBody::fields`), its
     // hop-by-hop ones were read and left out (see upstream::h1::head); the map holds only what
     // the proxy adds.
@@ -100,7 +100,9 @@ pub fn respond(
         true => UsageObserver::for_content_type(content_type),
         false => None,
     };
-    let mut body = ObservedBody {
+    // Boxed as it is made (the server keeps the box, see `ProxyBody`): built on the stack
+    // and boxed after, the body (the request's context inside) was copied twice more.
+    let mut body = Box::new(ObservedBody {
         inner,
         ctx: Some(ctx),
         sse,
@@ -110,7 +112,7 @@ pub fn respond(
         drain: None,
         usage,
         done: false,
-    };
+    });
     if body.inner.is_end_stream() {
         // No body at all (204, HEAD, `content-length: 0`): it is over already.
         body.finish();
