@@ -90,7 +90,11 @@ pub fn handle(
     let end = (!total.is_zero()).then(|| tokio::time::Instant::from_std(start + total));
     async move {
         let answered = run(&shared, &mut parts, &mut body, peer, &mut ctx, end).await;
-        respond(&shared, answered, body, ctx, end).await
+        if let (Err(_), Some(body)) = (&answered, body.take()) {
+            // Let a client that sends its whole body before reading get the error (see linger).
+            read_body::linger(body).await;
+        }
+        respond(&shared, answered, ctx, end)
     }
 }
 
@@ -112,18 +116,15 @@ async fn run(
     }
 }
 
-/// The response to the client: the pod's, streamed, or the proxy's own.
-async fn respond(
+/// The response to the client: the pod's, streamed, or the proxy's own. Not async (what it
+/// waits for, a failed request's body, is waited for before): as a future it took its
+/// arguments, the request's context among them, into a state of its own, a copy a request.
+fn respond(
     shared: &Shared,
     answered: Result<Answer, ApiError>,
-    mut body: Option<RequestBody>,
     mut ctx: RequestCtx,
     end: Option<tokio::time::Instant>,
 ) -> Response<ProxyBody> {
-    if let (Err(_), Some(body)) = (&answered, body.take()) {
-        // Let a client that sends its whole body before reading get the error (see linger).
-        read_body::linger(body).await;
-    }
     match answered {
         Ok(Answer::Forwarded(f)) => {
             let deadlines = stream::Deadlines {
