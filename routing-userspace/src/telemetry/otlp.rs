@@ -72,9 +72,13 @@ pub struct Encoder {
     scope: Vec<u8>,
 }
 
-/// The field numbers the framing writes.
+/// The field numbers the framing writes: `ExportTraceServiceRequest.resource_spans`,
+/// `ResourceSpans.resource`, `.scope_spans` and `.schema_url`, `ScopeSpans.scope` and `.spans`.
 const RESOURCE_SPANS: u32 = 1;
+const RESOURCE: u32 = 1;
 const SCOPE_SPANS: u32 = 2;
+const RESOURCE_SCHEMA_URL: u32 = 3;
+const SCOPE: u32 = 1;
 const SPANS: u32 = 2;
 
 /// The encoded length of a length-delimited field of number 1 to 15 holding `len` bytes.
@@ -106,16 +110,20 @@ impl Encoder {
             resource_schema: Vec::new(),
             scope: Vec::new(),
         };
-        prost::encoding::message::encode(1, &message, &mut encoded.resource);
+        prost::encoding::message::encode(RESOURCE, &message, &mut encoded.resource);
         if let Some(url) = resource.schema_url.filter(|u| !u.is_empty()) {
-            prost::encoding::string::encode(3, &url, &mut encoded.resource_schema);
+            prost::encoding::string::encode(
+                RESOURCE_SCHEMA_URL,
+                &url,
+                &mut encoded.resource_schema,
+            );
         }
-        prost::encoding::message::encode(1, &scope, &mut encoded.scope);
+        prost::encoding::message::encode(SCOPE, &scope, &mut encoded.scope);
         encoded
     }
 
     /// `batch` (encoded spans) as the body of one export request.
-    pub fn encode(&mut self, batch: &SpanBatch) -> Bytes {
+    pub fn encode(&self, batch: &SpanBatch) -> Bytes {
         let spans: usize = batch.iter().map(|s| field_len(s.len())).sum();
         let scope_spans = self.scope.len() + spans;
         let resource_spans =

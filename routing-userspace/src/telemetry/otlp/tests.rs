@@ -71,7 +71,7 @@ fn attempt<'a, 'v>(n: u64, parent: u64, attributes: &'a Attributes<'v>) -> Ended
 }
 
 /// `spans` encoded by `e` and framed by `f`, as the request body.
-fn body(e: &mut SpanEncoder, f: &mut Encoder, spans: &[EndedSpan<'_, '_>]) -> Bytes {
+fn body(e: &mut SpanEncoder, f: &Encoder, spans: &[EndedSpan<'_, '_>]) -> Bytes {
     let mut batch = SpanBatch::default();
     let mut one = Vec::new();
     for s in spans {
@@ -85,7 +85,7 @@ fn body(e: &mut SpanEncoder, f: &mut Encoder, spans: &[EndedSpan<'_, '_>]) -> By
 /// The body of `spans` from fresh encoders (the resource's attributes come in the order of
 /// its map: one resource, one order).
 fn fresh_body(r: &opentelemetry_sdk::Resource, spans: &[EndedSpan<'_, '_>]) -> Bytes {
-    body(&mut SpanEncoder::default(), &mut Encoder::new(r), spans)
+    body(&mut SpanEncoder::default(), &Encoder::new(r), spans)
 }
 
 /// Decode a body as a collector would, and return its spans.
@@ -206,7 +206,7 @@ fn the_body_is_what_prost_encodes_from_the_otlp_request() {
         .build();
     assert!(with_schema.schema_url().is_some());
     for r in [resource(), with_schema] {
-        let (mut e, mut f) = (SpanEncoder::default(), Encoder::new(&r));
+        let (mut e, f) = (SpanEncoder::default(), Encoder::new(&r));
         let many: Vec<_> = (0..300).map(|n| attempt(10 + n, 1, &aa)).collect();
         for batch in [
             vec![
@@ -219,7 +219,7 @@ fn the_body_is_what_prost_encodes_from_the_otlp_request() {
             vec![],
             many,
         ] {
-            let body = body(&mut e, &mut f, &batch);
+            let body = body(&mut e, &f, &batch);
             let (request, spans) = decode(&body);
             assert_eq!(spans.len(), batch.len());
             assert_eq!(body.as_ref(), request.encode_to_vec().as_slice());
@@ -241,7 +241,7 @@ fn reused_buffers_leave_nothing_of_earlier_batches() {
         Attribute::new("gen_ai.request.model", true),
     ]);
     let r = resource();
-    let (mut e, mut f) = (SpanEncoder::default(), Encoder::new(&r));
+    let (mut e, f) = (SpanEncoder::default(), Encoder::new(&r));
     let other = EndedSpan {
         attributes: &oa,
         error: Some("x"),
@@ -257,7 +257,7 @@ fn reused_buffers_leave_nothing_of_earlier_batches() {
     ];
     for batch in &batches {
         let fresh = fresh_body(&r, batch);
-        let body = body(&mut e, &mut f, batch);
+        let body = body(&mut e, &f, batch);
         assert_eq!(decode(&body).0, decode(&fresh).0);
         assert_eq!(body, fresh, "the same bytes");
         assert_eq!(decode(&body).1.len(), batch.len());
