@@ -96,7 +96,7 @@ fn trace(c: &mut Criterion) {
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name("flexinfer-proxy")
         .build();
-    let mut encoder = Encoder::new(&resource);
+    let encoder = Encoder::new(&resource);
     g.throughput(Throughput::Elements(batch.len() as u64));
     g.bench_function("export/frame a batch of 512 spans (per span)", |b| {
         b.iter(|| black_box(encoder.encode(black_box(&batch))))
