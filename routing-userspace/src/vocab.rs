@@ -1,5 +1,5 @@
-//! The words every layer shares: strategies, label-group modes, key sources, decision outcomes
-//! and engine kinds. Their string forms are the spellings of the annotations, the models file
+//! The words every layer shares: strategies, label-group modes, key sources, decision outcomes,
+//! engine kinds, and the API's paths. Their string forms are the spellings of the annotations, the models file
 //! and the metric labels, so they live here once, at the bottom: this module imports nothing of
 //! the crate, and everything else may import it.
 
@@ -369,6 +369,19 @@ impl FromStr for EngineKind {
         }
     }
 }
+
+/// The paths of the OpenAI API the proxy serves most: the request head reader keeps each one
+/// parsed once, and a trace names them without a copy.
+pub const API_PATHS: [&str; 8] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/models",
+    "/v1/rerank",
+    "/v1/audio/transcriptions",
+    "/v1/moderations",
+];
 
 #[cfg(test)]
 mod tests {

@@ -341,17 +341,7 @@ fn method_str(m: &Method) -> &'static str {
 
 /// `path` as an attribute value: the paths of the OpenAI API as static strings.
 fn path_value(path: &str) -> HeldStr {
-    const KNOWN: [&str; 8] = [
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/embeddings",
-        "/v1/responses",
-        "/v1/models",
-        "/v1/rerank",
-        "/v1/audio/transcriptions",
-        "/v1/moderations",
-    ];
-    match KNOWN.iter().find(|k| **k == path) {
+    match crate::vocab::API_PATHS.iter().find(|k| **k == path) {
         Some(known) => HeldStr::Static(known),
         None => HeldStr::Owned(path.into()),
     }

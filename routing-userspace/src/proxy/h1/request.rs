@@ -17,6 +17,7 @@ use http::{Method, Request, StatusCode, Uri, Version};
 
 use crate::proxy::prepare::ADDED_HEADERS;
 use crate::upstream::h1::head::decimal_length;
+use crate::vocab::API_PATHS;
 
 /// Most header lines in a request head (more: 431, as hyper's default).
 pub const MAX_HEADERS: usize = 100;
@@ -131,7 +132,7 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     let expect_continue = version == Version::HTTP_11 && rules.expect_continue;
 
     let head = buf.split_to(len).freeze();
-    let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|_| HeadError::BadTarget)?;
+    let uri = target_uri(&head, target)?;
     // Room for what the proxy adds before forwarding, so the map is built once.
     let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
     let mut has_length = false;
@@ -174,8 +175,31 @@ fn syntax_name(e: httparse::Error) -> &'static str {
 
 /// Whether a line of `head` ends with LF alone (httparse accepts it; a server behind us or a
 /// proxy in front may not, so the two would see different heads).
-fn has_bare_lf(head: &[u8]) -> bool {
-    memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
+pub(super) fn has_bare_lf(head: &[u8]) -> bool {
+    if head.first() == Some(&b'\n') {
+        return true;
+    }
+    // Every byte against the one before it, without an early exit, so the loop vectorizes: a
+    // search per line cost more on a head of a few short lines.
+    let mut bare = false;
+    for (&b, &before) in head.get(1..).unwrap_or_default().iter().zip(head) {
+        bare |= (b == b'\n') & (before != b'\r');
+    }
+    bare
+}
+
+/// The OpenAI API's paths, each parsed once.
+static API_URIS: std::sync::LazyLock<[Uri; API_PATHS.len()]> =
+    std::sync::LazyLock::new(|| API_PATHS.map(Uri::from_static));
+
+/// The request target at `at` in `head`: one of the API's paths is a clone of its `Uri`
+/// parsed once (its bytes static, so the clone counts nothing), any other target is parsed.
+fn target_uri(head: &bytes::Bytes, at: std::ops::Range<usize>) -> Result<Uri, HeadError> {
+    let target = &head[at.clone()];
+    if let Some(known) = API_URIS.iter().find(|u| u.path().as_bytes() == target) {
+        return Ok(known.clone());
+    }
+    Uri::from_maybe_shared(head.slice(at)).map_err(|_| HeadError::BadTarget)
 }
 
 /// What the framing and connection headers said, collected over the header lines.

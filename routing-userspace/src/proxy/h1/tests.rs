@@ -189,6 +189,60 @@ fn the_smuggling_table() {
     );
 }
 
+/// The vectorized check finds a bare LF exactly where a search for every LF would: at the
+/// head's first byte or after any byte but CR.
+#[test]
+fn a_bare_lf_is_found_wherever_it_is() {
+    let reference = |h: &[u8]| memchr::memchr_iter(b'\n', h).any(|i| i == 0 || h[i - 1] != b'\r');
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for len in 0..300 {
+        for _ in 0..20 {
+            let mut head = Vec::with_capacity(2 * len);
+            for _ in 0..len {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // mostly text and CRLF pairs, now and then a lone LF or CR
+                match x % 64 {
+                    0 => head.push(b'\n'),
+                    1 => head.push(b'\r'),
+                    2..=9 => head.extend_from_slice(b"\r\n"),
+                    _ => head.push(b'a'),
+                }
+            }
+            assert_eq!(request::has_bare_lf(&head), reference(&head), "{head:?}");
+        }
+    }
+}
+
+/// A request for one of the API's paths gets the very target a parse of it gives; anything
+/// near one (a query, another case, one byte more or less) is parsed as itself.
+#[test]
+fn an_api_path_reads_as_its_target_parsed() {
+    let near = [
+        "/v1/models?x=1",
+        "/V1/models",
+        "/v1/model",
+        "/v1/modelss",
+        "/v1/chat/completions/",
+        "http://a.example/v1/models",
+        "*",
+    ];
+    for target in crate::vocab::API_PATHS.iter().chain(&near) {
+        let h = head(&format!("POST {target} HTTP/1.1\r\n\r\n"))
+            .unwrap()
+            .unwrap();
+        let parsed: http::Uri = target.parse().unwrap();
+        assert_eq!(h.parts.uri, parsed, "{target}");
+        assert_eq!(h.parts.uri.to_string(), parsed.to_string(), "{target}");
+        assert_eq!(
+            h.parts.uri.path_and_query(),
+            parsed.path_and_query(),
+            "{target}"
+        );
+    }
+}
+
 #[test]
 fn a_head_reads_its_method_target_version_headers_and_connection() {
     let mut buf = BytesMut::from(
