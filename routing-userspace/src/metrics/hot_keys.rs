@@ -4,7 +4,9 @@
 //! counter over and inherits its count as possible overcount (`error`). Any key whose true share
 //! is above 1/k is guaranteed to be listed, and a listed count overestimates by at most its
 //! `error`. Counts decay exponentially (halving every `half_life`), so shares describe recent
-//! traffic and a key that cooled down is displaced. Cost per observation: a scan of `k` entries.
+//! traffic and a key that cooled down is displaced. Cost per observation: a scan of `k` hashes
+//! and, for a key not listed, of `k` counts (each kept in an array of its own, so a scan reads
+//! only what it compares).
 //! Only key hashes are kept. Time is passed in, so tests need no sleeping.
 
 use std::time::{Duration, Instant};
@@ -25,7 +27,10 @@ pub struct HotKey {
 pub struct SpaceSaving {
     k: usize,
     half_life: Option<Duration>,
-    entries: Vec<HotKey>,
+    /// The listed keys' hashes, counts, and sources and errors, entry by entry.
+    hashes: Vec<u64>,
+    counts: Vec<f64>,
+    rest: Vec<(KeySource, f64)>,
     /// Decayed count of every observation.
     total: f64,
     decayed_at: Instant,
@@ -37,7 +42,9 @@ impl SpaceSaving {
         Self {
             k,
             half_life: half_life.filter(|h| !h.is_zero()),
-            entries: Vec::with_capacity(k),
+            hashes: Vec::with_capacity(k),
+            counts: Vec::with_capacity(k),
+            rest: Vec::with_capacity(k),
             total: 0.0,
             decayed_at: now,
         }
@@ -51,9 +58,11 @@ impl SpaceSaving {
             return;
         }
         let f = 0.5f64.powf(dt.as_secs_f64() / h.as_secs_f64());
-        for e in &mut self.entries {
-            e.count *= f;
-            e.error *= f;
+        for count in &mut self.counts {
+            *count *= f;
+        }
+        for (_, error) in &mut self.rest {
+            *error *= f;
         }
         self.total *= f;
         self.decayed_at = now;
@@ -65,44 +74,50 @@ impl SpaceSaving {
         }
         self.decay(now);
         self.total += 1.0;
-        if let Some(e) = self.entries.iter_mut().find(|e| e.hash == hash) {
-            e.count += 1.0;
-            e.source = source;
+        if let Some(i) = self.hashes.iter().position(|&h| h == hash) {
+            self.counts[i] += 1.0;
+            self.rest[i].0 = source;
             return;
         }
-        if self.entries.len() < self.k {
-            self.entries.push(HotKey {
-                hash,
-                source,
-                count: 1.0,
-                error: 0.0,
-            });
+        if self.hashes.len() < self.k {
+            self.hashes.push(hash);
+            self.counts.push(1.0);
+            self.rest.push((source, 0.0));
             return;
         }
-        let min = self
-            .entries
-            .iter_mut()
-            .min_by(|a, b| a.count.total_cmp(&b.count))
-            .expect("k > 0 entries");
-        *min = HotKey {
-            hash,
-            source,
-            count: min.count + 1.0,
-            error: min.count,
-        };
+        // The first of the smallest counts (all are finite and not negative).
+        let (mut min, mut least) = (0, f64::INFINITY);
+        for (i, &count) in self.counts.iter().enumerate() {
+            if count < least {
+                (min, least) = (i, count);
+            }
+        }
+        self.hashes[min] = hash;
+        self.counts[min] = least + 1.0;
+        self.rest[min] = (source, least);
     }
 
     /// The listed keys, hottest first, with the decayed total they are shares of.
     pub fn top(&mut self, now: Instant) -> (Vec<HotKey>, f64) {
         self.decay(now);
-        let mut v = self.entries.clone();
+        let mut v: Vec<HotKey> = (self.hashes.iter().zip(&self.counts).zip(&self.rest))
+            .map(|((&hash, &count), &(source, error))| HotKey {
+                hash,
+                source,
+                count,
+                error,
+            })
+            .collect();
         v.sort_by(|a, b| b.count.total_cmp(&a.count).then(a.hash.cmp(&b.hash)));
         (v, self.total)
     }
 
     /// Bytes this structure holds at most.
     pub fn memory_bound(&self) -> usize {
-        std::mem::size_of::<Self>() + self.k * std::mem::size_of::<HotKey>()
+        let entry = std::mem::size_of::<u64>()
+            + std::mem::size_of::<f64>()
+            + std::mem::size_of::<(KeySource, f64)>();
+        std::mem::size_of::<Self>() + self.k * entry
     }
 }
 
@@ -111,6 +126,61 @@ mod tests {
     use super::*;
 
     const SRC: KeySource = KeySource::ExplicitHeader;
+
+    /// Space-saving as its definition reads, one record per counter (no decay).
+    fn reference(k: usize, stream: &[(u64, KeySource)]) -> Vec<HotKey> {
+        let mut entries: Vec<HotKey> = Vec::new();
+        for &(hash, source) in stream {
+            if let Some(e) = entries.iter_mut().find(|e| e.hash == hash) {
+                e.count += 1.0;
+                e.source = source;
+            } else if entries.len() < k {
+                entries.push(HotKey {
+                    hash,
+                    source,
+                    count: 1.0,
+                    error: 0.0,
+                });
+            } else {
+                let min = entries
+                    .iter_mut()
+                    .min_by(|a, b| a.count.total_cmp(&b.count))
+                    .unwrap();
+                *min = HotKey {
+                    hash,
+                    source,
+                    count: min.count + 1.0,
+                    error: min.count,
+                };
+            }
+        }
+        entries.sort_by(|a, b| b.count.total_cmp(&a.count).then(a.hash.cmp(&b.hash)));
+        entries
+    }
+
+    #[test]
+    fn lists_what_the_definition_lists() {
+        let t0 = Instant::now();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for k in [1, 2, 5, 20] {
+            let stream: Vec<(u64, KeySource)> = (0..5_000)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // a few hot keys among many cold ones
+                    let hash = if x.is_multiple_of(3) { x % 4 } else { x % 500 };
+                    let source = [SRC, KeySource::SessionHeader][(x >> 20) as usize % 2];
+                    (hash, source)
+                })
+                .collect();
+            let mut s = SpaceSaving::new(k, None, t0);
+            for &(hash, source) in &stream {
+                s.observe(hash, source, t0);
+            }
+            assert_eq!(s.top(t0), (reference(k, &stream), 5_000.0), "k = {k}");
+        }
+    }
 
     #[test]
     fn heavy_keys_are_found_among_many_light_ones() {
