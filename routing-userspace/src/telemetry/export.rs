@@ -1,8 +1,8 @@
 //! Batched, bounded export: ended spans are encoded where they end and go into a bounded queue
-//! without waiting, and a thread of its own (`otlp-export`, a one-thread runtime) sends them to
-//! the collector in batches.
+//! without waiting, and a task (`run`, on the serving runtime) sends them to the collector in
+//! batches.
 //!
-//! Why encode on the request thread: handing the export thread typed spans cost more than
+//! Why encode on the request thread: handing the export task typed spans cost more than
 //! encoding them (a span's attributes in a list of their own, shared names counted up on one
 //! thread and down on another, two queue entries a request), and a span encoded from a
 //! thread's own cache of repeated attributes is a few copies. The queue holds bytes only, so
@@ -13,25 +13,20 @@
 //! timeout drops its batch (counted too). The cost is lost spans under collector trouble,
 //! never slower requests. Shutdown exports what is queued, within a bound.
 //!
-//! Queueing a span wakes nobody: the export loop wakes when a batch is full or its delay has
-//! passed. (A channel would wake it for every span: on a request worker a task switch and a
-//! timer set up again per request, on a thread of its own a futex wake and a context switch.)
-//! So the thread costs two context switches a batch, and in exchange sending a batch (framing
-//! it and the HTTP request) never holds up the requests of a worker.
-//!
-//! The thread starts with the first span queued, not with tracing: a second thread makes
-//! glibc take its multi-threaded paths (every system call's cancellation check, malloc's arena
-//! locks) for the whole process, about 400 instructions a request on a one-worker proxy, which
-//! a proxy that samples nothing (sampling 0, parents that are never sampled) need not pay.
+//! Queueing a span wakes nobody: the export task wakes when a batch is full or its delay has
+//! passed. (A channel would wake it for every span: a task switch and a timer set up again per
+//! request.) Why a task and not a thread of its own, as before: a batch costs a worker about
+//! as much as it cost the thread (framing 512 spans takes 7 us, then the HTTP request's
+//! writes), once every 256 requests, while a second thread cost every request: two context
+//! switches a batch and, on a one-worker proxy, glibc's multi-threaded paths (every system
+//! call's cancellation check, malloc's arena locks), about 400 instructions a request.
 
 use std::cell::RefCell;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
-#[cfg(test)]
 use tokio::task::JoinHandle;
 
 use super::metrics::TraceFamilies;
@@ -128,20 +123,13 @@ pub struct SpanQueue {
     batch_size: usize,
     batch_full: Notify,
     queue_full: prometheus::IntCounter,
-    /// What starts the export thread, until the first span is queued (see the module doc).
-    launch: Mutex<Option<Launch>>,
-    launched: AtomicBool,
 }
-
-/// Starts the export thread.
-type Launch = Box<dyn FnOnce() + Send>;
 
 impl std::fmt::Debug for SpanQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SpanQueue")
             .field("capacity", &self.capacity)
             .field("batch_size", &self.batch_size)
-            .field("launched", &self.launched)
             .finish_non_exhaustive()
     }
 }
@@ -160,8 +148,6 @@ impl SpanSink {
             batch_size: batch_size.clamp(1, size.max(1)),
             batch_full: Notify::new(),
             queue_full,
-            launch: Mutex::new(None),
-            launched: AtomicBool::new(true),
         });
         (
             Self {
@@ -205,41 +191,9 @@ impl SpanQueue {
         q.batch.push(span);
         let full = q.batch.len() == self.batch_size;
         drop(q);
-        if !self.launched.load(Ordering::Acquire) {
-            self.launch_now();
-        }
         if full {
             self.batch_full.notify_one();
         }
-    }
-
-    /// Start the export thread if it has not started (the first span is queued).
-    fn launch_now(&self) {
-        let launch = crate::lock::lock(&self.launch).take();
-        self.launched.store(true, Ordering::Release);
-        if let Some(launch) = launch {
-            launch();
-        }
-    }
-
-    /// Start the export thread with the first span queued, by `launch`.
-    fn launch_with_first_span(&self, launch: Launch) {
-        *crate::lock::lock(&self.launch) = Some(launch);
-        self.launched.store(false, Ordering::Release);
-    }
-
-    /// Whether the export thread was started (tests).
-    #[cfg(test)]
-    pub(crate) fn launched(&self) -> bool {
-        self.launched.load(Ordering::Acquire)
-    }
-
-    /// Never start the export thread from now on; whether it had not started (no span was
-    /// ever queued).
-    fn cancel_launch(&self) -> bool {
-        let launch = crate::lock::lock(&self.launch).take();
-        self.launched.store(true, Ordering::Release);
-        launch.is_some()
     }
 
     /// Up to `max` of the oldest queued spans, or none while fewer than `min` are queued (the
@@ -273,40 +227,18 @@ impl SpanQueue {
     }
 }
 
-/// The export loop, to stop when `serve` ends.
+/// The export task, to stop when `serve` ends.
 pub struct ExportHandle {
     stop: oneshot::Sender<()>,
-    ended: Ended,
-    /// The queue, whose export thread may not have started.
-    queue: Arc<SpanQueue>,
-}
-
-/// How the end of the export loop is seen.
-enum Ended {
-    /// Its thread says so (a thread cannot be aborted; the process exit ends it).
-    Thread(oneshot::Receiver<()>),
-    /// A task of the caller's runtime (the tests drive the loop on paused time).
-    #[cfg(test)]
-    Task(JoinHandle<()>),
+    task: JoinHandle<()>,
 }
 
 impl ExportHandle {
     /// Export what is queued and stop, within `bound` (past it, what is left is lost).
-    pub async fn shutdown(self, bound: Duration) {
-        if self.queue.cancel_launch() {
-            // No span was ever queued: no thread to stop.
-            return;
-        }
+    pub async fn shutdown(mut self, bound: Duration) {
         let _ = self.stop.send(());
-        let in_time = match self.ended {
-            Ended::Thread(done) => tokio::time::timeout(bound, done).await.is_ok(),
-            #[cfg(test)]
-            Ended::Task(mut task) => {
-                let in_time = tokio::time::timeout(bound, &mut task).await.is_ok();
-                task.abort();
-                in_time
-            }
-        };
+        let in_time = tokio::time::timeout(bound, &mut self.task).await.is_ok();
+        self.task.abort();
         if !in_time {
             tracing::warn!(
                 ?bound,
@@ -342,72 +274,16 @@ fn queue(
     (sink, queue, batching)
 }
 
-/// The export loop with `exporter`, on a thread of its own that starts with the first span
-/// queued.
-pub fn start<E>(
-    exporter: E,
-    settings: &TraceSettings,
-    metrics: &TraceFamilies,
-) -> (SpanSink, ExportHandle)
-where
-    E: Exporter,
-{
-    let (sink, queue, batching) = queue(settings, metrics);
-    let (stop_tx, stop_rx) = oneshot::channel();
-    let (done_tx, done_rx) = oneshot::channel();
-    let metrics = metrics.clone();
-    let queued = Arc::clone(&queue);
-    // If the thread or its runtime cannot start, the queue fills and further spans are dropped
-    // and counted as queue_full.
-    queue.launch_with_first_span(Box::new(move || {
-        let spawned = std::thread::Builder::new()
-            .name("otlp-export".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build();
-                match runtime {
-                    Ok(r) => r.block_on(run(exporter, queued, stop_rx, batching, metrics)),
-                    Err(e) => {
-                        tracing::error!(error = %e, "trace export cannot start; spans are dropped")
-                    }
-                }
-                let _ = done_tx.send(());
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "trace export cannot start; spans are dropped");
-        }
-    }));
-    let handle = ExportHandle {
-        stop: stop_tx,
-        ended: Ended::Thread(done_rx),
-        queue,
-    };
-    (sink, handle)
-}
-
-/// The same loop as a task of the current runtime (the tests drive it on paused time).
-#[cfg(test)]
-fn start_task<E: Exporter>(
+/// The export loop with `exporter`, as a task of the current runtime.
+pub fn start<E: Exporter>(
     exporter: E,
     settings: &TraceSettings,
     metrics: &TraceFamilies,
 ) -> (SpanSink, ExportHandle) {
     let (sink, queue, batching) = queue(settings, metrics);
-    let (stop_tx, stop_rx) = oneshot::channel();
-    let task = tokio::spawn(run(
-        exporter,
-        Arc::clone(&queue),
-        stop_rx,
-        batching,
-        metrics.clone(),
-    ));
-    let handle = ExportHandle {
-        stop: stop_tx,
-        ended: Ended::Task(task),
-        queue,
-    };
-    (sink, handle)
+    let (stop, stopped) = oneshot::channel();
+    let task = tokio::spawn(run(exporter, queue, stopped, batching, metrics.clone()));
+    (sink, ExportHandle { stop, task })
 }
 
 async fn run<E: Exporter>(
