@@ -16,6 +16,7 @@
 //! side cancels the request, as in hyper by default).
 
 pub mod body;
+mod names;
 pub mod request;
 pub mod response;
 

@@ -12,7 +12,7 @@
 //! and to refusing only what these rules name.
 
 use bytes::BytesMut;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 
 use crate::proxy::prepare::ADDED_HEADERS;
@@ -137,7 +137,7 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
     let mut has_length = false;
     for &(n0, n1, v0, v1) in &spans[..count] {
-        let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
+        let name = super::names::name(&head[n0 as usize..n1 as usize])
             .map_err(|_| HeadError::Syntax("header name"))?;
         if name == header::CONTENT_LENGTH && std::mem::replace(&mut has_length, true) {
             // A repeated equal length (a different one was refused above) is kept once, so
