@@ -84,8 +84,8 @@ impl HeadError {
 }
 
 /// Parse the head at the front of `buf`: `Ok(None)` while it is incomplete, else the head,
-/// split off `buf`. The target and the header values point into the head's bytes instead of
-/// being copied.
+/// split off `buf`. The target (unless it is one of the API's paths, kept parsed) and the
+/// header values point into the head's bytes instead of being copied.
 pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     // Left uninitialized: httparse writes the slots it fills (100 empty headers set up front
     // cost about 500 instructions a request).
