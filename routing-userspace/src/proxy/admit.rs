@@ -8,17 +8,18 @@ use http::request::Parts;
 use http::Method;
 
 use super::errors::ApiError;
+use super::relayed::Relayed;
 use super::RequestLimits;
 
-/// Refuse what the head alone rules out.
-pub fn head(parts: &Parts, limits: &RequestLimits) -> Result<(), ApiError> {
+/// Refuse what the head alone rules out (its fields: `parts`' map and the `relayed` lines).
+pub fn head(parts: &Parts, relayed: &Relayed, limits: &RequestLimits) -> Result<(), ApiError> {
     if parts.method == Method::CONNECT || parts.method == Method::TRACE {
         return Err(ApiError::method_not_allowed(&parts.method));
     }
     if parts.version < http::Version::HTTP_2 && parts.uri.scheme().is_some() {
         return Err(ApiError::absolute_form());
     }
-    if head_bytes(parts) > limits.max_header_bytes {
+    if head_bytes(parts) + relayed.len() > limits.max_header_bytes {
         return Err(ApiError::header_too_large(limits.max_header_bytes));
     }
     let limit = limits.max_body_bytes;
@@ -28,8 +29,8 @@ pub fn head(parts: &Parts, limits: &RequestLimits) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The size of the request target and headers, as the limit counts it (each header line with
-/// its `: ` and CRLF).
+/// The size of the request target and the map's headers, as the limit counts it (each header
+/// line with its `: ` and CRLF).
 fn head_bytes(parts: &Parts) -> usize {
     let target = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
     let headers: usize = parts

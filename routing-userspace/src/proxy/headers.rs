@@ -12,6 +12,7 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::relayed::{Relayed, RUNS};
 use crate::signals::orca;
 use crate::telemetry::propagation::{self, TRACEPARENT, TRACESTATE};
 use crate::upstream::h1::head::{hop_by_hop, names_end_to_end, HOP_BY_HOP};
@@ -84,10 +85,13 @@ pub struct AddedLines {
     /// The client sent `traceparent` / `tracestate`.
     client_traceparent: bool,
     client_tracestate: bool,
+    /// The client's fields the proxy does not read, written last as they came.
+    relayed: Relayed,
 }
 
-/// The pieces of [`AddedLines::lines`], written one after the other.
-pub type Lines<'a> = [&'a [u8]; 14];
+/// The pieces of [`AddedLines::lines`], written one after the other: the proxy's lines, then
+/// the runs of the client's relayed ones.
+pub type Lines<'a> = [&'a [u8]; 14 + RUNS];
 
 impl AddedLines {
     /// Add the forwarding headers to `headers` (the client's head, hop-by-hop headers gone):
@@ -97,6 +101,7 @@ impl AddedLines {
         headers: &mut HeaderMap,
         client_ip: &HeaderValue,
         original_host: Option<HeaderValue>,
+        relayed: Relayed,
     ) -> Self {
         let (mut forwarded, mut asked, mut parent, mut state) = (false, false, false, false);
         for name in headers.keys() {
@@ -129,6 +134,7 @@ impl AddedLines {
             traceparent: None,
             client_traceparent: parent,
             client_tracestate: state,
+            relayed,
         }
     }
 
@@ -162,7 +168,7 @@ impl AddedLines {
     /// The lines, with `host` as the `Host` header: pieces to write one after the other (empty
     /// ones for lines not written).
     pub fn lines<'a>(&'a self, host: &'a HeaderValue) -> Lines<'a> {
-        let mut l: Lines<'a> = [b""; 14];
+        let mut l: Lines<'a> = [b""; 14 + RUNS];
         (l[0], l[1], l[2]) = (b"host: ", host.as_bytes(), b"\r\n");
         if let Some((client_ip, original_host)) = &self.forwarding {
             (l[3], l[4], l[5]) = (b"x-forwarded-for: ", client_ip.as_bytes(), b"\r\n");
@@ -176,6 +182,9 @@ impl AddedLines {
         }
         if let Some(t) = &self.traceparent {
             (l[11], l[12], l[13]) = (b"traceparent: ", t, b"\r\n");
+        }
+        for (piece, run) in l[14..].iter_mut().zip(self.relayed.runs()) {
+            *piece = run;
         }
         l
     }
@@ -289,7 +298,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-session-id", HeaderValue::from_static("s"));
         let host = Some(HeaderValue::from_static("proxy:8080"));
-        let mut added = AddedLines::forwarding(&mut h, &ip, host.clone());
+        let mut added = AddedLines::forwarding(&mut h, &ip, host.clone(), Relayed::default());
         assert_eq!(h.len(), 1, "the map is left alone");
         assert_eq!(
             written(&added, "10.0.0.9:8000"),
@@ -301,14 +310,14 @@ mod tests {
         assert!(written(&added, "p")
             .ends_with("via: 1.1 flexinfer-proxy\r\nendpoint-load-metrics-format: text\r\n"));
         // Without an original host, no X-Forwarded-Host.
-        let added = AddedLines::forwarding(&mut h, &ip, None);
+        let added = AddedLines::forwarding(&mut h, &ip, None, Relayed::default());
         assert!(!written(&added, "p").contains("x-forwarded-host"));
 
         // A client that sent any of the three: the map is extended, the lines carry `Host`.
         for sent in ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"] {
             let mut h = HeaderMap::new();
             h.insert(sent, HeaderValue::from_static("https"));
-            let added = AddedLines::forwarding(&mut h, &ip, host.clone());
+            let added = AddedLines::forwarding(&mut h, &ip, host.clone(), Relayed::default());
             assert_eq!(written(&added, "p"), "host: p\r\n", "{sent}");
             assert_eq!(h["via"], "1.1 flexinfer-proxy");
             assert!(h.contains_key(X_FORWARDED_FOR) && h.contains_key(X_FORWARDED_PROTO));
@@ -320,7 +329,7 @@ mod tests {
             "endpoint-load-metrics-format",
             HeaderValue::from_static("json"),
         );
-        let mut added = AddedLines::forwarding(&mut h, &ip, None);
+        let mut added = AddedLines::forwarding(&mut h, &ip, None, Relayed::default());
         added.ask_load_report(&mut h);
         assert_eq!(h["endpoint-load-metrics-format"], "text");
         assert!(!written(&added, "p").contains("endpoint-load-metrics-format"));

@@ -26,6 +26,7 @@ pub mod prepare;
 pub mod queue;
 pub mod read_body;
 pub mod record;
+pub mod relayed;
 pub mod request_body;
 pub mod request_span;
 pub mod resolve;
@@ -161,7 +162,11 @@ async fn pipeline(
     ctx: &mut RequestCtx,
 ) -> Result<Answer, ApiError> {
     // 0. What the head alone refuses.
-    admit::head(parts, &shared.limits)?;
+    let relayed = body
+        .as_mut()
+        .map(RequestBody::take_relayed)
+        .unwrap_or_default();
+    admit::head(parts, &relayed, &shared.limits)?;
     let knobs = shared.router.knobs();
     let table = shared.table.load_full();
 
@@ -219,7 +224,7 @@ async fn pipeline(
     wait_for_prefill(knobs.cache_aware_prefill_wait, ctx).await;
 
     // 4. The upstream request's head.
-    let added = prepare::head(parts, uri, &peer.ip_header, up_body.read_len());
+    let added = prepare::head(parts, relayed, uri, &peer.ip_header, up_body.read_len());
 
     // 5. Forward.
     let forwarded = forward::forward(shared, ctx, parts, added, up_body).await?;

@@ -11,6 +11,7 @@ use http::{Method, Uri, Version};
 
 use super::headers;
 use super::read_body::ClientBody;
+use super::relayed::Relayed;
 use crate::body::{rewrite_model, BodyFields};
 use crate::upstream::UpBody;
 
@@ -57,11 +58,12 @@ pub fn origin_uri(uri: &Uri, forward_path: Option<PathAndQuery>) -> Uri {
 /// room to spare, so that adding them never grows (and rehashes) the map.
 pub const ADDED_HEADERS: usize = 2;
 
-/// The client's head made the upstream head, in place, and the lines written after it.
-/// `read_len` is the length of a body the proxy read (`None` when it streams the client's
-/// body, whose own length header then stays).
+/// The client's head made the upstream head, in place, and the lines written after it (the
+/// proxy's own, then the client's `relayed` ones). `read_len` is the length of a body the proxy
+/// read (`None` when it streams the client's body, whose own length header then stays).
 pub fn head(
     parts: &mut Parts,
+    relayed: Relayed,
     uri: Uri,
     client_ip: &HeaderValue,
     read_len: Option<usize>,
@@ -76,7 +78,8 @@ pub fn head(
     parts.uri = uri;
     parts.version = Version::HTTP_11;
     headers::strip_hop_by_hop(&mut parts.headers);
-    let added = headers::AddedLines::forwarding(&mut parts.headers, client_ip, original_host);
+    let added =
+        headers::AddedLines::forwarding(&mut parts.headers, client_ip, original_host, relayed);
     if let Some(len) = read_len {
         let bodyless = len == 0
             && matches!(

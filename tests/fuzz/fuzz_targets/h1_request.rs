@@ -6,7 +6,8 @@
 //! the server behind it, a second request hides inside the first. hyper is the reference (it
 //! served the proxy's clients before). Checked:
 //! - every request the proxy reads whole, hyper reads too, with the same method, target,
-//!   version, header lines (in order) and body bytes;
+//!   version, header fields (those in the map and those relayed as their lines; in order among
+//!   fields of one name) and body bytes;
 //! - every head the proxy refuses and hyper accepts is refused for one of the stricter rules of
 //!   `proxy::h1::request`, and the input shows that rule's cause (a bare LF, both framing
 //!   headers, two Host lines, a second or a non-final coding, TE in HTTP/1.0);
@@ -28,6 +29,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use libfuzzer_sys::fuzz_target;
 use routing_userspace::proxy::h1::request::{parse, Framing, HeadError};
+use routing_userspace::proxy::relayed::Relayed;
 use routing_userspace::upstream::h1::chunked::{ChunkedDecoder, Decoded};
 use tokio::io::AsyncWriteExt;
 
@@ -57,16 +59,25 @@ enum Theirs {
     Request(Read, Result<Vec<u8>, String>),
 }
 
-fn read_of(parts: &http::request::Parts) -> Read {
+/// The request as read: the map's fields and the `relayed` lines' (as `HeaderName` and
+/// `HeaderValue` hold them), ordered by name (the proxy relays the lines it does not read after
+/// the map's fields; the order among fields of one name is kept, and compared).
+fn read_of(parts: &http::request::Parts, relayed: Option<&Relayed>) -> Read {
+    let mut headers: Vec<(String, Vec<u8>)> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+        .collect();
+    for (name, value) in relayed.into_iter().flat_map(Relayed::fields) {
+        let name = String::from_utf8(name.to_ascii_lowercase()).expect("a token is ASCII");
+        headers.push((name, value.to_vec()));
+    }
+    headers.sort_by(|a, b| a.0.cmp(&b.0));
     Read {
         method: parts.method.as_str().to_owned(),
         target: parts.uri.to_string(),
         version: parts.version,
-        headers: parts
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-            .collect(),
+        headers,
     }
 }
 
@@ -77,7 +88,7 @@ fn ours(data: &[u8]) -> Ours {
         Ok(None) => return Ours::Incomplete,
         Err(e) => return Ours::Refused(e),
     };
-    let read = read_of(&head.parts);
+    let read = read_of(&head.parts, Some(&head.relayed));
     match head.framing {
         Framing::Empty => Ours::Whole(read, Vec::new()),
         Framing::Length(n) if buf.len() as u64 >= n => {
@@ -121,7 +132,7 @@ fn theirs(data: &[u8]) -> Theirs {
             let record = Arc::clone(&record);
             async move {
                 let (parts, body) = req.into_parts();
-                let read = read_of(&parts);
+                let read = read_of(&parts, None);
                 let body = body
                     .collect()
                     .await

@@ -403,6 +403,56 @@ async fn forwarding_headers_are_added_when_the_client_sent_none() {
     }
 }
 
+/// An OpenAI SDK's head: the fields the proxy does not read are relayed as their lines, the
+/// ones it reads still act (the session key routes), and each reaches the pod once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_sdks_fields_reach_the_pod_once_each() {
+    let dir = TempDir::new("sdk-fields");
+    let (backend, seen) = recording_backend().await;
+    let cfg = ModelsFile::new().model(
+        ModelEntry::new("solo")
+            .routing("session-affinity")
+            .endpoint(backend),
+    );
+    let proxy = start_proxy(&cfg, &["--route-header"], &[], dir.path()).await;
+    let body = chat_body("solo", None, "hi", "");
+    let sent = [
+        ("accept", "application/json"),
+        ("user-agent", "OpenAI/Python 1.54.4"),
+        ("x-stainless-lang", "python"),
+        ("x-stainless-os", "Linux"),
+        ("authorization", "Bearer sk-none"),
+        ("x-stainless-retry-count", "0"),
+        ("x-session-id", "s-7"),
+        ("x-custom", "a"),
+        ("x-custom", "b"),
+        ("content-type", "application/json"),
+    ];
+    let mut req = Request::post(format!("http://{}/v1/chat/completions", proxy.addr));
+    for (k, v) in sent {
+        req = req.header(k, v);
+    }
+    let r = send(req.body(Full::new(Bytes::from(body.clone()))).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let route = r.header("x-flexinfer-route").unwrap_or_default();
+    assert!(route.contains("key-source=session-header"), "{route}");
+    let head = seen.await.unwrap();
+    let lines: Vec<&str> = head.lines().collect();
+    for (k, v) in sent {
+        let line = format!("{k}: {}", v.to_ascii_lowercase());
+        let n = lines.iter().filter(|l| **l == line).count();
+        assert_eq!(n, 1, "{line}:\n{head}");
+    }
+    let customs: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("x-custom:"))
+        .collect();
+    assert_eq!(customs, [&"x-custom: a", &"x-custom: b"], "in their order");
+    assert!(lines.contains(&format!("content-length: {}", body.len()).as_str()));
+}
+
 /// The sim reports the xxh3-64 of the raw body it received.
 fn xxhash(s: &str) -> u64 {
     xxh3(s.as_bytes())

@@ -67,7 +67,9 @@ pub struct Settings {
     pub max_head_bytes: usize,
 }
 
-/// What waiting for a request head came to.
+/// What waiting for a request head came to (matched at once, so not boxed: a box would be an
+/// allocation a request).
+#[allow(clippy::large_enum_variant)]
 enum Next {
     Head(Head),
     /// The client closed, or the proxy is stopping and no request was begun.
@@ -118,6 +120,7 @@ where
         };
         let Head {
             parts,
+            relayed,
             framing,
             keep_alive,
             expect_continue,
@@ -149,7 +152,7 @@ where
         };
         let asked = Asked::of(&parts.method, parts.version, keep_alive);
         link.answered.store(false, Ordering::Relaxed);
-        let request = Request::from_parts(parts, RequestBody::Http1(body));
+        let request = Request::from_parts(parts, RequestBody::Http1(body, relayed));
         let mut watch = Watch {
             lent,
             body_finished: !lent,

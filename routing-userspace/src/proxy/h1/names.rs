@@ -11,16 +11,19 @@ use std::cell::RefCell;
 
 use http::header::{HeaderName, InvalidHeaderName};
 
+use crate::proxy::relayed::is_read;
+
 /// Names kept per thread (a power of two): direct-mapped by length and first and last byte.
 const SLOTS: usize = 64;
 /// Longer names are made afresh each time.
 const LONGEST: usize = 32;
 
-/// A name as a head spelled it, and the name.
+/// A name as a head spelled it, the name, and whether the proxy reads it.
 struct Kept {
     len: u8,
     spelled: [u8; LONGEST],
     name: HeaderName,
+    read: bool,
 }
 
 thread_local! {
@@ -29,28 +32,42 @@ thread_local! {
 
 /// What `HeaderName::from_bytes(raw)` gives.
 pub(super) fn name(raw: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
+    find(raw, |name, _| name.clone())
+}
+
+/// The name, if the proxy reads fields of that name (`proxy::relayed::READ`); `None` for a
+/// field it relays unread. Refused as `HeaderName::from_bytes(raw)` refuses it.
+pub(super) fn read_name(raw: &[u8]) -> Result<Option<HeaderName>, InvalidHeaderName> {
+    find(raw, |name, read| read.then(|| name.clone()))
+}
+
+/// `pick` of the name `raw` spells and whether it is read, the name kept for the next time.
+fn find<R>(raw: &[u8], pick: impl Fn(&HeaderName, bool) -> R) -> Result<R, InvalidHeaderName> {
     let (Some(&first), Some(&last)) = (raw.first(), raw.last()) else {
-        return HeaderName::from_bytes(raw);
+        return HeaderName::from_bytes(raw).map(|n| pick(&n, is_read(&n)));
     };
     if raw.len() > LONGEST {
-        return HeaderName::from_bytes(raw);
+        return HeaderName::from_bytes(raw).map(|n| pick(&n, is_read(&n)));
     }
     let slot = slot(raw.len(), first, last);
     KEPT.with_borrow_mut(|kept| {
         if let Some(k) = &kept[slot] {
             if &k.spelled[..usize::from(k.len)] == raw {
-                return Ok(k.name.clone());
+                return Ok(pick(&k.name, k.read));
             }
         }
         let name = HeaderName::from_bytes(raw)?;
+        let read = is_read(&name);
         let mut spelled = [0; LONGEST];
         spelled[..raw.len()].copy_from_slice(raw);
+        let picked = pick(&name, read);
         kept[slot] = Some(Kept {
             len: raw.len() as u8,
             spelled,
-            name: name.clone(),
+            name,
+            read,
         });
-        Ok(name)
+        Ok(picked)
     })
 }
 
@@ -110,11 +127,22 @@ mod tests {
             x ^= x << 17;
             let raw = names[(x % names.len() as u64) as usize].as_bytes();
             let want = HeaderName::from_bytes(raw);
-            let got = name(raw);
+            let (got, read) = match x % 2 {
+                0 => (name(raw), None),
+                _ => match read_name(raw) {
+                    Ok(Some(n)) => (Ok(n), Some(true)),
+                    // Relayed unread: `from_bytes` accepts it, and the proxy does not read it.
+                    Ok(None) => (HeaderName::from_bytes(raw), Some(false)),
+                    Err(e) => (Err(e), None),
+                },
+            };
             assert_eq!(got.is_ok(), want.is_ok(), "{raw:?}");
             if let (Ok(got), Ok(want)) = (got, want) {
                 assert_eq!(got, want);
                 assert_eq!(got.as_str(), want.as_str());
+                if let Some(read) = read {
+                    assert_eq!(read, is_read(&want), "{raw:?}");
+                }
             }
         }
     }

@@ -16,7 +16,8 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 
 use crate::proxy::prepare::ADDED_HEADERS;
-use crate::upstream::h1::head::decimal_length;
+use crate::proxy::relayed::Relayed;
+use crate::upstream::h1::head::{decimal_length, names_end_to_end};
 use crate::vocab::API_PATHS;
 
 /// Most header lines in a request head (more: 431, as hyper's default).
@@ -36,7 +37,10 @@ pub enum Framing {
 /// A parsed head and what the connection needs from it.
 #[derive(Debug)]
 pub struct Head {
+    /// The head, with the fields the proxy reads (`proxy::relayed::READ`) in its map.
     pub parts: http::request::Parts,
+    /// The other fields, relayed to the pod as their lines.
+    pub relayed: Relayed,
     pub framing: Framing,
     /// The client lets the connection carry another request after this one.
     pub keep_alive: bool,
@@ -85,7 +89,8 @@ impl HeadError {
 
 /// Parse the head at the front of `buf`: `Ok(None)` while it is incomplete, else the head,
 /// split off `buf`. The target (unless it is one of the API's paths, kept parsed) and the
-/// header values point into the head's bytes instead of being copied.
+/// header values point into the head's bytes instead of being copied; the fields the proxy does
+/// not read are not in the map but relayed as their lines ([`Relayed`]).
 pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     // Left uninitialized: httparse writes the slots it fills (100 empty headers set up front
     // cost about 500 instructions a request).
@@ -135,10 +140,31 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     let uri = target_uri(&head, target)?;
     // Room for what the proxy adds before forwarding, so the map is built once.
     let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
+    let mut relayed = Relayed::default();
     let mut has_length = false;
-    for &(n0, n1, v0, v1) in &spans[..count] {
-        let name = super::names::name(&head[n0 as usize..n1 as usize])
-            .map_err(|_| HeadError::Syntax("header name"))?;
+    for (i, &(n0, n1, v0, v1)) in spans[..count].iter().enumerate() {
+        let raw = &head[n0 as usize..n1 as usize];
+        let bad_name = |_| HeadError::Syntax("header name");
+        let read = match rules.connection_names_others {
+            // The fields it names are taken out of the map: all go there.
+            true => Some(super::names::name(raw).map_err(bad_name)?),
+            false => super::names::read_name(raw).map_err(bad_name)?,
+        };
+        let name = match read {
+            Some(name) => name,
+            None => {
+                // A line ends where the next begins (no folded line, no bare LF got here),
+                // the last one at the blank line.
+                let end = match i + 1 < count {
+                    true => spans[i + 1].0,
+                    false => (len - 2) as u32,
+                };
+                if relayed.push(&head, n0, end) {
+                    continue;
+                }
+                super::names::name(raw).map_err(bad_name)?
+            }
+        };
         if name == header::CONTENT_LENGTH && std::mem::replace(&mut has_length, true) {
             // A repeated equal length (a different one was refused above) is kept once, so
             // the pod is not sent two.
@@ -155,6 +181,7 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
     parts.headers = headers;
     Ok(Some(Head {
         parts,
+        relayed,
         framing,
         keep_alive,
         expect_continue,
@@ -217,6 +244,8 @@ struct Rules {
     close: bool,
     keep_alive: bool,
     expect_continue: bool,
+    /// A `Connection` header names a field besides the hop-by-hop ones (`close` counts).
+    connection_names_others: bool,
 }
 
 impl Rules {
@@ -265,6 +294,7 @@ impl Rules {
                 } else if token.eq_ignore_ascii_case(b"keep-alive") {
                     self.keep_alive = true;
                 }
+                self.connection_names_others |= names_end_to_end(token);
             }
         } else if is(b"expect") {
             self.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");

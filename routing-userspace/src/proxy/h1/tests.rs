@@ -243,6 +243,101 @@ fn an_api_path_reads_as_its_target_parsed() {
     }
 }
 
+/// A field the proxy does not read goes to the pod as its line; one it reads is in the map;
+/// a `Connection` header that names a field puts them all in the map (where it is removed).
+#[test]
+fn fields_the_proxy_does_not_read_are_relayed_as_their_lines() {
+    let text = "POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nAccept: application/json\r\nUser-Agent: OpenAI/Python 1.54.4\r\nX-Stainless-Lang:python \r\nAuthorization: Bearer sk\r\nX-Session-ID: s1\r\nx-stainless-retry-count: 0\r\nX-Custom: a\r\nx-custom: b\r\nContent-Length: 0\r\n\r\n";
+    let h = head(text).unwrap().unwrap();
+    let mapped: Vec<&str> = h.parts.headers.keys().map(|k| k.as_str()).collect();
+    assert_eq!(
+        mapped,
+        ["host", "authorization", "x-session-id", "content-length"]
+    );
+    let runs: Vec<&[u8]> = h.relayed.runs().collect();
+    assert_eq!(
+        runs,
+        [
+            &b"Accept: application/json\r\nUser-Agent: OpenAI/Python 1.54.4\r\nX-Stainless-Lang:python \r\n"[..],
+            b"x-stainless-retry-count: 0\r\nX-Custom: a\r\nx-custom: b\r\n",
+        ],
+        "runs of whole lines as they came"
+    );
+    let fields: Vec<(&[u8], &[u8])> = h.relayed.fields().collect();
+    assert_eq!(fields[2], (&b"X-Stainless-Lang"[..], &b"python"[..]));
+    assert_eq!(
+        fields[4..],
+        [(&b"X-Custom"[..], &b"a"[..]), (b"x-custom", b"b")],
+        "in order"
+    );
+    assert_eq!(h.relayed.len(), runs.iter().map(|r| r.len()).sum::<usize>());
+
+    // The last line ends at the blank line.
+    let h = head("GET / HTTP/1.1\r\nHost: p\r\nAccept: */*\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        h.relayed.runs().collect::<Vec<_>>(),
+        [&b"Accept: */*\r\n"[..]]
+    );
+
+    let h = head("GET / HTTP/1.1\r\nConnection: x-custom\r\nAccept: */*\r\nX-Custom: a\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert!(
+        h.relayed.is_empty(),
+        "Connection names a field: all in the map"
+    );
+    assert_eq!(h.parts.headers.len(), 3);
+
+    // More runs than are kept inline: the rest goes into the map, nothing is lost.
+    let interleaved: String = (0..10)
+        .map(|i| format!("x-session-id: s{i}\r\nx-u{i}: v\r\n"))
+        .collect();
+    let h = head(&format!("GET / HTTP/1.1\r\n{interleaved}\r\n"))
+        .unwrap()
+        .unwrap();
+    let relayed = h.relayed.fields().count();
+    assert_eq!(relayed, crate::proxy::relayed::RUNS);
+    assert_eq!(h.parts.headers.len() + relayed, 20);
+}
+
+/// The fields are relayed unchecked after httparse: it refuses every name byte `HeaderName`
+/// refuses and every value byte `HeaderValue` refuses in a request head too, and accepts the
+/// rest, so a relayed line is one the map would have taken.
+#[test]
+fn httparse_checks_a_requests_fields_as_http_does() {
+    for b in 0..=255u8 {
+        let read = |name: &[u8], value: &[u8]| {
+            let mut text = b"GET / HTTP/1.1\r\n".to_vec();
+            text.extend_from_slice(name);
+            text.extend_from_slice(b": ");
+            text.extend_from_slice(value);
+            text.extend_from_slice(b"\r\n\r\n");
+            parse(&mut BytesMut::from(&text[..]))
+        };
+        let value = [b'a', b, b'z'];
+        let got = read(b"X-V", &value);
+        let valid = http::HeaderValue::from_bytes(&value).is_ok();
+        assert_eq!(got.is_ok(), valid, "value byte {b:#x}");
+        if let Ok(Some(h)) = got {
+            assert_eq!(
+                h.relayed.fields().collect::<Vec<_>>(),
+                [(&b"X-V"[..], &value[..])]
+            );
+        }
+        if b == b':' {
+            continue;
+        }
+        let name = [b'x', b, b'y'];
+        assert_eq!(
+            read(&name, b"v").is_ok(),
+            http::HeaderName::from_bytes(&name).is_ok(),
+            "name byte {b:#x}"
+        );
+    }
+}
+
 #[test]
 fn a_head_reads_its_method_target_version_headers_and_connection() {
     let mut buf = BytesMut::from(

@@ -6,16 +6,18 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use super::targets::{Case, COMPLETION, MODEL};
+use super::targets::{Case, COMPLETION, MODEL, SDK_FIELDS};
 use crate::bench::peers::nginx_common;
 
 /// nginx `worker_connections` of the upstreams and the nginx proxy.
 const NGINX_CONNECTIONS: u32 = 4096;
 
-/// POSTs `body`; with `session`, every request carries a new `X-Session-ID` (a counter, so
-/// about 10 000 distinct values cycle).
-pub(super) fn wrk_script(body: &str, session: bool) -> String {
-    let request = if session {
+/// POSTs the case's body; a case that sends a session gives every request a new `X-Session-ID`
+/// (a counter, so about 10 000 distinct values cycle), and the `sdk` case adds the SDK's
+/// fields.
+pub(super) fn wrk_script(case: Case) -> String {
+    let body = case.body();
+    let request = if case.sends_session() {
         r#"
 local n = 0
 request = function()
@@ -27,10 +29,16 @@ end
     } else {
         ""
     };
+    let mut fields = String::new();
+    if case == Case::Sdk {
+        for (name, value) in SDK_FIELDS {
+            let _ = writeln!(fields, r#"wrk.headers["{name}"] = "{value}""#);
+        }
+    }
     format!(
         r#"wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = [==[{body}]==]
+{fields}wrk.body = [==[{body}]==]
 {request}
 done = function(summary, latency, requests)
   local e = summary.errors
@@ -86,7 +94,7 @@ pub(super) fn nginx_proxy_conf(
 ) -> String {
     let balance = match case {
         Case::LeastLoaded => "least_conn;",
-        Case::Session | Case::Prefix => "hash $http_x_session_id consistent;",
+        Case::Session | Case::Prefix | Case::Sdk => "hash $http_x_session_id consistent;",
     };
     let servers: String = upstreams
         .iter()
@@ -117,7 +125,9 @@ pub(super) fn nginx_proxy_conf(
 pub(super) fn haproxy_conf(port: u16, upstreams: &[SocketAddr], case: Case) -> String {
     let balance = match case {
         Case::LeastLoaded => "balance leastconn",
-        Case::Session | Case::Prefix => "balance hdr(X-Session-ID)\n    hash-type consistent",
+        Case::Session | Case::Prefix | Case::Sdk => {
+            "balance hdr(X-Session-ID)\n    hash-type consistent"
+        }
     };
     let servers: String = upstreams
         .iter()

@@ -5,7 +5,9 @@
 //! answers in microseconds; a simulated model server would hide the proxy). Every proxy runs
 //! one worker thread and routes one model over the three upstreams, per case: a session header
 //! with a small body (consistent hashing on `X-Session-ID`), a ~4 KB chat body (flexinfer
-//! routes it by its prefix, the header proxies by the session header) and least-loaded.
+//! routes it by its prefix, the header proxies by the session header), least-loaded, and `sdk`:
+//! the session case from a client that sends the header fields the OpenAI Python SDK sends (15
+//! in all, where wrk's own head has four).
 //! wrk -t1 and the upstreams share CPU 0; the proxy under test has CPU 1 to itself, so its
 //! requests per second are what one core of it serves. Configurations are interleaved round by
 //! round so drift hits all alike; the table gives the median and min..max over rounds, and
@@ -58,7 +60,7 @@ pub(crate) struct OverheadBench {
     pub connections: u32,
     /// Only these configurations and/or cases, comma-separated (configurations: direct, nginx,
     /// haproxy, smg, fx-userspace, fx-default, fx-trace-0, fx-trace-0.1, fx-trace-1; cases: session, prefix,
-    /// least-loaded). A kind not named is not filtered.
+    /// least-loaded, sdk). A kind not named is not filtered.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Skip building (use the release binary already in the target directory).
@@ -292,10 +294,10 @@ mod tests {
     #[test]
     fn only_filters_each_kind_it_names() {
         let (t, c) = select(&[]).unwrap();
-        assert_eq!((t.len(), c.len()), (TARGETS.len(), 3));
+        assert_eq!((t.len(), c.len()), (TARGETS.len(), CASES.len()));
         let (t, c) = select(&["haproxy".into(), "fx-default".into()]).unwrap();
         assert_eq!(t, vec![Target::Haproxy, Target::FxDefault]);
-        assert_eq!(c.len(), 3);
+        assert_eq!(c.len(), CASES.len());
         let (t, c) = select(&["prefix".into()]).unwrap();
         assert_eq!((t.len(), c), (TARGETS.len(), vec![Case::Prefix]));
         let (t, _) = select(&["fx-trace-0.1".into()]).unwrap();

@@ -111,7 +111,7 @@ pub(super) fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Resul
     let body = case.body();
     preflight(run.url_addr, case, &body, target, tag, env)?;
     let script = dir.join("load.lua");
-    std::fs::write(&script, wrk_script(&body, case.sends_session()))?;
+    std::fs::write(&script, wrk_script(case))?;
     let url = run.url();
     if env.args.warmup > 0 {
         wrk(env, &script, &url, env.args.warmup, None)?;
@@ -279,7 +279,7 @@ fn start_smg(
         .arg("--worker-urls")
         .args(upstreams.iter().map(|u| format!("http://{u}")))
         .args(["--policy", case.smg_policy()]);
-    if case == Case::Session {
+    if matches!(case, Case::Session | Case::Sdk) {
         cmd.args(["--routing-key-headers", "X-Session-ID"]);
     }
     cmd.args([

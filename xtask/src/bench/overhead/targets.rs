@@ -93,9 +93,27 @@ pub(super) enum Case {
     Session,
     Prefix,
     LeastLoaded,
+    /// The session case from a client that sends what the OpenAI Python SDK sends.
+    Sdk,
 }
 
-pub(super) const CASES: [Case; 3] = [Case::Session, Case::Prefix, Case::LeastLoaded];
+pub(super) const CASES: [Case; 4] = [Case::Session, Case::Prefix, Case::LeastLoaded, Case::Sdk];
+
+/// The header fields the OpenAI Python SDK (1.54) sends besides `Host`, `Content-Type`,
+/// `Content-Length` and the session header: the `sdk` case's client sends them all.
+pub(super) const SDK_FIELDS: [(&str, &str); 11] = [
+    ("Accept", "application/json"),
+    ("User-Agent", "OpenAI/Python 1.54.4"),
+    ("X-Stainless-Lang", "python"),
+    ("X-Stainless-Package-Version", "1.54.4"),
+    ("X-Stainless-OS", "Linux"),
+    ("X-Stainless-Arch", "x64"),
+    ("X-Stainless-Runtime", "CPython"),
+    ("X-Stainless-Runtime-Version", "3.11.7"),
+    ("x-stainless-retry-count", "0"),
+    ("x-stainless-read-timeout", "600"),
+    ("Authorization", "Bearer sk-none"),
+];
 
 impl Case {
     pub(super) fn name(self) -> &'static str {
@@ -103,13 +121,14 @@ impl Case {
             Case::Session => "session",
             Case::Prefix => "prefix",
             Case::LeastLoaded => "least-loaded",
+            Case::Sdk => "sdk",
         }
     }
 
     /// flexinfer's `routing:` for the case.
     pub(super) fn routing(self) -> &'static str {
         match self {
-            Case::Session => "session-affinity",
+            Case::Session | Case::Sdk => "session-affinity",
             Case::Prefix => "prefix",
             Case::LeastLoaded => "least-loaded",
         }
@@ -117,7 +136,7 @@ impl Case {
 
     pub(super) fn smg_policy(self) -> &'static str {
         match self {
-            Case::Session => "consistent_hashing",
+            Case::Session | Case::Sdk => "consistent_hashing",
             Case::Prefix => "prefix_hash",
             Case::LeastLoaded => "least_load",
         }
@@ -131,7 +150,7 @@ impl Case {
     pub(super) fn body(self) -> String {
         match self {
             Case::Prefix => prefix_body(),
-            Case::Session | Case::LeastLoaded => small_body(),
+            Case::Session | Case::LeastLoaded | Case::Sdk => small_body(),
         }
     }
 }
