@@ -15,6 +15,7 @@ use std::borrow::Cow;
 use flexinfer_fuzz::headers_and_body;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Uri};
 use libfuzzer_sys::fuzz_target;
+use routing_userspace::proxy::relayed::Relayed;
 use routing_userspace::proxy::{prepare, resolve};
 use routing_userspace::upstream::h1::head::{encode_request, BodyFraming, HOP_BY_HOP};
 
@@ -84,7 +85,13 @@ fn check_upstream_head(uri: &Uri, headers: &HeaderMap, method: Method) {
     *req.headers_mut() = headers.clone();
     let (mut parts, ()) = req.into_parts();
     let client_ip = HeaderValue::from_static("127.0.0.1");
-    let added = prepare::head(&mut parts, target.clone(), &client_ip, Some(0));
+    let added = prepare::head(
+        &mut parts,
+        Relayed::default(),
+        target.clone(),
+        &client_ip,
+        Some(0),
+    );
     for name in HOP_BY_HOP {
         assert!(!parts.headers.contains_key(name), "{name} forwarded");
     }

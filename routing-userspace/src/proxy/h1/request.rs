@@ -138,42 +138,13 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
 
     let head = buf.split_to(len).freeze();
     let uri = target_uri(&head, target)?;
-    // Room for what the proxy adds before forwarding, so the map is built once.
-    let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
-    let mut relayed = Relayed::default();
-    let mut has_length = false;
-    for (i, &(n0, n1, v0, v1)) in spans[..count].iter().enumerate() {
-        let raw = &head[n0 as usize..n1 as usize];
-        let bad_name = |_| HeadError::Syntax("header name");
-        let read = match rules.connection_names_others {
-            // The fields it names are taken out of the map: all go there.
-            true => Some(super::names::name(raw).map_err(bad_name)?),
-            false => super::names::read_name(raw).map_err(bad_name)?,
-        };
-        let name = match read {
-            Some(name) => name,
-            None => {
-                // A line ends where the next begins (no folded line, no bare LF got here),
-                // the last one at the blank line.
-                let end = match i + 1 < count {
-                    true => spans[i + 1].0,
-                    false => (len - 2) as u32,
-                };
-                if relayed.push(&head, n0, end) {
-                    continue;
-                }
-                super::names::name(raw).map_err(bad_name)?
-            }
-        };
-        if name == header::CONTENT_LENGTH && std::mem::replace(&mut has_length, true) {
-            // A repeated equal length (a different one was refused above) is kept once, so
-            // the pod is not sent two.
-            continue;
-        }
-        let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
-            .map_err(|_| HeadError::Syntax("header value"))?;
-        headers.append(name, value);
-    }
+    let spans = &spans[..count];
+    let (headers, relayed) = match fields(&head, spans, rules.connection_names_others)? {
+        Some(split) => split,
+        // More runs of relayed lines than are kept: all in the map, so that the fields of one
+        // name stay in their order.
+        None => fields(&head, spans, true)?.expect("nothing is relayed"),
+    };
     let mut parts = Request::new(()).into_parts().0;
     parts.method = method;
     parts.uri = uri;
@@ -186,6 +157,48 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, HeadError> {
         keep_alive,
         expect_continue,
     }))
+}
+
+/// The fields at `spans` (name and value ranges) of `head`: those the proxy reads in a map,
+/// the others relayed as their lines (all in the map with `all_in_map`). `None` when the
+/// relayed lines would need more runs than are kept.
+fn fields(
+    head: &bytes::Bytes,
+    spans: &[(u32, u32, u32, u32)],
+    all_in_map: bool,
+) -> Result<Option<(HeaderMap, Relayed)>, HeadError> {
+    // Room for what the proxy adds before forwarding, so the map is built once.
+    let mut headers = HeaderMap::with_capacity(spans.len() + ADDED_HEADERS);
+    let mut relayed = Relayed::default();
+    let mut has_length = false;
+    let bad_name = |_| HeadError::Syntax("header name");
+    for (i, &(n0, n1, v0, v1)) in spans.iter().enumerate() {
+        let raw = &head[n0 as usize..n1 as usize];
+        let read = match all_in_map {
+            true => Some(super::names::name(raw).map_err(bad_name)?),
+            false => super::names::read_name(raw).map_err(bad_name)?,
+        };
+        let Some(name) = read else {
+            // A line ends where the next begins (no folded line, no bare LF got here), the
+            // last one at the blank line.
+            let end = spans
+                .get(i + 1)
+                .map_or(head.len() as u32 - 2, |next| next.0);
+            if !relayed.push(head, n0, end) {
+                return Ok(None);
+            }
+            continue;
+        };
+        if name == header::CONTENT_LENGTH && std::mem::replace(&mut has_length, true) {
+            // A repeated equal length (a different one was refused above) is kept once, so
+            // the pod is not sent two.
+            continue;
+        }
+        let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
+            .map_err(|_| HeadError::Syntax("header value"))?;
+        headers.append(name, value);
+    }
+    Ok(Some((headers, relayed)))
 }
 
 fn syntax_name(e: httparse::Error) -> &'static str {
