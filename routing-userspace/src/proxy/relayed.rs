@@ -63,7 +63,9 @@ pub const READ: [HeaderName; 25] = [
 
 /// Whether the proxy reads fields named `name` (see [`READ`]).
 pub fn is_read(name: &HeaderName) -> bool {
-    READ.iter().any(|r| r == name)
+    let name = name.as_str();
+    READ.iter()
+        .any(|r| r.as_str().len() == name.len() && r.as_str() == name)
 }
 
 /// Most runs of adjacent relayed lines kept (in one allocation: with eight, the allocation
