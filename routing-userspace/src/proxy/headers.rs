@@ -68,9 +68,10 @@ fn names_other_headers(headers: &HeaderMap) -> bool {
         .any(names_end_to_end)
 }
 
-/// Header lines the upstream encoder writes after the head's own: `Host` and a sampled
-/// attempt's `traceparent` (per attempt), and the forwarding headers and the load-report
-/// request when the client's head does not carry a header of theirs (see the module doc).
+/// Header lines the upstream encoder writes after the map's: `Host` and a sampled attempt's
+/// `traceparent` (per attempt), the forwarding headers and the load-report request when the
+/// client's head does not carry a header of theirs (see the module doc), then the client's
+/// fields relayed unread (`super::relayed`).
 #[derive(Debug, Clone, Default)]
 pub struct AddedLines {
     /// The client's address and original `Host`, when the map does not carry the forwarding
