@@ -67,9 +67,7 @@ pub struct Settings {
     pub max_head_bytes: usize,
 }
 
-/// What waiting for a request head came to (matched at once, so not boxed: a box would be an
-/// allocation a request).
-#[allow(clippy::large_enum_variant)]
+/// What waiting for a request head came to.
 enum Next {
     Head(Head),
     /// The client closed, or the proxy is stopping and no request was begun.
