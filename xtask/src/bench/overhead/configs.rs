@@ -12,11 +12,10 @@ use crate::bench::peers::nginx_common;
 /// nginx `worker_connections` of the upstreams and the nginx proxy.
 const NGINX_CONNECTIONS: u32 = 4096;
 
-/// POSTs the case's body; a case that sends a session gives every request a new `X-Session-ID`
-/// (a counter, so about 10 000 distinct values cycle), and the `sdk` case adds the SDK's
-/// fields.
-pub(super) fn wrk_script(case: Case) -> String {
-    let body = case.body();
+/// POSTs `body` (the case's); a case that sends a session gives every request a new
+/// `X-Session-ID` (a counter, so about 10 000 distinct values cycle), and the `sdk` case adds the
+/// SDK's fields.
+pub(super) fn wrk_script(case: Case, body: &str) -> String {
     let request = if case.sends_session() {
         r#"
 local n = 0
@@ -92,9 +91,9 @@ pub(super) fn nginx_proxy_conf(
     upstreams: &[SocketAddr],
     case: Case,
 ) -> String {
-    let balance = match case {
-        Case::LeastLoaded => "least_conn;",
-        Case::Session | Case::Prefix | Case::Sdk => "hash $http_x_session_id consistent;",
+    let balance = match case.sends_session() {
+        true => "hash $http_x_session_id consistent;",
+        false => "least_conn;",
     };
     let servers: String = upstreams
         .iter()
@@ -123,11 +122,9 @@ pub(super) fn nginx_proxy_conf(
 }
 
 pub(super) fn haproxy_conf(port: u16, upstreams: &[SocketAddr], case: Case) -> String {
-    let balance = match case {
-        Case::LeastLoaded => "balance leastconn",
-        Case::Session | Case::Prefix | Case::Sdk => {
-            "balance hdr(X-Session-ID)\n    hash-type consistent"
-        }
+    let balance = match case.sends_session() {
+        true => "balance hdr(X-Session-ID)\n    hash-type consistent",
+        false => "balance leastconn",
     };
     let servers: String = upstreams
         .iter()

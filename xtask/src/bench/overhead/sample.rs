@@ -111,7 +111,7 @@ pub(super) fn run_one(target: Target, case: Case, tag: &str, env: &Env) -> Resul
     let body = case.body();
     preflight(run.url_addr, case, &body, target, tag, env)?;
     let script = dir.join("load.lua");
-    std::fs::write(&script, wrk_script(case))?;
+    std::fs::write(&script, wrk_script(case, &body))?;
     let url = run.url();
     if env.args.warmup > 0 {
         wrk(env, &script, &url, env.args.warmup, None)?;

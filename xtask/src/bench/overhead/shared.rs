@@ -121,7 +121,7 @@ fn run_pair(
         groups.push(group);
         preflight(run.url_addr(), case, &body, t, &side_tag, env)?;
         let script = dir.join("load.lua");
-        std::fs::write(&script, wrk_script(case))?;
+        std::fs::write(&script, wrk_script(case, &body))?;
         sides.push((side_tag, t, run, script));
     }
     let both = |secs: u32, save: bool| -> Result<Vec<String>> {
