@@ -197,6 +197,17 @@ fn a_queue_longer_than_a_batch_gives_its_oldest_spans_first() {
     assert_eq!(ids(&rest), [4, 5, 6]);
     assert_eq!(rest.iter().count(), rest.len());
     assert!(q.take_at_least(1, 3).is_empty());
+    // twice over a batch, with a spare to take the rest: the oldest first again, each span
+    // whole
+    q.recycle(rest);
+    for n in 7..=13 {
+        sink.send(&span(n));
+    }
+    let (a, b, c) = (q.take(3), q.take(3), q.take(3));
+    assert_eq!(
+        (ids(&a), ids(&b), ids(&c)),
+        (vec![7, 8, 9], vec![10, 11, 12], vec![13])
+    );
 }
 
 /// With nothing queued, shutdown ends at once; a span queued after it goes nowhere.

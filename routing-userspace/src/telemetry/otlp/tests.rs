@@ -70,8 +70,8 @@ fn attempt<'a, 'v>(n: u64, parent: u64, attributes: &'a Attributes<'v>) -> Ended
     }
 }
 
-/// `spans` encoded by `e` and framed by `f`, as the request body.
-fn body(e: &mut SpanEncoder, f: &Encoder, spans: &[EndedSpan<'_, '_>]) -> Bytes {
+/// `spans` encoded by `e`, as the export queue holds them.
+fn queued(e: &mut SpanEncoder, spans: &[EndedSpan<'_, '_>]) -> SpanBatch {
     let mut batch = SpanBatch::default();
     let mut one = Vec::new();
     for s in spans {
@@ -79,7 +79,12 @@ fn body(e: &mut SpanEncoder, f: &Encoder, spans: &[EndedSpan<'_, '_>]) -> Bytes 
         e.encode(s, &mut one);
         batch.push(&one);
     }
-    f.encode(&batch)
+    batch
+}
+
+/// `spans` encoded by `e` and framed by `f`, as the request body.
+fn body(e: &mut SpanEncoder, f: &Encoder, spans: &[EndedSpan<'_, '_>]) -> Bytes {
+    f.encode(&queued(e, spans))
 }
 
 /// The body of `spans` from fresh encoders (the resource's attributes come in the order of
@@ -255,12 +260,84 @@ fn reused_buffers_leave_nothing_of_earlier_batches() {
         vec![server(7, &sa), other, attempt(8, 7, &aa), server(10, &sa)],
         vec![server(11, &sa)],
     ];
+    let mut reused_body = Vec::new();
     for batch in &batches {
         let fresh = fresh_body(&r, batch);
         let body = body(&mut e, &f, batch);
         assert_eq!(decode(&body).0, decode(&fresh).0);
         assert_eq!(body, fresh, "the same bytes");
         assert_eq!(decode(&body).1.len(), batch.len());
+        f.encode_into(&queued(&mut e, batch), &mut reused_body);
+        assert_eq!(reused_body, fresh, "a body filled again");
+    }
+}
+
+/// A collector that keeps where each body it was sent lay in memory, and its bytes.
+#[derive(Debug, Default, Clone)]
+struct Recording {
+    bodies: Arc<std::sync::Mutex<Vec<(usize, Bytes)>>>,
+}
+
+/// (The trait is an `async_trait`: its method returns a boxed future.)
+impl opentelemetry_http::HttpClient for Recording {
+    fn send_bytes<'s, 'f>(
+        &'s self,
+        request: http::Request<Bytes>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<http::Response<Bytes>, opentelemetry_http::HttpError>,
+                > + Send
+                + 'f,
+        >,
+    >
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        let body = request.into_body();
+        let copy = Bytes::copy_from_slice(&body);
+        self.bodies
+            .lock()
+            .unwrap()
+            .push((body.as_ptr() as usize, copy));
+        Box::pin(std::future::ready(Ok(http::Response::new(Bytes::new()))))
+    }
+}
+
+/// The body of an export the HTTP client has dropped is filled by the next export: no batch
+/// after the first needs fresh memory, and each body is still the batch's own request.
+#[tokio::test]
+async fn an_export_reuses_the_body_the_client_dropped() {
+    let (sa, aa) = (server_attributes(), attempt_attributes());
+    let r = resource();
+    let client = Recording::default();
+    let mut exporter = OtlpHttpExporter::new(
+        client.clone(),
+        "http://127.0.0.1:4318/v1/traces".parse().unwrap(),
+        http::HeaderMap::new(),
+        &r,
+    );
+    let mut e = SpanEncoder::default();
+    let batches = [
+        vec![server(1, &sa), attempt(2, 1, &aa), server(3, &sa)],
+        vec![server(4, &sa), attempt(5, 4, &aa)],
+        vec![attempt(6, 4, &aa)],
+    ];
+    for batch in &batches {
+        exporter.export(&queued(&mut e, batch)).await.expect("sent");
+        let kept = exporter.bodies.lock().unwrap();
+        assert_eq!(kept.len(), 1, "the body came back");
+        assert!(kept[0].capacity() >= fresh_body(&r, batch).len());
+    }
+    let sent = client.bodies.lock().unwrap();
+    assert_eq!(sent.len(), 3);
+    assert!(
+        sent.iter().all(|(at, _)| *at == sent[0].0),
+        "one body, filled three times"
+    );
+    for ((_, bytes), batch) in sent.iter().zip(&batches) {
+        assert_eq!(bytes, &fresh_body(&r, batch));
     }
 }
 
