@@ -23,6 +23,11 @@ data: [DONE]
 
 "#;
 
+/// A whole chat completion (not streamed), as a fast backend answers a short request, and a
+/// llama.cpp answer with its `timings`.
+const COMPLETION: &[u8] = br#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":10,"total_tokens":22}}"#;
+const LLAMA_COMPLETION: &[u8] = br#"{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant","content":"Jumps: I'm afraid that's"}}],"created":1796599264,"model":"m","system_fingerprint":"b0-unknown","object":"chat.completion","usage":{"completion_tokens":8,"prompt_tokens":40,"total_tokens":48,"prompt_tokens_details":{"cached_tokens":32}},"id":"chatcmpl-cquSEhI0x6GkIAf8pDhcJmc9dplQ10Wr","timings":{"cache_n":32,"prompt_n":8,"prompt_ms":237.442,"prompt_per_token_ms":5.93605,"prompt_per_second":168.46219287236462,"predicted_n":8,"predicted_ms":82.538,"predicted_per_token_ms":10.31725,"predicted_per_second":96.92505270299741}}"#;
+
 const HEADER: &[u8] =
     b"TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3.0";
 
@@ -44,6 +49,21 @@ fn signals(c: &mut Criterion) {
             black_box(o.usage())
         })
     });
+    for (name, body) in [
+        ("usage_observer/a chat completion, then usage", COMPLETION),
+        (
+            "usage_observer/a llama.cpp completion, then usage",
+            LLAMA_COMPLETION,
+        ),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut o = UsageObserver::new();
+                o.feed(black_box(body));
+                black_box(o.usage())
+            })
+        });
+    }
     g.bench_function("orca/parse vLLM header", |b| {
         b.iter(|| black_box(orca::parse(black_box(HEADER))))
     });
