@@ -7,9 +7,9 @@
 //! Here a span is encoded when it ends ([`SpanEncoder`], one per request thread), into reused
 //! messages, its attributes copied from their last encoding where they repeat (`attributes`);
 //! the export request frames the encoded spans (see [`Encoder`] for why), so an export
-//! copies each span once, into a body the HTTP client gives back when it has sent it. The message
-//! types, their encoding and the wire format (`application/x-protobuf` POST, a 2xx answer,
-//! partial success in the answer's body) are the OTLP crates' and the specification's.
+//! copies each span once, into a body the HTTP client gives back when it has sent it. The
+//! message types, their encoding and the wire format (`application/x-protobuf` POST, a 2xx
+//! answer, partial success in the answer's body) are the OTLP crates' and the specification's.
 
 use std::sync::{Arc, Mutex};
 
@@ -173,11 +173,45 @@ pub struct OtlpHttpExporter<C> {
     headers: HeaderMap,
     encoder: Encoder,
     /// Bodies the HTTP client has sent and dropped, for the next exports to fill.
-    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+    bodies: Bodies,
 }
 
 /// Bodies kept for reuse at most: one being sent, one being filled.
 const BODIES_KEPT: usize = 2;
+
+/// The bodies an exporter keeps for reuse (its `Debug` says how many, not what they hold).
+#[derive(Clone, Default)]
+struct Bodies(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl Bodies {
+    /// A kept body (emptied by whoever fills it), or a new one.
+    fn take(&self) -> Vec<u8> {
+        crate::lock::lock(&self.0).pop().unwrap_or_default()
+    }
+
+    /// Keep `body` for a later export, if fewer than [`BODIES_KEPT`] are kept.
+    fn keep(&self, body: Vec<u8>) {
+        let mut kept = crate::lock::lock(&self.0);
+        if kept.len() < BODIES_KEPT {
+            kept.push(body);
+        }
+    }
+
+    /// The kept bodies' capacities (tests).
+    #[cfg(test)]
+    fn capacities(&self) -> Vec<usize> {
+        crate::lock::lock(&self.0)
+            .iter()
+            .map(Vec::capacity)
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for Bodies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bodies({} kept)", crate::lock::lock(&self.0).len())
+    }
+}
 
 /// An export request's body that goes back to its exporter's `bodies` when the HTTP client
 /// drops it. Why: a body is a batch's size (a few hundred KB at 512 spans), and a fresh one
@@ -185,7 +219,7 @@ const BODIES_KEPT: usize = 2;
 /// requests at sampling 1.0); a body reused is memory already mapped.
 struct ReturningBody {
     bytes: Vec<u8>,
-    home: Arc<Mutex<Vec<Vec<u8>>>>,
+    home: Bodies,
 }
 
 impl AsRef<[u8]> for ReturningBody {
@@ -196,10 +230,7 @@ impl AsRef<[u8]> for ReturningBody {
 
 impl Drop for ReturningBody {
     fn drop(&mut self) {
-        let mut home = crate::lock::lock(&self.home);
-        if home.len() < BODIES_KEPT {
-            home.push(std::mem::take(&mut self.bytes));
-        }
+        self.home.keep(std::mem::take(&mut self.bytes));
     }
 }
 
@@ -227,7 +258,7 @@ impl<C: HttpClient + 'static> OtlpHttpExporter<C> {
             endpoint,
             headers: all,
             encoder: Encoder::new(resource),
-            bodies: Arc::default(),
+            bodies: Bodies::default(),
         }
     }
 }
@@ -237,11 +268,11 @@ where
     C: HttpClient + Send + Sync + 'static,
 {
     async fn export(&mut self, batch: &SpanBatch) -> Result<(), String> {
-        let mut bytes = crate::lock::lock(&self.bodies).pop().unwrap_or_default();
+        let mut bytes = self.bodies.take();
         self.encoder.encode_into(batch, &mut bytes);
         let body = Bytes::from_owner(ReturningBody {
             bytes,
-            home: Arc::clone(&self.bodies),
+            home: self.bodies.clone(),
         });
         let mut request = http::Request::post(self.endpoint.clone())
             .body(body)

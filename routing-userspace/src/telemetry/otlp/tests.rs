@@ -326,9 +326,9 @@ async fn an_export_reuses_the_body_the_client_dropped() {
     ];
     for batch in &batches {
         exporter.export(&queued(&mut e, batch)).await.expect("sent");
-        let kept = exporter.bodies.lock().unwrap();
+        let kept = exporter.bodies.capacities();
         assert_eq!(kept.len(), 1, "the body came back");
-        assert!(kept[0].capacity() >= fresh_body(&r, batch).len());
+        assert!(kept[0] >= fresh_body(&r, batch).len());
     }
     let sent = client.bodies.lock().unwrap();
     assert_eq!(sent.len(), 3);
