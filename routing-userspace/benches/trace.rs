@@ -1,7 +1,7 @@
 //! What a sampled request costs in tracing, in two parts that add up: its spans on the request
 //! path (start, one attempt, the server span's attributes, both spans encoded and queued), and
 //! the export task's framing of them into an OTLP request (per span, in batches of the default
-//! 512).
+//! 512); and what gzip (`OTEL_EXPORTER_OTLP_COMPRESSION=gzip`) adds to an export, per span.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::Instant;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use http::{HeaderMap, Method};
 use routing_userspace::telemetry::export::SpanQueue;
-use routing_userspace::telemetry::otlp::Encoder;
+use routing_userspace::telemetry::otlp::{Encoder, Gzip};
 use routing_userspace::telemetry::span::{AddAttributes, HeldStr};
 use routing_userspace::telemetry::{AttemptEnd, Attributes, Sampler, SpanSink, Trace, Tracer};
 
@@ -100,6 +100,19 @@ fn trace(c: &mut Criterion) {
     g.throughput(Throughput::Elements(batch.len() as u64));
     g.bench_function("export/frame a batch of 512 spans (per span)", |b| {
         b.iter(|| black_box(encoder.encode(black_box(&batch))))
+    });
+    let body = encoder.encode(&batch);
+    let (mut gzip, mut gzipped) = (Gzip::default(), Vec::new());
+    gzip.compress(&body, &mut gzipped);
+    eprintln!(
+        "trace: a body of {} spans is {} bytes, {} gzipped ({:.1}x smaller)",
+        batch.len(),
+        body.len(),
+        gzipped.len(),
+        body.len() as f64 / gzipped.len() as f64
+    );
+    g.bench_function("export/gzip a batch of 512 spans (per span)", |b| {
+        b.iter(|| gzip.compress(black_box(&body), &mut gzipped))
     });
     g.finish();
 }

@@ -299,6 +299,7 @@ pub fn variants() -> Vec<Value> {
         json!({"proxy": {"tracing": {"batchSize": 128}}}),
         json!({"proxy": {"tracing": {"scheduleDelayMillis": 250}}}),
         json!({"proxy": {"tracing": {"exportTimeoutMillis": 3000}}}),
+        json!({"proxy": {"tracing": {"compression": "gzip"}}}),
         json!({"proxy": {"tracing": {
             "endpoint": "https://otel.example.com",
             "caConfigMap": "otel-ca",

@@ -75,6 +75,8 @@ pub struct Receiver {
     requests: Arc<Mutex<u64>>,
     /// The `authorization` header of the last export request.
     authorization: Arc<Mutex<Option<String>>>,
+    /// The `content-encoding` header of the last export request.
+    encoding: Arc<Mutex<Option<String>>>,
     tls: bool,
     task: JoinHandle<()>,
 }
@@ -94,6 +96,11 @@ impl Receiver {
 
     pub fn authorization(&self) -> Option<String> {
         self.authorization.lock().unwrap().clone()
+    }
+
+    /// The `content-encoding` of the last export request (`None`: the body as it is).
+    pub fn encoding(&self) -> Option<String> {
+        self.encoding.lock().unwrap().clone()
     }
 
     pub fn spans(&self) -> Vec<Received> {
@@ -143,6 +150,7 @@ struct Shared {
     keep: Arc<Mutex<Vec<Received>>>,
     count: Arc<Mutex<u64>>,
     authorization: Arc<Mutex<Option<String>>>,
+    encodings: Arc<Mutex<Option<String>>>,
     hang: bool,
 }
 
@@ -153,12 +161,14 @@ async fn start(hang: bool, tls: Option<TlsAcceptor>) -> Receiver {
         keep: Arc::new(Mutex::new(Vec::new())),
         count: Arc::new(Mutex::new(0)),
         authorization: Arc::new(Mutex::new(None)),
+        encodings: Arc::new(Mutex::new(None)),
         hang,
     };
-    let (spans, requests, authorization) = (
+    let (spans, requests, authorization, encoding) = (
         shared.keep.clone(),
         shared.count.clone(),
         shared.authorization.clone(),
+        shared.encodings.clone(),
     );
     let is_tls = tls.is_some();
     let task = tokio::spawn(async move {
@@ -183,6 +193,7 @@ async fn start(hang: bool, tls: Option<TlsAcceptor>) -> Receiver {
         spans,
         requests,
         authorization,
+        encoding,
         tls: is_tls,
         task,
     }
@@ -196,6 +207,7 @@ async fn handle(
         keep,
         count,
         authorization,
+        encodings,
         hang,
     } = shared;
     let ok_path = req.uri().path() == "/v1/traces";
@@ -208,7 +220,17 @@ async fn handle(
         .headers()
         .get("content-type")
         .map(|v| v.as_bytes().to_vec());
-    let body = req.into_body().collect().await.map(|b| b.to_bytes());
+    let encoding = req
+        .headers()
+        .get("content-encoding")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    *encodings.lock().unwrap() = encoding.clone();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map_err(|_| ())
+        .and_then(|b| decoded_body(b.to_bytes(), encoding.as_deref()));
     *count.lock().unwrap() += 1;
     if hang {
         std::future::pending::<()>().await;
@@ -232,6 +254,23 @@ async fn handle(
         .body(Full::new(Bytes::new()))
         .unwrap();
     Ok(resp)
+}
+
+/// The body as sent, or gunzipped under `Content-Encoding: gzip` (as a collector reads it);
+/// any other encoding is refused.
+fn decoded_body(body: Bytes, encoding: Option<&str>) -> Result<Bytes, ()> {
+    use std::io::Read;
+    match encoding {
+        None | Some("identity") => Ok(body),
+        Some("gzip") => {
+            let mut plain = Vec::new();
+            flate2::read::GzDecoder::new(&body[..])
+                .read_to_end(&mut plain)
+                .map_err(|_| ())?;
+            Ok(Bytes::from(plain))
+        }
+        Some(_) => Err(()),
+    }
 }
 
 fn flatten(export: ExportTraceServiceRequest) -> Vec<Received> {

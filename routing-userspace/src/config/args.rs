@@ -616,6 +616,15 @@ pub struct TraceArgs {
     #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE")]
     pub otlp_traces_certificate: Option<std::path::PathBuf>,
 
+    /// Export request bodies compressed: gzip or none (the default). Worth it when the
+    /// collector is across a network; it costs the proxy CPU.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_COMPRESSION")]
+    pub otlp_compression: Option<String>,
+
+    /// The same for traces (wins over --otlp-compression).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")]
+    pub otlp_traces_compression: Option<String>,
+
     /// `service.name` of the spans.
     #[arg(long, env = "OTEL_SERVICE_NAME", default_value = DEFAULT_SERVICE_NAME)]
     pub otel_service_name: String,

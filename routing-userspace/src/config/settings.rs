@@ -23,7 +23,7 @@ use crate::proxy::RequestLimits;
 use crate::router::health::EjectionPolicy;
 use crate::router::RoutingKnobs;
 use crate::signals::{ScrapeConfig, SignalSettings};
-use crate::telemetry::settings::traces_endpoint;
+use crate::telemetry::settings::{traces_endpoint, Compression};
 use crate::telemetry::{Sampler, TraceSettings};
 use crate::upstream::UpstreamOptions;
 
@@ -178,6 +178,7 @@ pub fn trace_settings(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> TraceSe
         });
         Sampler::DEFAULT
     });
+    let compression = trace_compression(a, warnings);
     TraceSettings {
         endpoint: traces_endpoint(
             a.otlp_endpoint.as_deref(),
@@ -194,7 +195,26 @@ pub fn trace_settings(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> TraceSe
             .flatten()
             .find(|p| !p.as_os_str().is_empty())
             .cloned(),
+        compression,
     }
+}
+
+/// The traces variable if set, else the general one. A value other than gzip or none is
+/// ignored with a warning, as the OpenTelemetry specification asks of an unknown enum value.
+fn trace_compression(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> Compression {
+    let (knob, value) = match (&a.otlp_traces_compression, &a.otlp_compression) {
+        (Some(v), _) if !v.trim().is_empty() => ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", v),
+        (_, Some(v)) => ("OTEL_EXPORTER_OTLP_COMPRESSION", v),
+        _ => return Compression::None,
+    };
+    Compression::parse(value).unwrap_or_else(|e| {
+        warnings.push(KnobWarning {
+            knob,
+            value: e,
+            used: Compression::None.as_str().to_owned(),
+        });
+        Compression::None
+    })
 }
 
 /// The engine-signal settings: scraping off when its budget is 0.

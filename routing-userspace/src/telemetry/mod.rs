@@ -56,7 +56,8 @@ pub fn start(
     let resource = Resource::builder()
         .with_service_name(settings.service_name.clone())
         .build();
-    let exporter = otlp::OtlpHttpExporter::new(client, uri, headers, &resource);
+    let exporter =
+        otlp::OtlpHttpExporter::new(client, uri, headers, &resource, settings.compression);
     let (sink, handle) = export::start(exporter, settings, metrics);
     Ok(Some((
         Arc::new(Tracer::new(settings.sampler, sink)),

@@ -14,7 +14,9 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, USER_AGENT};
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_TYPE, USER_AGENT,
+};
 use opentelemetry_http::HttpClient;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
@@ -23,13 +25,17 @@ use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
 use prost::Message;
 
 use super::export::{Exporter, SpanBatch};
+use super::settings::Compression;
 use super::span::EndedSpan;
 use attributes::AttributeEncoder;
 use fields::SpanFields;
 
 mod attributes;
 mod fields;
+mod gzip;
 mod kept;
+
+pub use gzip::Gzip;
 
 /// The instrumentation scope of every span.
 const SCOPE_NAME: &str = "flexinfer-proxy";
@@ -174,9 +180,12 @@ pub struct OtlpHttpExporter<C> {
     encoder: Encoder,
     /// Bodies the HTTP client has sent and dropped, for the next exports to fill.
     bodies: Bodies,
+    /// Set when bodies are sent gzipped.
+    gzip: Option<gzip::Gzip>,
 }
 
-/// Bodies kept for reuse at most: one being sent, one being filled.
+/// Bodies kept for reuse at most: one being sent, one being filled (gzipped: the encoded body
+/// and the compressed one).
 const BODIES_KEPT: usize = 2;
 
 /// The bodies an exporter keeps for reuse (its `Debug` says how many, not what they hold).
@@ -235,15 +244,16 @@ impl Drop for ReturningBody {
 }
 
 impl<C: HttpClient + 'static> OtlpHttpExporter<C> {
-    /// An exporter to `endpoint` with `headers` on every request (`OTEL_EXPORTER_OTLP_HEADERS`)
-    /// and `resource` on every span.
+    /// An exporter to `endpoint` with `headers` on every request (`OTEL_EXPORTER_OTLP_HEADERS`),
+    /// `resource` on every span, and bodies compressed as `compression` says.
     pub fn new(
         client: C,
         endpoint: http::Uri,
         headers: HeaderMap,
         resource: &opentelemetry_sdk::Resource,
+        compression: Compression,
     ) -> Self {
-        let mut all = HeaderMap::with_capacity(2 + headers.len());
+        let mut all = HeaderMap::with_capacity(3 + headers.len());
         all.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/x-protobuf"),
@@ -252,6 +262,13 @@ impl<C: HttpClient + 'static> OtlpHttpExporter<C> {
             USER_AGENT,
             HeaderValue::from_static(concat!("flexinfer-proxy/", env!("CARGO_PKG_VERSION"))),
         );
+        let gzip = match compression {
+            Compression::Gzip => {
+                all.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+                Some(gzip::Gzip::default())
+            }
+            Compression::None => None,
+        };
         all.extend(headers);
         Self {
             client,
@@ -259,6 +276,7 @@ impl<C: HttpClient + 'static> OtlpHttpExporter<C> {
             headers: all,
             encoder: Encoder::new(resource),
             bodies: Bodies::default(),
+            gzip,
         }
     }
 }
@@ -270,6 +288,11 @@ where
     async fn export(&mut self, batch: &SpanBatch) -> Result<(), String> {
         let mut bytes = self.bodies.take();
         self.encoder.encode_into(batch, &mut bytes);
+        if let Some(gzip) = &mut self.gzip {
+            let mut compressed = self.bodies.take();
+            gzip.compress(&bytes, &mut compressed);
+            self.bodies.keep(std::mem::replace(&mut bytes, compressed));
+        }
         let body = Bytes::from_owner(ReturningBody {
             bytes,
             home: self.bodies.clone(),

@@ -28,6 +28,34 @@ pub struct TraceSettings {
     pub export_timeout: Duration,
     /// A PEM file of CAs trusted for an https collector, beside the platform's roots.
     pub ca_certificate: Option<PathBuf>,
+    /// How export request bodies are compressed (`OTEL_EXPORTER_OTLP_COMPRESSION`).
+    pub compression: Compression,
+}
+
+/// The export body's compression: the values of `OTEL_EXPORTER_OTLP_COMPRESSION`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    #[default]
+    None,
+    Gzip,
+}
+
+impl Compression {
+    /// `gzip` or `none` (an empty value is unset: none).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "" | "none" => Ok(Self::None),
+            "gzip" => Ok(Self::Gzip),
+            other => Err(format!("{other:?} is not gzip or none")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Gzip => "gzip",
+        }
+    }
 }
 
 impl TraceSettings {
@@ -42,6 +70,7 @@ impl TraceSettings {
         batch_delay: Duration::from_secs(5),
         export_timeout: Duration::from_secs(10),
         ca_certificate: None,
+        compression: Compression::None,
     };
 
     pub fn enabled(&self) -> bool {
@@ -74,6 +103,16 @@ pub fn traces_endpoint(general: Option<&str>, traces: Option<&str>) -> Option<St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compression_is_gzip_or_none() {
+        assert_eq!(Compression::parse("gzip"), Ok(Compression::Gzip));
+        assert_eq!(Compression::parse(" none "), Ok(Compression::None));
+        assert_eq!(Compression::parse(""), Ok(Compression::None));
+        for bad in ["GZIP", "zstd", "deflate"] {
+            assert!(Compression::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn the_traces_endpoint_wins_and_the_general_one_gets_the_path() {

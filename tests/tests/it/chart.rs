@@ -624,6 +624,11 @@ fn every_knob_changes_its_env_var() {
             "OTEL_BSP_EXPORT_TIMEOUT",
             "3000",
         ),
+        (
+            json!({"proxy": {"tracing": {"compression": "gzip"}}}),
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "gzip",
+        ),
     ] {
         let docs = rendered(overrides.clone());
         assert_eq!(

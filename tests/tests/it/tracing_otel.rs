@@ -321,6 +321,38 @@ async fn an_https_collector_gets_the_spans_over_tls_with_the_configured_headers(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn gzip_compression_reaches_the_collector_as_gzip_and_decodes_to_the_spans() {
+    let dir = TempDir::new("otel-gzip");
+    let (rx, pod) = (receiver().await, header_pod().await);
+    let env = [("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")];
+    let mut proxy = traced_proxy(&dir, &pod, &rx.endpoint(), &env).await;
+    chat(&proxy, &[]).await;
+    let spans = rx.wait_spans(2).await;
+    assert_eq!(rx.encoding().as_deref(), Some("gzip"));
+    assert_eq!(by_kind(&spans, SERVER).len(), 1, "{spans:#?}");
+    assert_eq!(by_kind(&spans, CLIENT).len(), 1, "{spans:#?}");
+    assert_eq!(by_kind(&spans, SERVER)[0].service, "proxy-under-test");
+    stop(&mut proxy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_compression_is_ignored_with_a_warning_and_spans_go_uncompressed() {
+    let dir = TempDir::new("otel-zstd");
+    let (rx, pod) = (receiver().await, header_pod().await);
+    let env = [("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "zstd")];
+    let mut proxy = traced_proxy(&dir, &pod, &rx.endpoint(), &env).await;
+    chat(&proxy, &[]).await;
+    rx.wait_spans(2).await;
+    assert_eq!(rx.encoding(), None);
+    let log = proxy.proc.log_text();
+    stop(&mut proxy);
+    assert!(
+        log.contains("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION") && log.contains("zstd"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_https_collector_with_an_untrusted_certificate_gets_nothing_and_drops_are_counted() {
     let dir = TempDir::new("otel-tls-untrusted");
     let ca = TestCa::new(dir.path());

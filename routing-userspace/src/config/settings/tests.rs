@@ -283,3 +283,28 @@ fn the_fleet_is_the_charts_proxy_pods_in_the_service_accounts_namespace_by_defau
     let e = kube_options(&["--fleet-selector", ""], &[]).unwrap_err();
     assert!(e.to_string().contains("every pod"), "{e}");
 }
+
+/// The compression of trace exports: the traces variable wins, an unknown value is ignored with
+/// a warning that names its variable.
+#[test]
+fn trace_compression_variables() {
+    let of = |env: &[(&str, &str)]| {
+        let (s, w) = Settings::from_args(&serve_args_with_env(&[], env).unwrap());
+        (s.trace.compression, w)
+    };
+    assert_eq!(of(&[]).0, Compression::None);
+    assert_eq!(
+        of(&[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]).0,
+        Compression::Gzip
+    );
+    let both = [
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none"),
+    ];
+    assert_eq!(of(&both).0, Compression::None);
+    let (c, w) = of(&[("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "zstd")]);
+    assert_eq!(c, Compression::None);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0].knob, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION");
+    assert!(w[0].value.contains("zstd"), "{w:?}");
+}

@@ -276,6 +276,8 @@ fn reused_buffers_leave_nothing_of_earlier_batches() {
 #[derive(Debug, Default, Clone)]
 struct Recording {
     bodies: Arc<std::sync::Mutex<Vec<(usize, Bytes)>>>,
+    /// Each request's `Content-Encoding`.
+    encodings: Arc<std::sync::Mutex<Vec<Option<HeaderValue>>>>,
 }
 
 /// (The trait is an `async_trait`: its method returns a boxed future.)
@@ -295,6 +297,8 @@ impl opentelemetry_http::HttpClient for Recording {
         's: 'f,
         Self: 'f,
     {
+        let encoding = request.headers().get(CONTENT_ENCODING).cloned();
+        self.encodings.lock().unwrap().push(encoding);
         let body = request.into_body();
         let copy = Bytes::copy_from_slice(&body);
         self.bodies
@@ -317,6 +321,7 @@ async fn an_export_reuses_the_body_the_client_dropped() {
         "http://127.0.0.1:4318/v1/traces".parse().unwrap(),
         http::HeaderMap::new(),
         &r,
+        Compression::None,
     );
     let mut e = SpanEncoder::default();
     let batches = [
@@ -339,6 +344,76 @@ async fn an_export_reuses_the_body_the_client_dropped() {
     for ((_, bytes), batch) in sent.iter().zip(&batches) {
         assert_eq!(bytes, &fresh_body(&r, batch));
     }
+}
+
+/// With gzip, each export is its batch's request compressed, under `Content-Encoding: gzip`,
+/// and the encoded body and the compressed one both come back for the next export.
+#[tokio::test]
+async fn a_gzip_export_is_the_request_compressed() {
+    use std::io::Read;
+    let (sa, aa) = (server_attributes(), attempt_attributes());
+    let r = resource();
+    let client = Recording::default();
+    let mut exporter = OtlpHttpExporter::new(
+        client.clone(),
+        "http://127.0.0.1:4318/v1/traces".parse().unwrap(),
+        http::HeaderMap::new(),
+        &r,
+        Compression::Gzip,
+    );
+    let mut e = SpanEncoder::default();
+    let many: Vec<EndedSpan<'_, '_>> = (0..400).map(|n| server(n + 1, &sa)).collect();
+    let batches = [
+        vec![server(1, &sa), attempt(2, 1, &aa)],
+        many,
+        vec![attempt(6, 4, &aa)],
+    ];
+    for batch in &batches {
+        exporter.export(&queued(&mut e, batch)).await.expect("sent");
+        assert_eq!(
+            exporter.bodies.capacities().len(),
+            2,
+            "both bodies came back"
+        );
+    }
+    let sent = client.bodies.lock().unwrap();
+    let encodings = client.encodings.lock().unwrap();
+    assert_eq!(sent.len(), 3);
+    for (((_, bytes), batch), encoding) in sent.iter().zip(&batches).zip(encodings.iter()) {
+        assert_eq!(encoding.as_ref().map(|v| v.as_bytes()), Some(&b"gzip"[..]));
+        let mut plain = Vec::new();
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_end(&mut plain)
+            .expect("a gzip body");
+        let fresh = fresh_body(&r, batch);
+        assert_eq!(plain, fresh);
+        if batch.len() > 100 {
+            assert!(
+                bytes.len() * 4 < fresh.len(),
+                "{} of {}",
+                bytes.len(),
+                fresh.len()
+            );
+        }
+    }
+}
+
+/// Without compression no `Content-Encoding` is sent.
+#[tokio::test]
+async fn an_uncompressed_export_names_no_encoding() {
+    let sa = server_attributes();
+    let client = Recording::default();
+    let mut exporter = OtlpHttpExporter::new(
+        client.clone(),
+        "http://127.0.0.1:4318/v1/traces".parse().unwrap(),
+        http::HeaderMap::new(),
+        &resource(),
+        Compression::None,
+    );
+    let mut e = SpanEncoder::default();
+    let batch = queued(&mut e, &[server(1, &sa)]);
+    exporter.export(&batch).await.expect("sent");
+    assert_eq!(*client.encodings.lock().unwrap(), vec![None]);
 }
 
 #[test]
