@@ -309,20 +309,30 @@ impl opentelemetry_http::HttpClient for Recording {
     }
 }
 
+/// An exporter of `resource` to a recording client, and the client. (A resource built twice
+/// may order its attributes differently: compare bodies made with the same one.)
+fn recorded(
+    resource: &opentelemetry_sdk::Resource,
+    compression: Compression,
+) -> (Recording, OtlpHttpExporter<Recording>) {
+    let client = Recording::default();
+    let exporter = OtlpHttpExporter::new(
+        client.clone(),
+        "http://127.0.0.1:4318/v1/traces".parse().unwrap(),
+        http::HeaderMap::new(),
+        resource,
+        compression,
+    );
+    (client, exporter)
+}
+
 /// The body of an export the HTTP client has dropped is filled by the next export: no batch
 /// after the first needs fresh memory, and each body is still the batch's own request.
 #[tokio::test]
 async fn an_export_reuses_the_body_the_client_dropped() {
     let (sa, aa) = (server_attributes(), attempt_attributes());
     let r = resource();
-    let client = Recording::default();
-    let mut exporter = OtlpHttpExporter::new(
-        client.clone(),
-        "http://127.0.0.1:4318/v1/traces".parse().unwrap(),
-        http::HeaderMap::new(),
-        &r,
-        Compression::None,
-    );
+    let (client, mut exporter) = recorded(&r, Compression::None);
     let mut e = SpanEncoder::default();
     let batches = [
         vec![server(1, &sa), attempt(2, 1, &aa), server(3, &sa)],
@@ -353,14 +363,7 @@ async fn a_gzip_export_is_the_request_compressed() {
     use std::io::Read;
     let (sa, aa) = (server_attributes(), attempt_attributes());
     let r = resource();
-    let client = Recording::default();
-    let mut exporter = OtlpHttpExporter::new(
-        client.clone(),
-        "http://127.0.0.1:4318/v1/traces".parse().unwrap(),
-        http::HeaderMap::new(),
-        &r,
-        Compression::Gzip,
-    );
+    let (client, mut exporter) = recorded(&r, Compression::Gzip);
     let mut e = SpanEncoder::default();
     let many: Vec<EndedSpan<'_, '_>> = (0..400).map(|n| server(n + 1, &sa)).collect();
     let batches = [
@@ -402,14 +405,7 @@ async fn a_gzip_export_is_the_request_compressed() {
 #[tokio::test]
 async fn an_uncompressed_export_names_no_encoding() {
     let sa = server_attributes();
-    let client = Recording::default();
-    let mut exporter = OtlpHttpExporter::new(
-        client.clone(),
-        "http://127.0.0.1:4318/v1/traces".parse().unwrap(),
-        http::HeaderMap::new(),
-        &resource(),
-        Compression::None,
-    );
+    let (client, mut exporter) = recorded(&resource(), Compression::None);
     let mut e = SpanEncoder::default();
     let batch = queued(&mut e, &[server(1, &sa)]);
     exporter.export(&batch).await.expect("sent");
