@@ -613,6 +613,10 @@ fn values_schema_rejects_mistyped_values() {
             "proxy/routing/labelGroupMode: 'fastest' is not one of",
         ),
         (
+            json!({"proxy": {"tracing": {"compression": "zstd"}}}),
+            "proxy/tracing/compression: 'zstd' is not one of",
+        ),
+        (
             json!({"proxy": {"routng": {}}}),
             "proxy: Additional properties are not allowed ('routng' was unexpected)",
         ),
