@@ -211,7 +211,14 @@ fn start_tracing(
         return Ok(None);
     };
     let t = &settings.trace;
-    tracing::info!(endpoint = t.endpoint.as_deref().unwrap_or(""), sampler = %t.sampler, service = %t.service_name, "exporting OpenTelemetry traces");
+    tracing::info!(
+        endpoint = t.endpoint.as_deref().unwrap_or(""),
+        sampler = %t.sampler,
+        service = %t.service_name,
+        compression = t.compression.as_str(),
+        export_timeout = ?t.export_timeout,
+        "exporting OpenTelemetry traces"
+    );
     shared.tracer = Some(tracer);
     Ok(Some(export))
 }

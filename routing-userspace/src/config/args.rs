@@ -625,6 +625,24 @@ pub struct TraceArgs {
     #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")]
     pub otlp_traces_compression: Option<String>,
 
+    /// The exporter's cap on one export request (milliseconds, or a duration); the shorter of
+    /// it and --trace-export-timeout applies.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TIMEOUT", value_parser = parse_millis)]
+    pub otlp_timeout: Option<Dur>,
+
+    /// The same for traces (wins over --otlp-timeout).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", value_parser = parse_millis)]
+    pub otlp_traces_timeout: Option<Dur>,
+
+    /// The OTLP protocol: only http/protobuf is exported; another value is ignored with a
+    /// warning.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL")]
+    pub otlp_protocol: Option<String>,
+
+    /// The same for traces (wins over --otlp-protocol).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")]
+    pub otlp_traces_protocol: Option<String>,
+
     /// `service.name` of the spans.
     #[arg(long, env = "OTEL_SERVICE_NAME", default_value = DEFAULT_SERVICE_NAME)]
     pub otel_service_name: String,

@@ -179,6 +179,12 @@ pub fn trace_settings(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> TraceSe
         Sampler::DEFAULT
     });
     let compression = trace_compression(a, warnings);
+    check_trace_protocol(a, warnings);
+    // The exporter's timeout and the batch processor's both bound one export: the shorter wins.
+    let otlp_timeout = a.otlp_traces_timeout.or(a.otlp_timeout).map(|d| d.0);
+    let export_timeout = otlp_timeout.map_or(a.trace_export_timeout.0, |t| {
+        t.min(a.trace_export_timeout.0)
+    });
     TraceSettings {
         endpoint: traces_endpoint(
             a.otlp_endpoint.as_deref(),
@@ -189,7 +195,7 @@ pub fn trace_settings(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> TraceSe
         queue_size: a.trace_queue_size.max(1),
         batch_size: a.trace_batch_size.max(1),
         batch_delay: a.trace_batch_delay.0,
-        export_timeout: a.trace_export_timeout.0,
+        export_timeout,
         ca_certificate: [&a.otlp_traces_certificate, &a.otlp_certificate]
             .into_iter()
             .flatten()
@@ -215,6 +221,25 @@ fn trace_compression(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> Compress
         });
         Compression::None
     })
+}
+
+/// The only OTLP protocol exported is `http/protobuf`: another value of the protocol variables
+/// (the traces one wins) is ignored with a warning, as the OpenTelemetry specification asks of
+/// an unsupported enum value, so a collector port that speaks gRPC is named at startup rather
+/// than found through failed exports.
+fn check_trace_protocol(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) {
+    let (knob, value) = match (&a.otlp_traces_protocol, &a.otlp_protocol) {
+        (Some(v), _) if !v.trim().is_empty() => ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", v),
+        (_, Some(v)) => ("OTEL_EXPORTER_OTLP_PROTOCOL", v),
+        _ => return,
+    };
+    if !matches!(value.trim(), "" | "http/protobuf") {
+        warnings.push(KnobWarning {
+            knob,
+            value: format!("{value:?} is not exported; only http/protobuf is"),
+            used: "http/protobuf".to_owned(),
+        });
+    }
 }
 
 /// The engine-signal settings: scraping off when its budget is 0.

@@ -308,3 +308,53 @@ fn trace_compression_variables() {
     assert_eq!(w[0].knob, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION");
     assert!(w[0].value.contains("zstd"), "{w:?}");
 }
+
+/// The exporter's timeout variables: the traces one wins, and the shorter of it and the batch
+/// processor's export timeout bounds an export.
+#[test]
+fn trace_timeout_variables() {
+    let of = |env: &[(&str, &str)]| {
+        let (s, _) = Settings::from_args(&serve_args_with_env(&[], env).unwrap());
+        s.trace.export_timeout
+    };
+    assert_eq!(of(&[]), Duration::from_secs(10));
+    assert_eq!(
+        of(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "2500")]),
+        Duration::from_millis(2500)
+    );
+    let both = [
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "4000"),
+    ];
+    assert_eq!(of(&both), Duration::from_secs(4));
+    let longer = [
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "60000"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "3000"),
+    ];
+    assert_eq!(of(&longer), Duration::from_secs(3));
+    assert!(serve_args_with_env(&[], &[("OTEL_EXPORTER_OTLP_TIMEOUT", "soon")]).is_err());
+}
+
+/// http/protobuf is accepted silently; any other protocol warns, naming its variable.
+#[test]
+fn trace_protocol_variables() {
+    let warned = |env: &[(&str, &str)]| {
+        let (_, w) = Settings::from_args(&serve_args_with_env(&[], env).unwrap());
+        w.iter()
+            .map(|w| (w.knob, w.value.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert!(warned(&[]).is_empty());
+    assert!(warned(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]).is_empty());
+    let w = warned(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0].0, "OTEL_EXPORTER_OTLP_PROTOCOL");
+    assert!(w[0].1.contains("grpc"), "{w:?}");
+    let both = [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+    ];
+    assert!(warned(&both).is_empty());
+    let w = warned(&[("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")]);
+    assert_eq!(w[0].0, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL");
+}
