@@ -1,5 +1,6 @@
-//! What tracing runs with: where spans go, which requests are sampled, and the bounds of the
-//! export queue. Off (no exporter, nothing per request) unless an OTLP endpoint is given.
+//! What tracing runs with: where spans go, which requests are sampled, the bounds of the
+//! export queue and how export bodies are compressed. Off (no exporter, nothing per request)
+//! unless an OTLP endpoint is given.
 
 use std::path::PathBuf;
 use std::time::Duration;
