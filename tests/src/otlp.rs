@@ -150,7 +150,7 @@ struct Shared {
     keep: Arc<Mutex<Vec<Received>>>,
     count: Arc<Mutex<u64>>,
     authorization: Arc<Mutex<Option<String>>>,
-    encodings: Arc<Mutex<Option<String>>>,
+    encoding: Arc<Mutex<Option<String>>>,
     hang: bool,
 }
 
@@ -161,14 +161,14 @@ async fn start(hang: bool, tls: Option<TlsAcceptor>) -> Receiver {
         keep: Arc::new(Mutex::new(Vec::new())),
         count: Arc::new(Mutex::new(0)),
         authorization: Arc::new(Mutex::new(None)),
-        encodings: Arc::new(Mutex::new(None)),
+        encoding: Arc::new(Mutex::new(None)),
         hang,
     };
     let (spans, requests, authorization, encoding) = (
         shared.keep.clone(),
         shared.count.clone(),
         shared.authorization.clone(),
-        shared.encodings.clone(),
+        shared.encoding.clone(),
     );
     let is_tls = tls.is_some();
     let task = tokio::spawn(async move {
@@ -207,7 +207,7 @@ async fn handle(
         keep,
         count,
         authorization,
-        encodings,
+        encoding: last_encoding,
         hang,
     } = shared;
     let ok_path = req.uri().path() == "/v1/traces";
@@ -224,7 +224,7 @@ async fn handle(
         .headers()
         .get("content-encoding")
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    *encodings.lock().unwrap() = encoding.clone();
+    *last_encoding.lock().unwrap() = encoding.clone();
     let body = req
         .into_body()
         .collect()

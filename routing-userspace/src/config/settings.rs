@@ -205,13 +205,30 @@ pub fn trace_settings(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> TraceSe
     }
 }
 
+/// Of a traces-only variable and its general twin, the one that applies and its name: the
+/// traces one unless it is unset or blank.
+fn traces_first<'a>(
+    traces: (&'static str, &'a Option<String>),
+    general: (&'static str, &'a Option<String>),
+) -> Option<(&'static str, &'a str)> {
+    match (traces, general) {
+        ((name, Some(v)), _) if !v.trim().is_empty() => Some((name, v)),
+        (_, (name, Some(v))) => Some((name, v)),
+        _ => None,
+    }
+}
+
 /// The traces variable if set, else the general one. A value other than gzip or none is
 /// ignored with a warning, as the OpenTelemetry specification asks of an unknown enum value.
 fn trace_compression(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> Compression {
-    let (knob, value) = match (&a.otlp_traces_compression, &a.otlp_compression) {
-        (Some(v), _) if !v.trim().is_empty() => ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", v),
-        (_, Some(v)) => ("OTEL_EXPORTER_OTLP_COMPRESSION", v),
-        _ => return Compression::None,
+    let Some((knob, value)) = traces_first(
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+            &a.otlp_traces_compression,
+        ),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", &a.otlp_compression),
+    ) else {
+        return Compression::None;
     };
     Compression::parse(value).unwrap_or_else(|e| {
         warnings.push(KnobWarning {
@@ -228,10 +245,14 @@ fn trace_compression(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) -> Compress
 /// an unsupported enum value, so a collector port that speaks gRPC is named at startup rather
 /// than found through failed exports.
 fn check_trace_protocol(a: &TraceArgs, warnings: &mut Vec<KnobWarning>) {
-    let (knob, value) = match (&a.otlp_traces_protocol, &a.otlp_protocol) {
-        (Some(v), _) if !v.trim().is_empty() => ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", v),
-        (_, Some(v)) => ("OTEL_EXPORTER_OTLP_PROTOCOL", v),
-        _ => return,
+    let Some((knob, value)) = traces_first(
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            &a.otlp_traces_protocol,
+        ),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", &a.otlp_protocol),
+    ) else {
+        return;
     };
     if !matches!(value.trim(), "" | "http/protobuf") {
         warnings.push(KnobWarning {
