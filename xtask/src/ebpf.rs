@@ -28,6 +28,19 @@ pub(crate) fn nightly() -> String {
         .unwrap_or_else(|| "nightly".to_owned())
 }
 
+/// The binary a bench measures: `given` as it is (it must exist), else [`release_proxy`].
+pub(crate) fn proxy_to_measure(
+    given: Option<&std::path::Path>,
+    build: bool,
+    with_ebpf: bool,
+) -> Result<PathBuf> {
+    match given {
+        Some(bin) if bin.is_file() => Ok(bin.to_path_buf()),
+        Some(bin) => bail!("--proxy-bin {}: no such file", bin.display()),
+        None => release_proxy(build, with_ebpf),
+    }
+}
+
 /// The release `flexinfer-proxy` the benches, the soak and the replay run: built first unless
 /// `build` is false (then it must exist), with the eBPF object embedded when `with_ebpf`.
 pub(crate) fn release_proxy(build: bool, with_ebpf: bool) -> Result<PathBuf> {

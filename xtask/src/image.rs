@@ -37,6 +37,9 @@ pub(crate) struct Image {
     /// builder stage.
     #[arg(long)]
     pub prebuilt: bool,
+    /// Package the profile-guided build (`cargo xtask pgo` runs first; implies --prebuilt).
+    #[arg(long)]
+    pub pgo: bool,
     /// Image name (default: ghcr.io/flexinfer/flexinfer-proxy:<chart appVersion>).
     #[arg(long)]
     pub tag: Option<String>,
@@ -67,7 +70,7 @@ pub(crate) fn run(args: &Image) -> Result<()> {
             !reachable
         }
     };
-    if !local && !args.prebuilt {
+    if !local && !args.prebuilt && !args.pgo {
         build_from_source(&engine, &tag, &version)?;
     } else {
         let base = if local {
@@ -76,7 +79,11 @@ pub(crate) fn run(args: &Image) -> Result<()> {
         } else {
             None
         };
-        let binary = ebpf::release_proxy(true, true)?;
+        let binary = if args.pgo {
+            crate::pgo::run(&crate::pgo::Pgo::default())?
+        } else {
+            ebpf::release_proxy(true, true)?
+        };
         println!("image: packaging {}", binary.display());
         container::build_prebuilt(
             &engine,

@@ -5,6 +5,7 @@ mod bench;
 mod ebpf;
 mod fuzz;
 mod image;
+mod pgo;
 mod replay;
 mod setup;
 mod soak;
@@ -39,6 +40,11 @@ enum Task {
     /// Clients through one proxy while pods are added, removed and killed; every request
     /// accounted for.
     Soak(soak::Soak),
+    /// Build a profile-guided flexinfer-proxy (`<target>/pgo/flexinfer-proxy`): an
+    /// instrumented build, the overhead and stream benches' proxy rows as training, then the
+    /// build that uses the profile. Measure it with `bench overhead --proxy-bin`; package it
+    /// with `image --pgo`.
+    Pgo(pgo::Pgo),
     /// Replay a request trace through the real router in simulated time (builds the release
     /// binary, then runs `flexinfer-proxy replay` with these arguments).
     Replay(replay::Replay),
@@ -69,5 +75,6 @@ fn run(cli: Cli) -> Result<()> {
         Task::Fuzz(args) => fuzz::run(&args),
         Task::Soak(args) => soak::run(&args),
         Task::Replay(args) => replay::run(&args),
+        Task::Pgo(args) => pgo::run(&args).map(drop),
     }
 }

@@ -66,6 +66,10 @@ pub(crate) struct OverheadBench {
     /// Skip building (use the release binary already in the target directory).
     #[arg(long)]
     pub no_build: bool,
+    /// Measure this flexinfer-proxy binary instead of the release build (nothing is built),
+    /// e.g. the profile-guided one `cargo xtask pgo` writes.
+    #[arg(long, value_name = "PATH")]
+    pub proxy_bin: Option<std::path::PathBuf>,
     /// Run each configuration at the same moments as this one (e.g. haproxy, fx-userspace),
     /// both on the proxy CPU in CPU cgroups of equal weight, each under its own wrk and
     /// upstreams, and report the ratio of their request rates: their CPU cost per request
@@ -99,7 +103,7 @@ pub(crate) fn run(args: &OverheadBench) -> Result<()> {
     if reference.is_some() && !root {
         bail!("--shared-core-with puts each proxy in a CPU cgroup: run it as root");
     }
-    let bin = ebpf::release_proxy(!args.no_build, root)?;
+    let bin = ebpf::proxy_to_measure(args.proxy_bin.as_deref(), !args.no_build, root)?;
     if root {
         peers::remove_stale(PREFIX, "bench overhead");
     }

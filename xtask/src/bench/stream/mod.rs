@@ -67,6 +67,11 @@ pub(crate) struct StreamBench {
     /// Skip building (use the release binaries already in the target directory).
     #[arg(long)]
     pub no_build: bool,
+    /// Measure this flexinfer-proxy binary instead of the release build (the load generator
+    /// and the upstream are still built unless --no-build), e.g. the one `cargo xtask pgo`
+    /// writes.
+    #[arg(long, value_name = "PATH")]
+    pub proxy_bin: Option<PathBuf>,
 }
 
 /// Prefix of the cgroups and pin dirs this harness creates (`<prefix>-<pid>-<n>`).
@@ -97,7 +102,7 @@ pub(crate) fn run(args: &StreamBench) -> Result<()> {
     }
     crate::setup::ensure_apt(&["nginx", "haproxy"])?;
     let root = is_root();
-    let bin = ebpf::release_proxy(!args.no_build, root)?;
+    let bin = ebpf::proxy_to_measure(args.proxy_bin.as_deref(), !args.no_build, root)?;
     let tools = build_tools(!args.no_build)?;
     let mut notes = Vec::new();
     if root {
