@@ -27,6 +27,17 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
+/// Make `dir` an empty directory: what it held is removed, and it is created if missing.
+pub fn fresh_dir(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("clearing {}", dir.display()))
+        }
+        _ => {}
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
 /// The value of a top-level `key: value` line of a YAML file (quotes removed).
 fn yaml_scalar(text: &str, key: &str) -> Option<String> {
     text.lines().find_map(|l| {

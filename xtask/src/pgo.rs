@@ -54,12 +54,7 @@ pub(crate) fn run(args: &Pgo) -> Result<PathBuf> {
         ebpf::build()?;
     }
     let raw = dir.join("raw");
-    match std::fs::remove_dir_all(&raw) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("clearing {}", raw.display()))
-        }
-        _ => {}
-    }
+    xtask::paths::fresh_dir(&raw)?;
     println!("pgo: 1/3 the instrumented build");
     let instrumented = build(
         &dir.join("instrumented"),

@@ -114,13 +114,7 @@ fn cargo_test(args: &[&str], env: &[(&str, OsString)]) -> Result<Summary> {
 /// A fresh, empty directory for the tests' skip markers.
 fn fresh_skip_dir() -> Result<PathBuf> {
     let dir = paths::target_dir().join("xtask-test-skips");
-    match std::fs::remove_dir_all(&dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("clearing {}", dir.display()))
-        }
-        _ => {}
-    }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    paths::fresh_dir(&dir)?;
     Ok(dir)
 }
 
