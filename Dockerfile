@@ -5,7 +5,12 @@
 #   podman build -t ghcr.io/flexinfer/flexinfer-proxy:0.1.0 .
 #
 # The default target (the last stage, `runtime`) compiles the eBPF object and the proxy in the
-# builder stage. The `runtime-prebuilt` target packages a binary built outside instead:
+# builder stage, profile-guided: `cargo xtask pgo` builds an instrumented proxy, trains it on the
+# benches' proxy rows against nginx upstreams on the builder's loopback (apt brings nginx,
+# haproxy and wrk into the builder only; the eBPF-gauge row needs BPF, which a build has not),
+# and builds again with the profile: about 20 min on 2 cores. `--build-arg PGO=0` builds the
+# plain release binary (whole-program LTO) in about 7. The `runtime-prebuilt` target packages a
+# binary built outside instead:
 #
 #   docker build --target runtime-prebuilt --build-arg BINARY=flexinfer-proxy -f Dockerfile DIR
 #
@@ -46,7 +51,8 @@ ARG BPF_LINKER_VERSION
 ENV FLEXINFER_NIGHTLY=${NIGHTLY}
 # The nightly with rust-src (-Z build-std=core), then bpf-linker linked against that nightly's
 # libLLVM (Debian's LLVM is too old). A layer of its own: source changes do not redo it.
-RUN rustup toolchain install "${NIGHTLY}" --profile minimal --component rust-src \
+RUN rustup component add llvm-tools \
+ && rustup toolchain install "${NIGHTLY}" --profile minimal --component rust-src \
  && sysroot="$(rustc "+${NIGHTLY}" --print sysroot)" \
  && libllvm="$(ls "${sysroot}"/lib/libLLVM.so.* | head -n 1)" \
  && major="$(basename "${libllvm}" | sed 's/^libLLVM\.so\.\([0-9]*\).*/\1/')" \
@@ -57,12 +63,18 @@ RUN rustup toolchain install "${NIGHTLY}" --profile minimal --component rust-src
  && rm -rf "${CARGO_HOME}/registry"
 WORKDIR /src
 COPY . .
+ARG PGO=1
 # The eBPF object first: routing-userspace's build script embeds target/bpf/routing-ebpf.o.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo xtask build-ebpf \
- && cargo build --release --locked -p routing-userspace --bin flexinfer-proxy \
- && objcopy --strip-debug target/release/flexinfer-proxy /flexinfer-proxy \
+ && if [ "${PGO}" = 1 ]; then \
+      cargo xtask pgo && built=target/pgo/flexinfer-proxy; \
+    else \
+      cargo build --release --locked -p routing-userspace --bin flexinfer-proxy \
+      && built=target/release/flexinfer-proxy; \
+    fi \
+ && objcopy --strip-debug "${built}" /flexinfer-proxy \
  && /flexinfer-proxy --version
 
 FROM runtime-base AS runtime

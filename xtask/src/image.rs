@@ -3,7 +3,8 @@
 //! With a registry in reach the Dockerfile does everything (its builder stage compiles the eBPF
 //! object and the proxy with the pinned toolchains), exactly as `docker build .` would. Without
 //! one no base image can be pulled, so the proxy is built here and packaged by the Dockerfile's
-//! `runtime-prebuilt` stage on a Debian base made with debootstrap. Either way the image is
+//! `runtime-prebuilt` stage on a Debian base made with debootstrap. Either way the binary is
+//! profile-guided (`cargo xtask pgo`, in the builder stage or here) unless `--no-pgo`, and the image is
 //! tagged `ghcr.io/flexinfer/flexinfer-proxy:<chart appVersion>` and smoke-tested with
 //! `--version` through its own entrypoint.
 
@@ -37,9 +38,10 @@ pub(crate) struct Image {
     /// builder stage.
     #[arg(long)]
     pub prebuilt: bool,
-    /// Package the profile-guided build (`cargo xtask pgo` runs first; implies --prebuilt).
+    /// Ship the plain release build (whole-program LTO) instead of the profile-guided one:
+    /// about 7 min on 2 cores instead of 20, and short requests about 4% slower.
     #[arg(long)]
-    pub pgo: bool,
+    pub no_pgo: bool,
     /// Image name (default: ghcr.io/flexinfer/flexinfer-proxy:<chart appVersion>).
     #[arg(long)]
     pub tag: Option<String>,
@@ -70,8 +72,9 @@ pub(crate) fn run(args: &Image) -> Result<()> {
             !reachable
         }
     };
-    if !local && !args.prebuilt && !args.pgo {
-        build_from_source(&engine, &tag, &version)?;
+    let pgo = !args.no_pgo;
+    if !local && !args.prebuilt {
+        build_from_source(&engine, &tag, &version, pgo)?;
     } else {
         let base = if local {
             container::ensure_local_base(&engine)?;
@@ -79,7 +82,7 @@ pub(crate) fn run(args: &Image) -> Result<()> {
         } else {
             None
         };
-        let binary = if args.pgo {
+        let binary = if pgo {
             crate::pgo::run(&crate::pgo::Pgo::default())?
         } else {
             ebpf::release_proxy(true, true)?
@@ -110,7 +113,7 @@ pub(crate) fn run(args: &Image) -> Result<()> {
 
 /// The whole Dockerfile, from the repository root as context (`.dockerignore` keeps `target/`
 /// and `.git` out).
-fn build_from_source(engine: &Engine, tag: &str, version: &str) -> Result<()> {
+fn build_from_source(engine: &Engine, tag: &str, version: &str, pgo: bool) -> Result<()> {
     let mut cmd = engine.command();
     cmd.arg("build")
         .arg("--file")
@@ -118,6 +121,8 @@ fn build_from_source(engine: &Engine, tag: &str, version: &str) -> Result<()> {
         .args(["--tag", tag])
         .arg("--build-arg")
         .arg(format!("VERSION={version}"))
+        .arg("--build-arg")
+        .arg(format!("PGO={}", u8::from(pgo)))
         .arg(workspace_root());
     println!("image: {cmd:?}");
     let status = cmd

@@ -8,7 +8,7 @@
 //!
 //! Three steps, each in a target directory of its own under `<target>/pgo/` so the workspace's
 //! release build stays as it is: an instrumented build; training, which is the proxy rows of
-//! the overhead bench (every case, with and without tracing, the eBPF gauge too as root) and
+//! the overhead bench (every case, with and without tracing, the eBPF gauge too where BPF works) and
 //! of the stream bench (paced and bulk SSE relay) run against the instrumented binary; then
 //! the build that uses the merged profile. The training is the benches themselves, so the
 //! profile covers what they measure and what a node serves: short JSON answers, the four
@@ -20,8 +20,9 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 use crate::bench::overhead::OverheadBench;
-use crate::bench::stream::StreamBench;
+use crate::bench::stream::{StreamBench, PACED_STREAMS};
 use crate::ebpf::{self, target_dir, workspace_root};
+use flexinfer_test_support::harness::os::raise_nofile_limit;
 
 #[derive(clap::Args)]
 pub(crate) struct Pgo {
@@ -47,12 +48,11 @@ pub(crate) fn output() -> PathBuf {
 }
 
 pub(crate) fn run(args: &Pgo) -> Result<PathBuf> {
-    let root = flexinfer_test_support::is_root();
     let dir = target_dir().join("pgo");
     let profdata = llvm_profdata()?;
-    if root {
-        ebpf::build()?;
-    }
+    // Every build embeds the object, as the release build does; only the training's eBPF row
+    // needs BPF to work here.
+    ebpf::build()?;
     let raw = dir.join("raw");
     xtask::paths::fresh_dir(&raw)?;
     println!("pgo: 1/3 the instrumented build");
@@ -61,7 +61,7 @@ pub(crate) fn run(args: &Pgo) -> Result<PathBuf> {
         &format!("-Cprofile-generate={}", raw.display()),
     )?;
     println!("pgo: 2/3 training on the benches' proxy rows");
-    train(&instrumented, args.train_seconds, root)?;
+    train(&instrumented, args.train_seconds)?;
     let merged = dir.join("merged.profdata");
     let status = Command::new(&profdata)
         .arg("merge")
@@ -106,12 +106,13 @@ fn build(target: &Path, rustflags: &str) -> Result<PathBuf> {
 }
 
 /// Run the benches' proxy rows against `bin` (it writes its profile as each run ends).
-fn train(bin: &Path, seconds: u32, root: bool) -> Result<()> {
+fn train(bin: &Path, seconds: u32) -> Result<()> {
     let mut only: Vec<String> = ["fx-userspace", "fx-trace-1", "fx-trace-0.1"]
         .map(String::from)
         .into();
-    if root {
-        only.push("fx-default".into());
+    match flexinfer_test_support::bpf_missing() {
+        None => only.push("fx-default".into()),
+        Some(why) => println!("pgo: no eBPF-gauge training row: {why}"),
     }
     crate::bench::overhead::run(&OverheadBench {
         duration: seconds,
@@ -124,6 +125,14 @@ fn train(bin: &Path, seconds: u32, root: bool) -> Result<()> {
         proxy_bin: Some(bin.to_path_buf()),
     })
     .context("training on the overhead bench")?;
+    let files = raise_nofile_limit().context("raising the open-files limit")?;
+    let paced_streams = paced_streams(files);
+    if paced_streams < PACED_STREAMS {
+        println!(
+            "pgo: open files limited to {files} here (a container build's default): the paced \
+             training relays {paced_streams} streams, not {PACED_STREAMS}"
+        );
+    }
     crate::bench::stream::run(&StreamBench {
         modes: vec!["paced".into(), "bulk".into()],
         only: vec!["fx-userspace".into()],
@@ -131,11 +140,19 @@ fn train(bin: &Path, seconds: u32, root: bool) -> Result<()> {
         scale_duration: seconds,
         warmup: 1,
         idle_connections: 0,
+        paced_streams,
         threads: 1,
         no_build: false,
         proxy_bin: Some(bin.to_path_buf()),
     })
     .context("training on the stream bench")
+}
+
+/// Streams the paced training can hold under an open-files limit of `files`: the proxy holds
+/// two a stream (client and upstream), and keeps about 100 for everything else.
+fn paced_streams(files: u64) -> usize {
+    let fit = usize::try_from(files.saturating_sub(100) / 2).unwrap_or(usize::MAX);
+    fit.clamp(32, PACED_STREAMS)
 }
 
 /// The toolchain's `llvm-profdata` (the `llvm-tools` component, added if missing): the one
@@ -163,4 +180,16 @@ fn llvm_profdata() -> Result<PathBuf> {
         bail!("rustup component add llvm-tools failed ({status})");
     }
     find()?.context("llvm-profdata not found after adding llvm-tools")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paced_training_fits_the_open_files_limit() {
+        assert_eq!(paced_streams(20_000), PACED_STREAMS);
+        assert_eq!(paced_streams(1024), 462);
+        assert_eq!(paced_streams(50), 32);
+    }
 }

@@ -73,6 +73,41 @@ impl Drop for PinDir {
     }
 }
 
+/// Why BPF cannot be used here, or `None` if it can.
+#[allow(unsafe_code)]
+pub fn bpf_missing() -> Option<String> {
+    if !crate::is_root() {
+        return Some("not running as root".into());
+    }
+    // A tiny BPF_MAP_CREATE (array, 4-byte key and value, 1 entry) proves the syscall works.
+    let mut attr = [0u32; 30];
+    attr[0] = 2; // BPF_MAP_TYPE_ARRAY
+    attr[1] = 4;
+    attr[2] = 4;
+    attr[3] = 1;
+    // SAFETY: `attr` is a zero-padded bpf_attr of the size passed; the kernel only reads it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            0,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if fd < 0 {
+        return Some(format!(
+            "bpf() syscall unavailable: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: closing the descriptor the kernel just returned to us.
+    unsafe { libc::close(fd as i32) };
+    if crate::cgroup2_root().is_err() {
+        return Some("no cgroup2 mount".into());
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@ mod scratch;
 mod skip;
 pub mod stream;
 
-pub use bpffs::{bpffs_root, PinDir};
+pub use bpffs::{bpf_missing, bpffs_root, PinDir};
 pub use cgroup::{cgroup2_root, Cgroup};
 pub use cpu::pin_to_cpu;
 pub use harness::http::parse_response;

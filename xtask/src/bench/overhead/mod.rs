@@ -120,7 +120,7 @@ pub(crate) fn run(args: &OverheadBench) -> Result<()> {
     } else {
         None
     };
-    let targets = runnable(targets, smg.is_some(), root, &mut skipped);
+    let targets = runnable(targets, smg.is_some(), &mut skipped);
     if targets.is_empty() || cases.is_empty() {
         bail!("nothing to run: {}", skipped.join("; "));
     }
@@ -159,20 +159,26 @@ pub(crate) fn run(args: &OverheadBench) -> Result<()> {
     Ok(())
 }
 
-/// The targets that can run here: smg only if it installed, fx-default only as root (the
-/// others are named in `skipped`).
-fn runnable(targets: Vec<Target>, smg: bool, root: bool, skipped: &mut Vec<String>) -> Vec<Target> {
+/// The targets that can run here: smg only if it installed, fx-default only where BPF works
+/// (root, the `bpf()` syscall and a cgroup2 mount; the others are named in `skipped`).
+fn runnable(targets: Vec<Target>, smg: bool, skipped: &mut Vec<String>) -> Vec<Target> {
+    let no_bpf = targets
+        .contains(&Target::FxDefault)
+        .then(flexinfer_test_support::bpf_missing)
+        .flatten();
     targets
         .into_iter()
         .filter(|t| match t {
             Target::Smg => smg,
-            Target::FxDefault if !root => {
-                skipped.push(
-                    "fx-default: not measured, not running as root (it loads the eBPF gauge)"
-                        .into(),
-                );
-                false
-            }
+            Target::FxDefault => match &no_bpf {
+                Some(why) => {
+                    skipped.push(format!(
+                        "fx-default: not measured, it loads the eBPF gauge and {why}"
+                    ));
+                    false
+                }
+                None => true,
+            },
             _ => true,
         })
         .collect()

@@ -61,6 +61,9 @@ pub(crate) struct StreamBench {
     /// Client connections of the idle modes (thousands: the allocators grow in MiB steps).
     #[arg(long, default_value_t = 8000)]
     pub idle_connections: usize,
+    /// Streams of the paced mode (each proxy holds two open files a stream).
+    #[arg(long, default_value_t = PACED_STREAMS)]
+    pub paced_streams: usize,
     /// Load generator threads (all on the load side's CPU).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -73,6 +76,9 @@ pub(crate) struct StreamBench {
     #[arg(long, value_name = "PATH")]
     pub proxy_bin: Option<PathBuf>,
 }
+
+/// Streams of the paced mode unless `--paced-streams`.
+pub(crate) const PACED_STREAMS: usize = 1000;
 
 /// Prefix of the cgroups and pin dirs this harness creates (`<prefix>-<pid>-<n>`).
 const PREFIX: &str = "flexinfer-stream";
@@ -107,9 +113,14 @@ pub(crate) fn run(args: &StreamBench) -> Result<()> {
     let mut notes = Vec::new();
     if root {
         peers::remove_stale(PREFIX, "bench stream");
-    } else if targets.contains(&Target::FxDefault) {
-        targets.retain(|t| *t != Target::FxDefault);
-        notes.push("fx-default: not measured, not running as root (it loads the eBPF gauge)");
+    }
+    if targets.contains(&Target::FxDefault) {
+        if let Some(why) = flexinfer_test_support::bpf_missing() {
+            targets.retain(|t| *t != Target::FxDefault);
+            notes.push(format!(
+                "fx-default: not measured, it loads the eBPF gauge and {why}"
+            ));
+        }
     }
     if targets.is_empty() {
         bail!("nothing to run: {}", notes.join("; "));
@@ -136,7 +147,7 @@ pub(crate) fn run(args: &StreamBench) -> Result<()> {
             report,
             "\n### {} ({})\n\n{}",
             mode.name(),
-            mode.what(),
+            mode.what(args.paced_streams),
             table::render(mode, &rows)
         );
     }

@@ -47,25 +47,29 @@ impl Mode {
         }
     }
 
-    pub(super) fn what(self) -> &'static str {
+    /// What the mode runs, with the paced mode's stream count.
+    pub(super) fn what(self, paced_streams: usize) -> String {
         match self {
-            Mode::Paced => "1,000 connections, answers of 50 events 20 ms apart, one after another",
+            Mode::Paced => format!(
+                "{paced_streams} connections, answers of 50 events 20 ms apart, one after another"
+            ),
             Mode::Bulk => {
-                "32 connections, answers of 200 events written at once, one after another"
+                "32 connections, answers of 200 events written at once, one after another".into()
             }
-            Mode::Scale1k => "1,000 streams open for the whole window, 50 events/s each",
-            Mode::Scale8k => "8,000 streams open for the whole window, 2 events/s each",
-            Mode::Idle => "keep-alive client connections that send nothing",
+            Mode::Scale1k => "1,000 streams open for the whole window, 50 events/s each".into(),
+            Mode::Scale8k => "8,000 streams open for the whole window, 2 events/s each".into(),
+            Mode::Idle => "keep-alive client connections that send nothing".into(),
             Mode::IdleUsed => {
-                "keep-alive client connections idle after one answer of 5 events each"
+                "keep-alive client connections idle after one answer of 5 events each".into()
             }
         }
     }
 
     /// Streams (or idle connections) the load generator opens.
-    pub(super) fn connections(self, idle_connections: usize) -> usize {
+    pub(super) fn connections(self, idle_connections: usize, paced_streams: usize) -> usize {
         match self {
-            Mode::Paced | Mode::Scale1k => 1000,
+            Mode::Paced => paced_streams,
+            Mode::Scale1k => 1000,
             Mode::Bulk => 32,
             Mode::Scale8k => 8000,
             Mode::Idle | Mode::IdleUsed => idle_connections,
@@ -102,7 +106,7 @@ mod tests {
     fn the_issues_rates() {
         for (m, streams, per_s) in [(Mode::Scale1k, 1000, 50), (Mode::Scale8k, 8000, 2)] {
             let (events, interval, bulk) = m.pacing();
-            assert_eq!(m.connections(0), streams);
+            assert_eq!(m.connections(0, 5), streams);
             assert_eq!(
                 Duration::from_secs(1).as_millis() / interval.as_millis(),
                 per_s
@@ -114,8 +118,9 @@ mod tests {
         }
         assert_eq!(Mode::Paced.pacing(), (50, Duration::from_millis(20), false));
         assert_eq!(Mode::Bulk.pacing().0, 200);
-        assert_eq!(Mode::Idle.connections(123), 123);
-        assert_eq!(Mode::IdleUsed.connections(123), 123);
+        assert_eq!(Mode::Idle.connections(123, 5), 123);
+        assert_eq!(Mode::IdleUsed.connections(123, 5), 123);
+        assert_eq!(Mode::Paced.connections(123, 5), 5);
         assert!(Mode::IdleUsed.is_idle() && !Mode::Scale8k.is_idle());
     }
 }

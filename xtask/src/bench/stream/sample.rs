@@ -270,7 +270,9 @@ fn load(mode: Mode, run: &Running, tag: &str, env: &Env) -> Result<String> {
     }
     cmd.args([
         "--connections",
-        &mode.connections(a.idle_connections).to_string(),
+        &mode
+            .connections(a.idle_connections, a.paced_streams)
+            .to_string(),
     ])
     .args(["--threads", &a.threads.to_string()])
     .args(["--body", &request_body()])
