@@ -149,7 +149,7 @@ pub async fn serve(
     args: ServeArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let (settings, warnings) = Settings::from_args(&args);
+    let (mut settings, warnings) = Settings::from_args(&args);
     // What a user gets wrong is reported before anything touches the node (eBPF, ports): a
     // missing or invalid models file fails here, as loading it is discovery's first step.
     // Updates wait in the channel until the table exists.
@@ -171,6 +171,7 @@ pub async fn serve(
             crate::telemetry::transport::check_ca_file(ca)?;
         }
     }
+    fit_open_files(&mut settings.server);
     // Clients that connect before the table is ready wait in the listen backlog.
     let listener = bind(settings.listen, "proxy").await?;
     let admin_listener = bind(settings.admin_listen, "admin").await?;
@@ -196,6 +197,50 @@ pub async fn serve(
         export.shutdown(TRACE_EXPORT_SHUTDOWN).await;
     }
     served
+}
+
+/// Raise the open-files limit to the hard one and cap client connections at what fits under
+/// it ([`crate::open_files`]): past the cap a client gets 503 with Retry-After, not a failed
+/// accept or a 502 from a failed upstream connect.
+fn fit_open_files(server: &mut ServeOptions) {
+    let wanted = crate::open_files::needed_for(server.max_connections);
+    let files = match crate::open_files::raise_limit(wanted) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read or raise the open-files limit");
+            return;
+        }
+    };
+    let fit = crate::open_files::client_connections_that_fit(files.now);
+    if fit < server.max_connections {
+        let configured = server.max_connections;
+        server.max_connections = fit;
+        const CAPPED: &str = "open files allow fewer client connections than \
+             --max-client-connections (each holds two with its upstream): serving at most that \
+             many, 503 past them; raise the nofile limit to serve more";
+        // The default is a ceiling, not something asked for: said, not warned about.
+        if configured == ServeOptions::PROXY.max_connections {
+            tracing::info!(
+                open_files = files.now,
+                max_client_connections = configured,
+                serving = fit,
+                "{CAPPED}"
+            );
+        } else {
+            tracing::warn!(
+                open_files = files.now,
+                max_client_connections = configured,
+                serving = fit,
+                "{CAPPED}"
+            );
+        }
+    } else if files.now > files.before {
+        tracing::info!(
+            from = files.before,
+            to = files.now,
+            "open-files limit raised to the hard limit"
+        );
+    }
 }
 
 /// On exit, how long the spans still queued have to reach the collector.

@@ -25,6 +25,7 @@ pub mod keys;
 pub mod load;
 pub mod lock;
 pub mod metrics;
+pub mod open_files;
 pub mod percent;
 pub mod proxy;
 pub mod replay;

@@ -93,9 +93,23 @@ fn newer_source(bin: &Path) -> Option<PathBuf> {
     None
 }
 
+/// An `env` entry that is not passed on: the proxy starts under this open-files limit (soft
+/// and hard), as under a container runtime's, through util-linux's `prlimit`.
+pub const NOFILE_LIMIT: &str = "<open-files limit>";
+
 fn spawn(name: &str, args: &[String], env: &HashMap<String, String>, log: PathBuf) -> Proc {
-    let mut cmd = Command::new(proxy_bin());
-    cmd.args(args).envs(env);
+    let mut env = env.clone();
+    let mut cmd = match env.remove(NOFILE_LIMIT) {
+        Some(n) => {
+            let mut c = Command::new("prlimit");
+            c.arg(format!("--nofile={n}:{n}"))
+                .arg("--")
+                .arg(proxy_bin());
+            c
+        }
+        None => Command::new(proxy_bin()),
+    };
+    cmd.args(args).envs(&env);
     Proc::spawn(name, cmd, &log).unwrap_or_else(|e| panic!("{e}"))
 }
 

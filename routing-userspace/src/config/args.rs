@@ -231,7 +231,9 @@ pub struct LimitArgs {
           value_parser = parse_header_limit)]
     pub max_header_bytes: usize,
 
-    /// Client connections served at once; the next ones get 503 with Retry-After.
+    /// Client connections served at once; the next ones get 503 with Retry-After. Lowered at
+    /// start to what the open-files limit fits (two descriptors a connection, with its
+    /// upstream one), after raising that limit as far as the process may.
     #[arg(
         long,
         env = "FLEXINFER_PROXY_MAX_CLIENT_CONNECTIONS",

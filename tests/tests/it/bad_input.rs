@@ -483,3 +483,73 @@ async fn connections_past_the_limit_get_503_with_retry_after() {
     }
     still_serves(&mut proxy, "the connection limit").await;
 }
+
+/// The proxy's open-files limit as the kernel holds it: (soft, hard).
+fn open_files_limit(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("no open-files line in {limits}"));
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (n[0], n[1])
+}
+
+/// Started as a container runtime often starts it (1,024 open files), the proxy does not let
+/// descriptors run out under a flood: it raises the hard limit where it may, and where it may
+/// not, it serves the client connections that fit (two descriptors each, beside a reserve)
+/// and refuses the next with 503, counted, instead of failing accepts and upstream connects.
+#[tokio::test]
+async fn an_open_files_limit_caps_client_connections_with_503() {
+    let dir = TempDir::new("nofile");
+    let sim = start_sim("solo", &[], dir.path()).await;
+    let models =
+        ModelsFile::new().model(ModelEntry::new("solo").routing("prefix").endpoint(sim.addr));
+    let mut proxy = start_proxy(&models, &[], &[(NOFILE_LIMIT, "1024")], dir.path()).await;
+    let (soft, hard) = open_files_limit(proxy.proc.pid());
+    assert_eq!(soft, hard, "the soft limit is raised to the hard one");
+    let log = proxy.proc.log_text();
+    if hard > 1024 {
+        // CAP_SYS_RESOURCE: the hard limit went up to what the default 16,384 connections need.
+        assert!(hard >= 16_384 * 2, "raised to {hard}");
+        assert!(!log.contains("open files allow fewer"), "{log}");
+        still_serves(&mut proxy, "a raised open-files limit").await;
+        return;
+    }
+    // 1,024 files: a quarter (256) kept for listeners, pools, scrapes; two per connection.
+    assert!(
+        log.contains("open files allow fewer client connections") && log.contains("serving=384"),
+        "{log}"
+    );
+    let held: Vec<std::net::TcpStream> = (0..384)
+        .map(|_| std::net::TcpStream::connect(proxy.addr).unwrap())
+        .collect();
+    let r = exchange(proxy.addr, chat(&[], &ok_body()))
+        .await
+        .unwrap()
+        .expect("an answer");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(j["error"]["code"], "too_many_connections");
+    assert!(
+        !proxy.proc.log_text().contains("accept failed"),
+        "no descriptor ran out"
+    );
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = exchange(proxy.addr, chat(&[], &ok_body()))
+            .await
+            .unwrap()
+            .expect("an answer");
+        if r.status != 503 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still 503 after the closes");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    still_serves(&mut proxy, "the open-files cap").await;
+}
