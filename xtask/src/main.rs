@@ -42,8 +42,8 @@ enum Task {
     Soak(soak::Soak),
     /// Build a profile-guided flexinfer-proxy (`<target>/pgo/flexinfer-proxy`): an
     /// instrumented build, the overhead and stream benches' proxy rows as training, then the
-    /// build that uses the profile. Measure it with `bench overhead --proxy-bin`; package it
-    /// with `image --pgo`.
+    /// build that uses the profile. Measure it with `bench overhead --proxy-bin`; `image`
+    /// packages it (unless `--no-pgo`).
     Pgo(pgo::Pgo),
     /// Replay a request trace through the real router in simulated time (builds the release
     /// binary, then runs `flexinfer-proxy replay` with these arguments).
