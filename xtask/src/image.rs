@@ -34,8 +34,8 @@ pub(crate) struct Image {
     /// Where the base images come from.
     #[arg(long, value_enum, default_value = "auto")]
     pub base: BaseChoice,
-    /// Package a release binary built on this machine instead of building in the Dockerfile's
-    /// builder stage.
+    /// Build the binary on this machine (profile-guided unless --no-pgo) and package it, instead
+    /// of building it in the Dockerfile's builder stage.
     #[arg(long)]
     pub prebuilt: bool,
     /// Ship the plain release build (whole-program LTO) instead of the profile-guided one:

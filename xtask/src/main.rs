@@ -33,7 +33,8 @@ enum Task {
     Bench(bench::Bench),
     /// Install what the tests need, build the eBPF object, then fmt, clippy and every test.
     Test(test::Test),
-    /// Build the container image the Helm chart deploys (docker or podman).
+    /// Build the container image the Helm chart deploys (docker or podman), its binary
+    /// profile-guided unless `--no-pgo`.
     Image(image::Image),
     /// Run the cargo-fuzz targets under tests/fuzz, one after the other (needs nightly).
     Fuzz(fuzz::Fuzz),
