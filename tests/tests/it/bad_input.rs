@@ -450,6 +450,20 @@ async fn connections_past_the_limit_get_503_with_retry_after() {
         .collect();
     // No wait for the proxy to take them: it accepts in the order the kernel queued the
     // connections, counting each as it accepts it, and these four connected before the next.
+    refused_as_too_many(&proxy).await;
+    let refused = metric_value(
+        &proxy.metrics().await,
+        "flexinfer_proxy_client_refusals_total",
+        &[("code", "too_many_connections"), ("status", "503")],
+    );
+    assert_eq!(refused, Some(1.0), "the refused connection is counted");
+    drop(held);
+    served_once_the_held_close(&proxy).await;
+    still_serves(&mut proxy, "the connection limit").await;
+}
+
+/// The next client gets 503 `too_many_connections` with Retry-After, OpenAI-shaped.
+async fn refused_as_too_many(proxy: &Proxy) {
     let r = exchange(proxy.addr, chat(&[], &ok_body()))
         .await
         .unwrap()
@@ -458,14 +472,11 @@ async fn connections_past_the_limit_get_503_with_retry_after() {
     assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
     let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(j["error"]["code"], "too_many_connections");
-    let refused = metric_value(
-        &proxy.metrics().await,
-        "flexinfer_proxy_client_refusals_total",
-        &[("code", "too_many_connections"), ("status", "503")],
-    );
-    assert_eq!(refused, Some(1.0), "the refused connection is counted");
-    drop(held);
-    // The slots free once the proxy sees the closes: until then a new client still gets 503.
+}
+
+/// The slots free once the proxy sees the held connections close: until then a new client
+/// still gets 503.
+async fn served_once_the_held_close(proxy: &Proxy) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = exchange(proxy.addr, chat(&[], &ok_body()))
@@ -481,7 +492,6 @@ async fn connections_past_the_limit_get_503_with_retry_after() {
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    still_serves(&mut proxy, "the connection limit").await;
 }
 
 /// The proxy's open-files limit as the kernel holds it: (soft, hard).
@@ -527,29 +537,12 @@ async fn an_open_files_limit_caps_client_connections_with_503() {
     let held: Vec<std::net::TcpStream> = (0..384)
         .map(|_| std::net::TcpStream::connect(proxy.addr).unwrap())
         .collect();
-    let r = exchange(proxy.addr, chat(&[], &ok_body()))
-        .await
-        .unwrap()
-        .expect("an answer");
-    assert_eq!(r.status, 503, "{}", r.text());
-    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(j["error"]["code"], "too_many_connections");
+    refused_as_too_many(&proxy).await;
     assert!(
         !proxy.proc.log_text().contains("accept failed"),
         "no descriptor ran out"
     );
     drop(held);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = exchange(proxy.addr, chat(&[], &ok_body()))
-            .await
-            .unwrap()
-            .expect("an answer");
-        if r.status != 503 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "still 503 after the closes");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    served_once_the_held_close(&proxy).await;
     still_serves(&mut proxy, "the open-files cap").await;
 }
