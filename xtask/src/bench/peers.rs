@@ -26,6 +26,13 @@ pub(crate) const LOAD_CPU: usize = 0;
 pub(crate) const PROXY_CPU: usize = 1;
 pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Why the benches' `fx-default` row cannot run here (it loads the eBPF gauge), as the note
+/// each bench prints, or `None` where BPF works.
+pub(crate) fn fx_default_unavailable() -> Option<String> {
+    flexinfer_test_support::bpf_missing()
+        .map(|why| format!("fx-default: not measured, it loads the eBPF gauge and {why}"))
+}
+
 /// Remove the cgroups and pin dirs a killed run with `prefix` left behind (root only).
 pub(crate) fn remove_stale(prefix: &str, who: &str) {
     for p in Cgroup::remove_stale(prefix)

@@ -164,17 +164,15 @@ pub(crate) fn run(args: &OverheadBench) -> Result<()> {
 fn runnable(targets: Vec<Target>, smg: bool, skipped: &mut Vec<String>) -> Vec<Target> {
     let no_bpf = targets
         .contains(&Target::FxDefault)
-        .then(flexinfer_test_support::bpf_missing)
+        .then(peers::fx_default_unavailable)
         .flatten();
     targets
         .into_iter()
         .filter(|t| match t {
             Target::Smg => smg,
             Target::FxDefault => match &no_bpf {
-                Some(why) => {
-                    skipped.push(format!(
-                        "fx-default: not measured, it loads the eBPF gauge and {why}"
-                    ));
+                Some(note) => {
+                    skipped.push(note.clone());
                     false
                 }
                 None => true,

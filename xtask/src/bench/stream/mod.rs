@@ -115,11 +115,9 @@ pub(crate) fn run(args: &StreamBench) -> Result<()> {
         peers::remove_stale(PREFIX, "bench stream");
     }
     if targets.contains(&Target::FxDefault) {
-        if let Some(why) = flexinfer_test_support::bpf_missing() {
+        if let Some(note) = peers::fx_default_unavailable() {
             targets.retain(|t| *t != Target::FxDefault);
-            notes.push(format!(
-                "fx-default: not measured, it loads the eBPF gauge and {why}"
-            ));
+            notes.push(note);
         }
     }
     if targets.is_empty() {
