@@ -99,6 +99,9 @@ struct Env<'a> {
 
 pub(crate) fn run(args: &StreamBench) -> Result<()> {
     let (modes, mut targets) = select(&args.modes, &args.only)?;
+    if modes.contains(&Mode::Paced) && args.paced_streams == 0 {
+        bail!("--paced-streams must be at least 1");
+    }
     // Every process started from here inherits it: 8,000 streams are 16,000 sockets in a proxy.
     let files = raise_nofile_limit().context("raising the open-files limit")?;
     if files < 20_000 {
