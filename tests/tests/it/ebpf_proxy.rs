@@ -114,18 +114,33 @@ async fn a_second_proxy_sees_the_first_ones_connections() {
         "the control should hit A: {hits:?}"
     );
 
-    // The operator view agrees.
-    let out = std::process::Command::new(proxy_bin())
-        .args(["ebpf", "status", "--bpf-pin-dir"])
-        .arg(&pins.opts.pin_dir)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.ends_with(&a.addr.to_string()))
-        .unwrap_or_else(|| panic!("{text}{}", String::from_utf8_lossy(&out.stderr)));
-    assert_eq!(line.split_whitespace().nth(1), Some("4"), "{text}");
+    // The operator view agrees. A connection a proxy opens at that moment (an engine scrape)
+    // counts busy in the kernel until the proxy registers it, a few ms later, so the view is
+    // read until it settles.
+    let status = || {
+        let out = std::process::Command::new(proxy_bin())
+            .args(["ebpf", "status", "--bpf-pin-dir"])
+            .arg(&pins.opts.pin_dir)
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let active_on_a = || {
+        status()
+            .lines()
+            .find(|l| l.ends_with(&a.addr.to_string()))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+    };
+    assert_eq!(
+        wait_for(Some(4), Duration::from_secs(5), active_on_a),
+        Some(4),
+        "{}",
+        status()
+    );
     for h in held {
         h.abort();
     }
