@@ -99,6 +99,23 @@ fn keys(c: &mut Criterion) {
                 black_box(chain::chain(&parts).map(|c| c.links().len()))
             })
         });
+        // With content anchors: what a request costs when its model's llama.cpp pods show
+        // their slots' prompts.
+        g.bench_with_input(
+            BenchmarkId::new("prompt chain with anchors", size),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let fields = BodyFields::parse(black_box(body.as_bytes()));
+                    let parts = RequestParts {
+                        headers: &headers,
+                        body: fields.as_ref(),
+                        model: Some("m"),
+                    };
+                    black_box(chain::chain_with_anchors(&parts).map(|c| c.links().len()))
+                })
+            },
+        );
     }
     g.finish();
 }

@@ -15,6 +15,7 @@
 //! routing key (`prompt-chain`); with no match in the index, the ring pick is of the link past
 //! the tie margin (see `crate::balance::cache_aware`).
 
+use super::anchors::{AnchorBuilder, RequestAnchors};
 #[cfg(test)]
 use super::canonical::normalize_chars;
 use super::normalize::{Normalizer, Sink};
@@ -38,6 +39,9 @@ pub struct PromptChain {
     links: Vec<u64>,
     /// Normalized prompt characters up to each link's cut (separators apart).
     ends: Vec<u32>,
+    /// The prompt's content anchors (see [`super::anchors`]); empty unless asked for
+    /// ([`chain_with_anchors`]).
+    anchors: RequestAnchors,
 }
 
 impl PromptChain {
@@ -60,6 +64,11 @@ impl PromptChain {
         self.ends.last().map_or(0, |&e| u64::from(e))
     }
 
+    /// The prompt's content anchors; empty when the chain was built without them.
+    pub fn anchors(&self) -> &RequestAnchors {
+        &self.anchors
+    }
+
     /// The routing key: the first link.
     pub fn key(&self) -> RoutingKey {
         RoutingKey {
@@ -67,6 +76,11 @@ impl PromptChain {
             source: KeySource::PromptChain,
         }
     }
+}
+
+/// A character count as the chain keeps it.
+fn chars_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Hashes the rendered prompt as it is produced, keeping a link at every cut.
@@ -78,6 +92,8 @@ struct Builder {
     count: usize,
     /// Normalized characters of the whole prompt so far.
     total: usize,
+    /// Content anchors, when asked for.
+    anchors: Option<AnchorBuilder>,
     /// Tests only: normalize character by character (the reference the fast path must match).
     #[cfg(test)]
     by_char: bool,
@@ -94,7 +110,7 @@ impl Sink for Emit<'_> {
     #[inline]
     fn put(&mut self, s: &str) {
         if std::mem::take(&mut self.part) {
-            self.b.emit(PART);
+            self.b.separator(PART);
         }
         if !s.is_ascii() {
             s.chars().for_each(|c| self.b.emit(c));
@@ -105,6 +121,12 @@ impl Sink for Emit<'_> {
             let to_cut = CUT_CHARS - self.b.count % CUT_CHARS;
             let (head, tail) = rest.split_at(to_cut.min(rest.len()));
             self.b.hasher.push_str(head);
+            if let Some(a) = self.b.anchors.as_mut() {
+                let at = self.b.total;
+                for (i, &byte) in head.as_bytes().iter().enumerate() {
+                    a.push(byte, chars_u32(at + i + 1));
+                }
+            }
             self.b.count += head.len();
             self.b.total += head.len();
             if head.len() == to_cut && !self.b.full() {
@@ -123,9 +145,37 @@ impl Builder {
             ends: Vec::new(),
             count: 0,
             total: 0,
+            anchors: None,
             #[cfg(test)]
             by_char: false,
         }
+    }
+
+    fn with_anchors() -> Self {
+        Self {
+            anchors: Some(AnchorBuilder::default()),
+            ..Self::new()
+        }
+    }
+
+    /// A new text field: no anchor window spans the boundary.
+    fn start_anchor_field(&mut self) {
+        let at = chars_u32(self.total);
+        if let Some(a) = self.anchors.as_mut() {
+            a.start_field(at);
+        }
+    }
+
+    /// A separator between the parts of a text: hashed and counted, not anchored, and the
+    /// next part is a field of its own.
+    fn separator(&mut self, c: char) {
+        if let Some(a) = self.anchors.as_mut() {
+            a.end_field(chars_u32(self.total));
+        }
+        let anchors = self.anchors.take();
+        self.emit(c);
+        self.anchors = anchors;
+        self.start_anchor_field();
     }
 
     fn full(&self) -> bool {
@@ -146,6 +196,12 @@ impl Builder {
 
     fn emit(&mut self, c: char) {
         self.hasher.push(c);
+        if let Some(a) = self.anchors.as_mut() {
+            let at = chars_u32(self.total + 1);
+            for &byte in c.encode_utf8(&mut [0; 4]).as_bytes() {
+                a.push(byte, at);
+            }
+        }
         self.count += 1;
         self.total += 1;
         if self.count.is_multiple_of(CUT_CHARS) && !self.full() {
@@ -155,13 +211,16 @@ impl Builder {
 
     /// Normalizes `t` into the chain (at most `room` characters); true if it emitted any.
     fn normalized(&mut self, t: &Text<'_>, part: bool) -> bool {
+        if !part {
+            self.start_anchor_field();
+        }
         let room = self.room();
         #[cfg(test)]
         if self.by_char {
             let mut first = true;
             let n = normalize_chars(t.chars(), room, |c| {
                 if std::mem::take(&mut first) && part {
-                    self.emit(PART);
+                    self.separator(PART);
                 }
                 self.emit(c);
             });
@@ -225,6 +284,12 @@ pub fn chain(req: &RequestParts<'_, '_>) -> Option<PromptChain> {
     build(req, Builder::new())
 }
 
+/// [`chain`] with each link's content anchor ([`PromptChain::link_anchors`]), for a model
+/// whose pods report their prompts' text: a byte's worth of extra work per prompt byte.
+pub fn chain_with_anchors(req: &RequestParts<'_, '_>) -> Option<PromptChain> {
+    build(req, Builder::with_anchors())
+}
+
 fn build(req: &RequestParts<'_, '_>, mut b: Builder) -> Option<PromptChain> {
     let body = req.body?;
     b.hasher.push_str("chain");
@@ -248,6 +313,10 @@ fn build(req: &RequestParts<'_, '_>, mut b: Builder) -> Option<PromptChain> {
     (!b.links.is_empty()).then_some(PromptChain {
         links: b.links,
         ends: b.ends,
+        anchors: b
+            .anchors
+            .map(|a| a.finish(chars_u32(b.total)))
+            .unwrap_or_default(),
     })
 }
 
@@ -396,6 +465,13 @@ mod tests {
             let mut slow = Builder::new();
             slow.by_char = true;
             proptest::prop_assert_eq!(chain(&req), build(&req, slow));
+            let mut slow = Builder::with_anchors();
+            slow.by_char = true;
+            let fast = chain_with_anchors(&req);
+            proptest::prop_assert_eq!(&fast, &build(&req, slow));
+            // Anchors change no link.
+            let plain = chain(&req);
+            proptest::prop_assert_eq!(fast.map(|c| c.links), plain.map(|c| c.links));
         }
     }
 

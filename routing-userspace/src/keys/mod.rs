@@ -6,6 +6,7 @@
 //! Keys are hashed immediately: only the 64-bit hash travels further, so no raw key text ends up
 //! in memory, labels or logs.
 
+pub mod anchors;
 pub mod canonical;
 pub mod chain;
 pub mod explicit;
@@ -160,16 +161,18 @@ pub fn extract(strategy: Strategy, req: &RequestParts<'_, '_>, limits: &KeyLimit
         Strategy::Prefix => explicit::key(req, limits, &mut ignored)
             .or_else(|| canonical::key(req, limits))
             .or_else(|| session::key(req)),
-        Strategy::CacheAware => return extract_with_chain(req, limits).0,
+        Strategy::CacheAware => return extract_with_chain(req, limits, false).0,
     };
     Extraction { key, ignored }
 }
 
 /// Cache-aware extraction: an explicit key (as prefix routing reads it) wins; else the prompt
-/// chain, whose first link is the key. The chain comes back too, for the index lookup.
+/// chain, whose first link is the key. The chain comes back too, for the index lookup, with
+/// its content anchors when `anchors` (pods that report their prompts' text).
 pub fn extract_with_chain(
     req: &RequestParts<'_, '_>,
     limits: &KeyLimits,
+    anchors: bool,
 ) -> (Extraction, Option<chain::PromptChain>) {
     let mut ignored = Vec::new();
     if let Some(key) = explicit::key(req, limits, &mut ignored) {
@@ -181,7 +184,10 @@ pub fn extract_with_chain(
             None,
         );
     }
-    let chain = chain::chain(req);
+    let chain = match anchors {
+        true => chain::chain_with_anchors(req),
+        false => chain::chain(req),
+    };
     let key = chain.as_ref().map(chain::PromptChain::key);
     (Extraction { key, ignored }, chain)
 }
