@@ -175,6 +175,7 @@ fn pod_view(shared: &Shared, m: &ModelRoute, p: &Pod, now: Instant) -> Value {
         "full": shared.router.is_full(m, p, now),
         "engine": p.slot.and_then(|s| shared.router.signals().snapshot(s, now)),
         "cache_feedback": p.slot.and_then(|s| shared.router.feedback().view(s)),
+        "slot_prompts": p.slot.and_then(|s| shared.router.signals().prompts().any(s)).map(|v| v.summary(now)),
     })
 }
 

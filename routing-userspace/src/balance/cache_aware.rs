@@ -30,9 +30,13 @@
 //! sent more than [`HELD_FACTOR`] times the mean of the new links lately (see
 //! [`under_held_bound`] and [`crate::router::inflow`]). A few documents over a few pods then land
 //! evenly (six over three: two each), where the hash alone often puts three on one pod, more
-//! than an engine with two slots keeps. A fleet cannot agree on that (each proxy sees its own
-//! share of the traffic: with the rule in every proxy, the conversation trace fell from 1.00x
-//! to 0.93x the limit with 8 routers), so its proxies keep the hash.
+//! than an engine with two slots keeps. A fleet cannot agree on what each proxy sent (each
+//! proxy sees its own share of the traffic: with the rule in every proxy, the conversation
+//! trace fell from 1.00x to 0.93x the limit with 8 routers), so its proxies keep the hash,
+//! unless every pod reports what its slots hold (llama.cpp's `/slots` with the prompts shown,
+//! [`crate::signals::slot_prompts`]): that report is the same in every proxy, and the rule
+//! then reads it (plus what this proxy sent since), while the pods' own matches find a
+//! document wherever another proxy put it.
 //!
 //! Pure: the matched depths come from the index, the loads from the gauge, both read once.
 
@@ -181,9 +185,10 @@ pub fn agreed_holder(choice: &CacheAwareChoice, chain_links: usize) -> Option<us
 
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
 /// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
-/// hash-balance bound (`None` = off), `sent[i]` what member `i` was sent lately, in
-/// [`crate::router::inflow::UNITS_PER_LINK`] per link, when the proxy routes alone (`None` in a
-/// fleet: ties go by the walk alone).
+/// hash-balance bound (`None` = off), `sent[i]` what member `i` holds lately, in
+/// [`crate::router::inflow::UNITS_PER_LINK`] per link: what it was sent, when the proxy routes
+/// alone, or what its slots show plus what this proxy sent since, in a fleet whose pods all
+/// report it (`None` otherwise: ties go by the walk alone).
 pub fn choose(
     ring: &Ring,
     chain: &[u64],

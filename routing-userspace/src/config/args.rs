@@ -518,6 +518,31 @@ pub struct SignalArgs {
     )]
     pub engine_scrape_timeout: Dur,
 
+    /// Also read each llama.cpp pod's `/slots` page, when it shows the
+    /// slots' prompts (the server runs with LLAMA_SERVER_SLOTS_DEBUG=1): the proxies of a
+    /// fleet then find a document where another proxy placed it, and place new ones where the
+    /// pods hold least. Only fingerprints of the text are kept. A pod that shows no prompts is
+    /// asked again after 10 minutes. Off with --engine-scrape-budget 0, which stops every
+    /// read of the engines' pages.
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ENGINE_SLOT_PROMPTS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub engine_slot_prompts: bool,
+
+    /// Reads of each llama.cpp pod's `/slots` page per second, by the whole fleet (with
+    /// --engine-slot-prompts). A proxy reads a pod every fleet size / budget seconds (3
+    /// proxies: every 0.75 s; 100: every 25 s).
+    #[arg(
+        long,
+        env = "FLEXINFER_PROXY_ENGINE_SLOT_PROMPTS_BUDGET",
+        default_value_t = ScrapeConfig::default().slot_prompts_budget,
+        value_parser = parse_budget
+    )]
+    pub engine_slot_prompts_budget: f64,
+
     /// The engines' metrics path.
     #[arg(
         long,

@@ -270,6 +270,10 @@ fn signal_settings(a: &SignalArgs) -> SignalSettings {
         budget: a.engine_scrape_budget,
         max_report_age: a.engine_scrape_max_age.0,
         timeout: a.engine_scrape_timeout.0,
+        slot_prompts_budget: match a.engine_slot_prompts {
+            true => a.engine_slot_prompts_budget,
+            false => 0.0,
+        },
         ..ScrapeConfig::default()
     });
     SignalSettings {

@@ -205,9 +205,10 @@ mod tests {
                 "{name}:\n{text}"
             );
         }
-        assert_eq!(text.matches("# TYPE ").count(), 39, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 40, "{text}");
         assert!(text.contains("# TYPE flexinfer_proxy_client_refusals_total counter\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_engine_scrapes_total counter\n"));
+        assert!(text.contains("# TYPE flexinfer_proxy_engine_slot_prompt_reads_total counter\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_depth gauge\n"));
         assert!(text.contains("# TYPE flexinfer_proxy_queue_wait_seconds histogram\n"));
         // The trace export counters, both drop reasons at zero from the start.

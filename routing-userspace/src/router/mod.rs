@@ -25,6 +25,8 @@ mod agreement_tests;
 #[cfg(test)]
 mod balance_tests;
 #[cfg(test)]
+mod slot_prompt_tests;
+#[cfg(test)]
 mod test_world;
 #[cfg(test)]
 mod tests;
@@ -292,7 +294,8 @@ impl Router {
             ..*req
         };
         let (extraction, chain) = if strategy == Strategy::CacheAware {
-            keys::extract_with_chain(&parts, &self.knobs.limits)
+            let anchors = self.reads_slot_prompts(m, now);
+            keys::extract_with_chain(&parts, &self.knobs.limits, anchors)
         } else {
             (keys::extract(strategy, &parts, &self.knobs.limits), None)
         };
@@ -339,6 +342,9 @@ impl Router {
                 // each see their own share, so they keep to the hash).
                 if self.routes_alone() {
                     self.inflow.add(slot, new_links.len(), now);
+                }
+                if let Some(view) = self.signals.prompts().get(slot, now) {
+                    view.sent(new_links.len());
                 }
                 let lesson = self
                     .teaching
@@ -465,26 +471,60 @@ impl Router {
         }
     }
 
-    /// The cache-aware pick: depths from the index, loads from the gauge, the choice (pure);
-    /// the caller teaches the index the chain for the pod the decision ends up with.
+    /// Whether some pod of `m` has a fresh view of its slots' prompts (llama.cpp's `/slots`):
+    /// then requests are anchored to be looked up in it.
+    fn reads_slot_prompts(&self, m: &ModelRoute, now: Instant) -> bool {
+        let views = self.signals.prompts();
+        m.pods
+            .iter()
+            .filter_map(|p| p.slot)
+            .any(|s| views.has_fresh(s, now))
+    }
+
+    /// The cache-aware pick: depths from the index (and from the pods' own views of their
+    /// slots' prompts, where they report them), loads from the gauge, the choice (pure); the
+    /// caller teaches the index the chain for the pod the decision ends up with.
     fn cache_aware(&self, m: &ModelRoute, chain: &PromptChain, now: Instant) -> Pick {
         let n = m.pods.len();
         let links = chain.links();
         let mut depths = vec![0u32; n];
         self.index
             .depths(links, |slot| m.pod_of_slot(slot), &mut depths);
+        let views: Vec<_> = match chain.anchors().is_empty() {
+            true => Vec::new(),
+            false => {
+                let prompts = self.signals.prompts();
+                m.pods
+                    .iter()
+                    .map(|p| p.slot.and_then(|s| prompts.get(s, now)))
+                    .collect()
+            }
+        };
+        // What a pod says it holds is what every proxy reads: a document another proxy placed
+        // is found there.
+        for (d, v) in depths.iter_mut().zip(&views) {
+            if let Some(v) = v {
+                *d = (*d).max(v.depth(chain));
+            }
+        }
         let balance = self.balance_for(m);
         let loads = self.pod_loads(m, now);
         let loads = loads.as_slice();
         let bound = balance.bound(loads.iter().sum(), n);
-        // Alone, this proxy knows what every pod was sent lately: ties also keep that even.
-        let inflow = self.routes_alone().then(|| {
+        // Alone, this proxy knows what every pod was sent lately: ties also keep that even. In
+        // a fleet, when every pod reports what its slots hold, that is the view the proxies
+        // share, and ties keep it even.
+        let held = if self.routes_alone() {
             let mut inflow = vec![0u64; n];
             self.inflow
                 .per_pod(|slot| m.pod_of_slot(slot), now, &mut inflow);
-            inflow
-        });
-        let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound, inflow.as_deref());
+            Some(inflow)
+        } else if views.len() == n && views.iter().all(Option::is_some) {
+            Some(views.iter().flatten().map(|v| v.held_units()).collect())
+        } else {
+            None
+        };
+        let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound, held.as_deref());
         // The request waits in the queue of the one pod that holds its prompt rather than pay
         // the prompt again elsewhere (see `room`); in a fleet, a proxy that knows no holder
         // takes the hash's pick for it, as the fleet's other proxies do.

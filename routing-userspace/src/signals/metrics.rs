@@ -63,6 +63,7 @@ pub struct EngineFamilies {
     pub reports_total: IntCounterVec,
     pub reports_rejected_total: IntCounterVec,
     pub scrapes_total: IntCounterVec,
+    pub slot_prompt_reads_total: IntCounterVec,
     pub prompt_tokens_total: IntCounterVec,
     pub report_age_seconds: GaugeVec,
     pub requests: IntGaugeVec,
@@ -99,6 +100,11 @@ impl EngineFamilies {
                 "Engine metrics page reads by result (ok, connect, timeout, status, too_large, invalid)",
                 &["model", "target", "result"],
             ),
+            slot_prompt_reads_total: counter(
+                "flexinfer_proxy_engine_slot_prompt_reads_total",
+                "Reads of a llama.cpp pod's /slots page by result (ok: its slots' prompts were read; hidden: the page shows none, or there is no page; failed)",
+                &["model", "target", "result"],
+            ),
             prompt_tokens_total: counter(
                 "flexinfer_proxy_engine_prompt_tokens_total",
                 "Prompt tokens of responses that reported usage, by cache (hit: served from the engine's prefix cache; miss: computed; unknown: the engine did not say)",
@@ -131,6 +137,7 @@ impl EngineFamilies {
             Box::new(self.reports_total.clone()),
             Box::new(self.reports_rejected_total.clone()),
             Box::new(self.scrapes_total.clone()),
+            Box::new(self.slot_prompt_reads_total.clone()),
             Box::new(self.prompt_tokens_total.clone()),
             Box::new(self.report_age_seconds.clone()),
             Box::new(self.requests.clone()),
@@ -245,6 +252,29 @@ pub struct ScrapeMetrics {
     rejected: IntCounter,
     /// By [`ScrapeResult::ALL`] order.
     results: [IntCounter; 6],
+    /// `/slots` reads: ok, hidden, failed.
+    slot_reads: [IntCounter; 3],
+}
+
+/// How a `/slots` read ended (the `result` label of
+/// `flexinfer_proxy_engine_slot_prompt_reads_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotReadResult {
+    Ok = 0,
+    Hidden = 1,
+    Failed = 2,
+}
+
+impl SlotReadResult {
+    pub const ALL: [SlotReadResult; 3] = [Self::Ok, Self::Hidden, Self::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Hidden => "hidden",
+            Self::Failed => "failed",
+        }
+    }
 }
 
 impl ScrapeMetrics {
@@ -259,7 +289,16 @@ impl ScrapeMetrics {
                 f.scrapes_total
                     .with_label_values(&[model, target, r.as_str()])
             }),
+            slot_reads: SlotReadResult::ALL.map(|r| {
+                f.slot_prompt_reads_total
+                    .with_label_values(&[model, target, r.as_str()])
+            }),
         }
+    }
+
+    /// Count one `/slots` read.
+    pub fn record_slots(&self, result: SlotReadResult) {
+        self.slot_reads[result as usize].inc();
     }
 
     /// Count one scrape; a page read but holding no sane gauge also counts as a rejected

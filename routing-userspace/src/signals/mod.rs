@@ -23,6 +23,7 @@ pub mod others;
 pub mod report;
 pub mod scrape;
 pub mod settings;
+pub mod slot_prompts;
 pub mod store;
 pub mod usage;
 

@@ -12,6 +12,13 @@
 //!
 //! Pages are read over the proxy's own HTTP/1.1 client ([`crate::upstream`]) with a connect
 //! and a total time cap and a size cap, and parsed as the engine kind of the pod's model.
+//!
+//! A llama.cpp pod's `/slots` page is read too, when it shows the slots' prompts
+//! ([`super::slot_prompts`]), at its own budget ([`ScrapeConfig::slot_prompts_budget`], 4 reads
+//! of a pod a second for the whole fleet): a view of what the pods hold is worth having fresh
+//! while documents are being placed, and the page costs the engine one pass over its slots. A
+//! server that hides the prompts (no `LLAMA_SERVER_SLOTS_DEBUG`) or has no such page is asked
+//! again only after [`PROMPTS_RETRY`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -27,8 +34,9 @@ use http_body_util::BodyExt;
 use tokio::task::JoinSet;
 
 use super::engine_metrics::{parse_page, PageError, PageReport, MAX_PAGE_BYTES};
-use super::metrics::{EngineFamilies, ScrapeMetrics, ScrapeResult};
+use super::metrics::{EngineFamilies, ScrapeMetrics, ScrapeResult, SlotReadResult};
 use super::report::Source;
+use super::slot_prompts::{parse_slots, Parsed, PodPrompts, SLOTS_PATH};
 use super::store::SignalStore;
 use crate::load::Slot;
 use crate::table::RoutingTable;
@@ -57,7 +65,14 @@ pub struct ScrapeConfig {
     pub concurrency: usize,
     /// How often due pods are looked for.
     pub tick: Duration,
+    /// Reads of each llama.cpp pod's `/slots` page per second, for the whole fleet (0: never).
+    pub slot_prompts_budget: f64,
+    /// The size cap of a `/slots` page (it carries every slot's prompt).
+    pub max_slots_page: usize,
 }
+
+/// How long a pod whose `/slots` page shows no prompts is not asked again.
+pub const PROMPTS_RETRY: Duration = Duration::from_secs(600);
 
 impl Default for ScrapeConfig {
     fn default() -> Self {
@@ -71,6 +86,8 @@ impl Default for ScrapeConfig {
             max_page: MAX_PAGE_BYTES,
             concurrency: 16,
             tick: Duration::from_millis(100),
+            slot_prompts_budget: 4.0,
+            max_slots_page: 8 << 20,
         }
     }
 }
@@ -171,26 +188,54 @@ impl ScrapeError {
 }
 
 /// The request head of a page read.
-fn page_request(addr: SocketAddr, path: &http::uri::PathAndQuery) -> Parts {
+fn page_request(addr: SocketAddr, path: &http::uri::PathAndQuery, accept: &'static str) -> Parts {
     let mut parts = http::Request::new(()).into_parts().0;
     parts.method = Method::GET;
     parts.uri = http::Uri::from(path.clone());
     let host = HeaderValue::from_str(&addr.to_string()).expect("a socket address is a header");
     parts.headers.insert(header::HOST, host);
-    parts.headers.insert(
-        header::ACCEPT,
-        HeaderValue::from_static("text/plain;version=0.0.4"),
-    );
+    parts
+        .headers
+        .insert(header::ACCEPT, HeaderValue::from_static(accept));
     parts
 }
 
-/// Read the page at `addr`, within the time and size caps.
+/// Which page to read.
+#[derive(Debug, Clone, Copy)]
+enum Page<'a> {
+    Metrics(&'a http::uri::PathAndQuery),
+    Slots,
+}
+
+impl Page<'_> {
+    fn head(&self, addr: SocketAddr) -> Parts {
+        match self {
+            Page::Metrics(path) => page_request(addr, path, "text/plain;version=0.0.4"),
+            Page::Slots => page_request(
+                addr,
+                &http::uri::PathAndQuery::from_static(SLOTS_PATH),
+                "application/json",
+            ),
+        }
+    }
+}
+
+/// Read the metrics page at `addr`, within the time and size caps.
 pub async fn fetch(
     upstream: &Upstream,
     addr: SocketAddr,
     cfg: &ScrapeConfig,
 ) -> Result<Vec<u8>, ScrapeError> {
-    tokio::time::timeout(cfg.timeout, fetch_uncapped(upstream, addr, cfg))
+    fetch_page(upstream, addr, cfg, Page::Metrics(&cfg.path)).await
+}
+
+async fn fetch_page(
+    upstream: &Upstream,
+    addr: SocketAddr,
+    cfg: &ScrapeConfig,
+    page: Page<'_>,
+) -> Result<Vec<u8>, ScrapeError> {
+    tokio::time::timeout(cfg.timeout, fetch_uncapped(upstream, addr, cfg, page))
         .await
         .map_err(|_| ScrapeError::Timeout(cfg.timeout))?
 }
@@ -199,9 +244,10 @@ async fn fetch_uncapped(
     upstream: &Upstream,
     addr: SocketAddr,
     cfg: &ScrapeConfig,
+    page: Page<'_>,
 ) -> Result<Vec<u8>, ScrapeError> {
     let key = PoolKey::Addr(addr);
-    let head = page_request(addr, &cfg.path);
+    let head = page.head(addr);
     let send_err = |e: SendError| ScrapeError::Send(error_chain(&e));
     let empty = || UpBody::bytes(Bytes::new());
     let sent = match upstream
@@ -224,25 +270,29 @@ async fn fetch_uncapped(
     if response.status() != StatusCode::OK {
         return Err(ScrapeError::Status(response.status()));
     }
+    let cap = match page {
+        Page::Metrics(_) => cfg.max_page,
+        Page::Slots => cfg.max_slots_page,
+    };
     let declared = response
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > cfg.max_page as u64) {
-        return Err(ScrapeError::TooLarge(cfg.max_page));
+    if declared.is_some_and(|n| n > cap as u64) {
+        return Err(ScrapeError::TooLarge(cap));
     }
     let mut body = response.into_body();
-    let mut page = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0) as usize);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ScrapeError::Body(error_chain(&e)))?;
         if let Ok(data) = frame.into_data() {
-            if page.len() + data.len() > cfg.max_page {
-                return Err(ScrapeError::TooLarge(cfg.max_page));
+            if bytes.len() + data.len() > cap {
+                return Err(ScrapeError::TooLarge(cap));
             }
-            page.extend_from_slice(&data);
+            bytes.extend_from_slice(&data);
         }
     }
-    Ok(page)
+    Ok(bytes)
 }
 
 /// Read and parse one pod's page.
@@ -278,6 +328,26 @@ struct PodState {
     busy: bool,
     /// Its failure was logged at info; the recovery will be too.
     logged: bool,
+    /// When its `/slots` page is read next.
+    prompts_due: Instant,
+    prompts_busy: bool,
+    /// Its `/slots` page is not read before then (it showed no prompts).
+    prompts_off_until: Option<Instant>,
+}
+
+/// What a read made of the pod's `/slots` page.
+#[derive(Debug)]
+enum PromptsRead {
+    Read,
+    /// The page shows no prompts, or there is none.
+    Hidden(String),
+    Failed(String),
+}
+
+/// One read's outcome.
+enum ReadOutcome {
+    Metrics(SocketAddr, Result<(), String>),
+    Prompts(SocketAddr, PromptsRead),
 }
 
 /// The background task (see the module docs).
@@ -324,15 +394,17 @@ impl Scraper {
     pub async fn run(self) {
         let me = Arc::new(self);
         let mut pods: HashMap<SocketAddr, PodState> = HashMap::new();
-        let mut reads: JoinSet<(SocketAddr, Result<(), String>)> = JoinSet::new();
+        let mut reads: JoinSet<ReadOutcome> = JoinSet::new();
         let mut tick = tokio::time::interval(me.cfg.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 _ = tick.tick() => me.start_due(&mut pods, &mut reads),
                 Some(done) = reads.join_next(), if !reads.is_empty() => {
-                    if let Ok((addr, outcome)) = done {
-                        finish(&mut pods, addr, outcome);
+                    match done {
+                        Ok(ReadOutcome::Metrics(addr, outcome)) => finish(&mut pods, addr, outcome),
+                        Ok(ReadOutcome::Prompts(addr, read)) => finish_prompts(&mut pods, addr, read),
+                        Err(_) => {}
                     }
                 }
             }
@@ -342,7 +414,7 @@ impl Scraper {
     fn start_due(
         self: &Arc<Self>,
         pods: &mut HashMap<SocketAddr, PodState>,
-        reads: &mut JoinSet<(SocketAddr, Result<(), String>)>,
+        reads: &mut JoinSet<ReadOutcome>,
     ) {
         let now = Instant::now();
         let targets = self.targets.load();
@@ -350,18 +422,27 @@ impl Scraper {
             targets.iter().map(|t| t.addr).collect();
         pods.retain(|addr, _| listed.contains(addr));
         let fleet = self.fleet.load(Ordering::Relaxed);
-        let Some(every) = interval(fleet, self.cfg.budget, self.cfg.min_interval) else {
-            return;
-        };
+        let every = interval(fleet, self.cfg.budget, self.cfg.min_interval);
+        let prompts_every = interval(fleet, self.cfg.slot_prompts_budget, self.cfg.min_interval);
         for t in targets.iter() {
             // A new pod's first read falls anywhere in the first interval, so a fleet that
             // learns of it at once does not read it at once.
+            let first = |every: Option<Duration>| {
+                now + every.unwrap_or_default().mul_f64(rand::random::<f64>())
+            };
             let st = pods.entry(t.addr).or_insert_with(|| PodState {
-                next_due: now + every.mul_f64(rand::random::<f64>()),
+                next_due: first(every),
                 failures: 0,
                 busy: false,
                 logged: false,
+                prompts_due: first(prompts_every),
+                prompts_busy: false,
+                prompts_off_until: None,
             });
+            if let Some(prompts_every) = prompts_every {
+                self.start_prompts(t, st, now, prompts_every, reads);
+            }
+            let Some(every) = every else { continue };
             if st.busy || now < st.next_due || reads.len() >= self.cfg.concurrency {
                 continue;
             }
@@ -375,11 +456,47 @@ impl Scraper {
         }
     }
 
-    async fn read(
-        self: Arc<Self>,
-        t: ScrapeTarget,
-        valid: Duration,
-    ) -> (SocketAddr, Result<(), String>) {
+    /// Start a read of the pod's `/slots` page if it is due: a llama.cpp pod (its model says
+    /// so, or its metrics page was read as one) that has not hidden its prompts lately.
+    fn start_prompts(
+        self: &Arc<Self>,
+        t: &ScrapeTarget,
+        st: &mut PodState,
+        now: Instant,
+        every: Duration,
+        reads: &mut JoinSet<ReadOutcome>,
+    ) {
+        let llama = match t.kind {
+            EngineKind::LlamaCpp => true,
+            EngineKind::Auto => self.store.caches_per_slot(t.slot),
+            EngineKind::Vllm | EngineKind::Sglang | EngineKind::None => false,
+        };
+        let hidden = st.prompts_off_until.is_some_and(|until| now < until);
+        if !llama
+            || hidden
+            || st.prompts_busy
+            || now < st.prompts_due
+            || reads.len() >= self.cfg.concurrency
+        {
+            return;
+        }
+        st.prompts_due = next_due(now, every, 0, rand::random::<f64>());
+        st.prompts_busy = true;
+        let valid = report_validity(every, self.store.staleness(), self.cfg.max_report_age);
+        let me = Arc::clone(self);
+        let t = t.clone();
+        reads.spawn(async move {
+            let read = me.read_prompts(&t, now, valid).await;
+            t.metrics.record_slots(match read {
+                PromptsRead::Read => SlotReadResult::Ok,
+                PromptsRead::Hidden(_) => SlotReadResult::Hidden,
+                PromptsRead::Failed(_) => SlotReadResult::Failed,
+            });
+            ReadOutcome::Prompts(t.addr, read)
+        });
+    }
+
+    async fn read(self: Arc<Self>, t: ScrapeTarget, valid: Duration) -> ReadOutcome {
         let stamp = self.store.stamp(t.slot, Source::Scrape, Instant::now());
         let outcome = match scrape(&self.upstream, t.addr, t.kind, &self.cfg).await {
             Ok(page) => {
@@ -393,7 +510,63 @@ impl Scraper {
                 Err(format!("model {}: {e}", t.model))
             }
         };
-        (t.addr, outcome)
+        ReadOutcome::Metrics(t.addr, outcome)
+    }
+
+    /// Read the pod's `/slots` page into its prompt view; a page that cannot be read leaves
+    /// the pod with none.
+    async fn read_prompts(&self, t: &ScrapeTarget, asked: Instant, valid: Duration) -> PromptsRead {
+        let views = self.store.prompts();
+        let page = match fetch_page(&self.upstream, t.addr, &self.cfg, Page::Slots).await {
+            Ok(page) => page,
+            Err(ScrapeError::Status(s))
+                if s == StatusCode::NOT_FOUND || s == StatusCode::NOT_IMPLEMENTED =>
+            {
+                views.set(t.slot, None);
+                return PromptsRead::Hidden(format!("{SLOTS_PATH} answered {s}"));
+            }
+            Err(e) => {
+                views.set(t.slot, None);
+                return PromptsRead::Failed(format!("model {}: {SLOTS_PATH}: {e}", t.model));
+            }
+        };
+        match parse_slots(&page) {
+            Ok(Parsed::Prompts(slots)) => {
+                let previous = views.any(t.slot);
+                let view = PodPrompts::after(previous.as_deref(), slots, asked, valid);
+                views.set(t.slot, Some(view));
+                PromptsRead::Read
+            }
+            Ok(Parsed::NoPrompts) => {
+                views.set(t.slot, None);
+                PromptsRead::Hidden(format!("{SLOTS_PATH} shows no prompts"))
+            }
+            Err(e) => {
+                views.set(t.slot, None);
+                PromptsRead::Failed(format!("model {}: {SLOTS_PATH}: {e}", t.model))
+            }
+        }
+    }
+}
+
+/// A `/slots` read ended: a page that shows no prompts is not asked for again before
+/// [`PROMPTS_RETRY`] (said once at info, with what to do), a failed one at the next read.
+fn finish_prompts(pods: &mut HashMap<SocketAddr, PodState>, addr: SocketAddr, read: PromptsRead) {
+    let Some(st) = pods.get_mut(&addr) else {
+        return;
+    };
+    st.prompts_busy = false;
+    match read {
+        PromptsRead::Read => {}
+        PromptsRead::Hidden(why) => {
+            if st.prompts_off_until.is_none() {
+                tracing::info!(pod = %addr, %why, retry_s = PROMPTS_RETRY.as_secs(), "llama.cpp pod does not show its slots' prompts: the proxies of a fleet place its prompts by hash (start the server with LLAMA_SERVER_SLOTS_DEBUG=1 to let them share its view)");
+            }
+            st.prompts_off_until = Some(Instant::now() + PROMPTS_RETRY);
+        }
+        PromptsRead::Failed(e) => {
+            tracing::debug!(pod = %addr, error = %e, "slot prompts read failed");
+        }
     }
 }
 

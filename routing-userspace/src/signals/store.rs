@@ -40,6 +40,7 @@ use serde::Serialize;
 
 use super::others::{self, NO_MEAN};
 use super::report::{EngineReport, Source};
+use super::slot_prompts::SlotPromptViews;
 use crate::load::userspace::UserspaceGauge;
 use crate::load::{LoadGauge, Slot, MAX_SLOTS};
 use crate::vocab::EngineKind;
@@ -203,6 +204,8 @@ pub struct SignalStore {
     pods: Box<[PodSignals]>,
     /// This process's requests in flight per pod.
     local: Arc<UserspaceGauge>,
+    /// What llama.cpp pods say their slots hold.
+    prompts: SlotPromptViews,
 }
 
 impl SignalStore {
@@ -215,7 +218,13 @@ impl SignalStore {
             staleness,
             pods: (0..MAX_SLOTS).map(|_| PodSignals::default()).collect(),
             local,
+            prompts: SlotPromptViews::default(),
         }
+    }
+
+    /// What llama.cpp pods say their slots hold (see [`super::slot_prompts`]).
+    pub fn prompts(&self) -> &SlotPromptViews {
+        &self.prompts
     }
 
     /// How long an in-band report counts.
@@ -406,6 +415,7 @@ impl SignalStore {
             }
             p.others_mean.store(NO_MEAN, Relaxed);
         }
+        self.prompts.set(slot, None);
     }
 }
 

@@ -16,18 +16,20 @@ pub(super) enum Endpoint {
     Models,
     Health,
     Metrics,
+    Slots,
     NotFound,
     MethodNotAllowed,
 }
 
 impl Endpoint {
-    pub(super) const ALL: [Endpoint; 8] = [
+    pub(super) const ALL: [Endpoint; 9] = [
         Endpoint::Chat,
         Endpoint::Completions,
         Endpoint::Embeddings,
         Endpoint::Models,
         Endpoint::Health,
         Endpoint::Metrics,
+        Endpoint::Slots,
         Endpoint::NotFound,
         Endpoint::MethodNotAllowed,
     ];
@@ -40,6 +42,7 @@ impl Endpoint {
             Endpoint::Models => "models",
             Endpoint::Health => "health",
             Endpoint::Metrics => "metrics",
+            Endpoint::Slots => "slots",
             Endpoint::NotFound => "not_found",
             Endpoint::MethodNotAllowed => "method_not_allowed",
         }

@@ -103,6 +103,10 @@ pub struct SimArgs {
         default_value_t = DEFAULT_DRAIN_TIMEOUT_MS
     )]
     pub drain_timeout_ms: u64,
+    /// Serve `/slots` as llama.cpp's server does with LLAMA_SERVER_SLOTS_DEBUG=1: one slot per
+    /// recent prompt, the last N prompts as text (0: no such page, 404).
+    #[arg(long, env = "FLEXINFER_SIM_SLOT_PROMPTS", default_value_t = 0)]
+    pub slot_prompts: usize,
 }
 
 impl Default for SimArgs {
@@ -121,9 +125,13 @@ impl Default for SimArgs {
             served_model: DEFAULT_SERVED_MODEL.to_owned(),
             embedding_dim: DEFAULT_EMBEDDING_DIM,
             drain_timeout_ms: DEFAULT_DRAIN_TIMEOUT_MS,
+            slot_prompts: 0,
         }
     }
 }
+
+/// The most prompts `/slots` shows.
+const MAX_SLOT_PROMPTS: usize = 256;
 
 /// A flag value the sim cannot run with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -146,6 +154,8 @@ pub(crate) struct Settings {
     pub default_max_tokens: u64,
     pub embedding_dim: usize,
     pub drain_timeout: Duration,
+    /// Prompts `/slots` shows (0: no page).
+    pub slot_prompts: usize,
 }
 
 impl Settings {
@@ -178,6 +188,7 @@ impl Settings {
             default_max_tokens: args.default_max_tokens,
             embedding_dim: args.embedding_dim,
             drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+            slot_prompts: args.slot_prompts.min(MAX_SLOT_PROMPTS),
         })
     }
 }

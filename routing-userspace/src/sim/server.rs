@@ -125,6 +125,7 @@ fn route(method: &Method, path: &str) -> Endpoint {
         "/v1/models" => (Method::GET, Endpoint::Models),
         "/health" => (Method::GET, Endpoint::Health),
         "/metrics" => (Method::GET, Endpoint::Metrics),
+        "/slots" => (Method::GET, Endpoint::Slots),
         _ => return Endpoint::NotFound,
     };
     if *method == allowed {
@@ -143,6 +144,8 @@ pub(crate) struct State {
     stats: Arc<Stats>,
     next_id: AtomicU64,
     started: u64,
+    /// The last prompts, newest last, with their task number (`/slots`).
+    recent_prompts: Mutex<std::collections::VecDeque<(u64, String)>>,
 }
 
 impl State {
@@ -154,6 +157,7 @@ impl State {
             stats: Arc::default(),
             next_id: AtomicU64::new(1),
             started: unix_now(),
+            recent_prompts: Mutex::default(),
             settings,
         })
     }
@@ -239,7 +243,8 @@ async fn respond(state: &Arc<State>, endpoint: Endpoint, body: &[u8]) -> Respons
             &serde_json::json!({"status": "ok"}),
         )),
         Endpoint::Metrics => Ok(metrics(state)),
-        Endpoint::NotFound => Err(ApiError {
+        Endpoint::Slots if state.settings.slot_prompts > 0 => Ok(slots(state)),
+        Endpoint::Slots | Endpoint::NotFound => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             message: "no such route".into(),
             kind: "invalid_request_error",
@@ -253,6 +258,40 @@ async fn respond(state: &Arc<State>, endpoint: Endpoint, body: &[u8]) -> Respons
         }),
     };
     result.unwrap_or_else(ApiError::into_response)
+}
+
+/// `/slots` as llama.cpp's server shows it with its slots' prompts: one slot per recent prompt
+/// (the oldest first), then empty slots up to `--slot-prompts`.
+fn slots(state: &State) -> Response<SimBody> {
+    let recent = crate::lock::lock(&state.recent_prompts);
+    let shown = recent.iter().map(|(task, prompt)| {
+        serde_json::json!({"n_ctx": 4096, "is_processing": false, "id_task": task, "prompt": prompt})
+    });
+    let empty = (recent.len()..state.settings.slot_prompts)
+        .map(|_| serde_json::json!({"n_ctx": 4096, "is_processing": false}));
+    let list: Vec<Value> = shown
+        .chain(empty)
+        .enumerate()
+        .map(|(id, mut slot)| {
+            slot["id"] = id.into();
+            slot
+        })
+        .collect();
+    json_response(StatusCode::OK, &Value::Array(list))
+}
+
+/// Keep `prompt` as the newest of the last `--slot-prompts` prompts.
+fn remember_prompt(state: &State, prompt: &str) {
+    let keep = state.settings.slot_prompts;
+    if keep == 0 {
+        return;
+    }
+    let task = state.next_id.load(Ordering::Relaxed);
+    let mut recent = crate::lock::lock(&state.recent_prompts);
+    recent.push_back((task, prompt.to_owned()));
+    while recent.len() > keep {
+        recent.pop_front();
+    }
 }
 
 fn metrics(state: &State) -> Response<SimBody> {
@@ -422,6 +461,7 @@ async fn generation(
     body: &[u8],
 ) -> Result<Response<SimBody>, ApiError> {
     let req = parse_generation(kind, body, &state.settings)?;
+    remember_prompt(state, &req.prompt);
     let settings = &state.settings;
     let blocks = tokens::blocks(&req.prompt, settings.block_tokens);
     let mut admission = state.stats.admit();

@@ -21,6 +21,7 @@ mod ebpf_keepalive;
 mod ebpf_load;
 mod ebpf_proxy;
 mod failures;
+mod fleet_slot_prompts;
 mod knobs_and_groups;
 mod manifests;
 mod models_file;

@@ -25,7 +25,14 @@ enum Answer {
     Status(u16),
     /// Read the request, never answer.
     Hang,
+    /// llama.cpp: this metrics page at `/metrics`, this `/slots` page (JSON) or a 404; counts
+    /// the `/slots` reads.
+    Llama(&'static str, Option<String>, Arc<AtomicU64>),
 }
+
+const LLAMA_PAGE: &str = "# TYPE llamacpp:requests_processing gauge\n\
+llamacpp:requests_processing 1\n\
+llamacpp:requests_deferred 0\n";
 
 /// Serve `answer` on a loopback port; counts the requests read.
 async fn server(answer: Answer) -> (SocketAddr, Arc<AtomicU64>) {
@@ -52,9 +59,14 @@ async fn server(answer: Answer) -> (SocketAddr, Arc<AtomicU64>) {
                     }
                     got.extend_from_slice(&buf[..n]);
                     while let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-                        got.drain(..end + 4);
+                        let head: Vec<u8> = got.drain(..end + 4).collect();
+                        let path = String::from_utf8_lossy(&head)
+                            .split(' ')
+                            .nth(1)
+                            .unwrap_or("")
+                            .to_owned();
                         hits.fetch_add(1, Ordering::Relaxed);
-                        if !respond(&mut s, &answer).await {
+                        if !respond(&mut s, &answer, &path).await {
                             return;
                         }
                     }
@@ -66,8 +78,25 @@ async fn server(answer: Answer) -> (SocketAddr, Arc<AtomicU64>) {
 }
 
 /// Write one answer; `false` when the connection is done.
-async fn respond(s: &mut tokio::net::TcpStream, answer: &Answer) -> bool {
+async fn respond(s: &mut tokio::net::TcpStream, answer: &Answer, path: &str) -> bool {
     match answer {
+        Answer::Llama(metrics, slots, slot_reads) => {
+            let body = match path {
+                "/slots" => {
+                    slot_reads.fetch_add(1, Ordering::Relaxed);
+                    slots.clone()
+                }
+                _ => Some(metrics.to_string()),
+            };
+            let head = match &body {
+                Some(b) => format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", b.len()),
+                None => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_owned(),
+            };
+            s.write_all(head.as_bytes()).await.is_ok()
+                && s.write_all(body.unwrap_or_default().as_bytes())
+                    .await
+                    .is_ok()
+        }
         Answer::Page(body) => {
             let head = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
@@ -325,4 +354,87 @@ async fn the_task_reports_pods_and_skips_those_with_recent_complete_in_band_repo
         "node-local load stands"
     );
     assert!(scraped_hits.load(Ordering::Relaxed) >= 3);
+}
+
+#[tokio::test]
+async fn llama_pods_slot_prompts_are_read_and_a_pod_that_hides_them_is_left_alone() {
+    let doc =
+        "the ledger of the harbor keeps every copper coin that the winter market spent ".repeat(20);
+    let shown = serde_json::json!([
+        {"id": 0, "id_task": 4, "is_processing": false, "prompt": format!("<|im_start|>system\n{doc}<|im_end|>")},
+        {"id": 1, "is_processing": false}
+    ])
+    .to_string();
+    let hidden = serde_json::json!([{"id": 0, "id_task": 4, "n_prompt_tokens": 300}]).to_string();
+    let (shown_reads, hidden_reads, vllm_reads) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let (a, _) = server(Answer::Llama(
+        LLAMA_PAGE,
+        Some(shown),
+        Arc::clone(&shown_reads),
+    ))
+    .await;
+    let (b, _) = server(Answer::Llama(
+        LLAMA_PAGE,
+        Some(hidden),
+        Arc::clone(&hidden_reads),
+    ))
+    .await;
+    let (c, _) = server(Answer::Llama(LLAMA_PAGE, None, Arc::new(AtomicU64::new(0)))).await;
+    let (v, _) = server(Answer::Llama(
+        VLLM_PAGE,
+        Some("[]".into()),
+        Arc::clone(&vllm_reads),
+    ))
+    .await;
+    let local = Arc::new(crate::load::userspace::UserspaceGauge::default());
+    let store = Arc::new(SignalStore::new(Duration::from_secs(60), local));
+    let families = EngineFamilies::new();
+    let scraper = Scraper::new(
+        ScrapeConfig {
+            slot_prompts_budget: 100.0,
+            ..fast()
+        },
+        Arc::clone(&store),
+        Arc::new(AtomicUsize::new(1)),
+        None,
+    );
+    scraper.targets().set(vec![
+        target(1, a, &families),
+        target(2, b, &families),
+        target(3, c, &families),
+        target(4, v, &families),
+    ]);
+    let task = tokio::spawn(scraper.run());
+    let reads = |addr: SocketAddr, result: &str| {
+        families
+            .slot_prompt_reads_total
+            .with_label_values(&["m", &addr.to_string(), result])
+            .get()
+    };
+    let read = wait_for(Duration::from_secs(10), || {
+        reads(a, "ok") >= 5 && reads(b, "hidden") >= 1 && reads(c, "hidden") >= 1
+    })
+    .await;
+    task.abort();
+    assert!(read, "the pods' slots were not read");
+    let now = Instant::now();
+    let view = store
+        .prompts()
+        .get(1, now)
+        .expect("pod 1 shows its prompts");
+    let summary = view.summary(now);
+    assert_eq!(summary.slots, 1);
+    assert!(summary.prompt_chars > 1000, "{summary:?}");
+    // Hidden prompts and no page: no view, and asked once (not again for PROMPTS_RETRY).
+    assert!(store.prompts().any(2).is_none() && store.prompts().any(3).is_none());
+    assert_eq!(hidden_reads.load(Ordering::Relaxed), 1);
+    // A vLLM pod has no slots page to read.
+    assert_eq!(vllm_reads.load(Ordering::Relaxed), 0);
+    assert!(shown_reads.load(Ordering::Relaxed) >= 5);
+    assert_eq!((reads(b, "hidden"), reads(c, "hidden")), (1, 1));
+    assert!(store.prompts().any(4).is_none());
 }

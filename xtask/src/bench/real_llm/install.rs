@@ -23,6 +23,7 @@ p.cpuparams.n_threads = 1
 p.cpuparams_batch.n_threads = 1
 p.cache_prompt = True
 p.endpoint_metrics = True
+p.endpoint_slots = True
 s = x.Server(p)
 print("listening", s.listening_address, flush=True)
 done = threading.Event()

@@ -101,7 +101,8 @@ pub(crate) struct RealLlmBench {
     #[arg(long)]
     pub uncapped: bool,
     /// Only these routings, comma-separated (default, prefix, prefix-bounded, session-affinity,
-    /// cache-aware, cache-aware-3-proxies, smg-cache-aware) and/or workloads (chat-with-doc,
+    /// cache-aware, cache-aware-3-proxies, cache-aware-3-proxies-hash, smg-cache-aware) and/or
+    /// workloads (chat-with-doc,
     /// hot-prompt).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -118,23 +119,39 @@ enum Front {
     /// Three flexinfer-proxies in front of the same servers, as a DaemonSet on three nodes
     /// runs them, request i through proxy i mod 3 (each with its own index and loads, the
     /// servers' metrics pages and answers their shared truth, `--fleet-size 3` as counting
-    /// the DaemonSet's pods gives it).
-    Proxies(&'static str),
+    /// the DaemonSet's pods gives it). `SlotPrompts::Off`: the proxies do not read the
+    /// servers' `/slots` prompts (`--engine-slot-prompts false`), so they place documents by
+    /// the hash alone.
+    Proxies(&'static str, SlotPrompts),
     /// smg `--policy cache_aware`.
     Smg,
+}
+
+/// Whether a fleet row's proxies read the servers' slot prompts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SlotPrompts {
+    On,
+    Off,
 }
 
 /// Proxies of the fleet rows.
 const FLEET_PROXIES: usize = 3;
 
 /// The routings compared: a label, and who routes it.
-const ROUTINGS: [(&str, Front); 7] = [
+const ROUTINGS: [(&str, Front); 8] = [
     ("default", Front::Proxy("llm-default")),
     ("prefix", Front::Proxy("llm-prefix")),
     ("prefix-bounded", Front::Proxy("llm-prefix-bounded")),
     ("session-affinity", Front::Proxy("llm-session")),
     ("cache-aware", Front::Proxy("llm-cache-aware")),
-    ("cache-aware-3-proxies", Front::Proxies("llm-cache-aware")),
+    (
+        "cache-aware-3-proxies",
+        Front::Proxies("llm-cache-aware", SlotPrompts::On),
+    ),
+    (
+        "cache-aware-3-proxies-hash",
+        Front::Proxies("llm-cache-aware", SlotPrompts::Off),
+    ),
     ("smg-cache-aware", Front::Smg),
 ];
 
@@ -209,17 +226,29 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
     let mut fleet = Fleet::start(&python, &model, out.path(), args)?;
     let served_model = served_model_id(fleet.servers[0].addr)?;
     let (proxy, proxy_addr, admin) =
-        start_proxy(&bin, "proxy", out.path(), &fleet.fronts, 1, args)?;
-    let proxies = match routings.iter().any(|r| matches!(r.1, Front::Proxies(_))) {
-        true => (0..FLEET_PROXIES)
+        start_proxy(&bin, "proxy", out.path(), &fleet.fronts, (1, true), args)?;
+    let start_fleet = |prompts: SlotPrompts| -> Result<Vec<(Proc, SocketAddr, SocketAddr)>> {
+        if !routings
+            .iter()
+            .any(|r| matches!(r.1, Front::Proxies(_, p) if p == prompts))
+        {
+            return Ok(Vec::new());
+        }
+        (0..FLEET_PROXIES)
             .map(|i| {
-                let name = format!("proxy-fleet-{i}");
-                start_proxy(&bin, &name, out.path(), &fleet.fronts, FLEET_PROXIES, args)
+                let name = match prompts {
+                    SlotPrompts::On => format!("proxy-fleet-{i}"),
+                    SlotPrompts::Off => format!("proxy-fleet-hash-{i}"),
+                };
+                let size = (FLEET_PROXIES, prompts == SlotPrompts::On);
+                start_proxy(&bin, &name, out.path(), &fleet.fronts, size, args)
             })
-            .collect::<Result<Vec<_>>>()?,
-        false => Vec::new(),
+            .collect()
     };
+    let proxies = start_fleet(SlotPrompts::On)?;
+    let hash_proxies = start_fleet(SlotPrompts::Off)?;
     let fleet_addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.1).collect();
+    let hash_addrs: Vec<SocketAddr> = hash_proxies.iter().map(|p| p.1).collect();
     let smg_proc = match &smg {
         Some(smg) => Some(start_smg(smg, &fleet.fronts, &served_model, out.path())?),
         None => None,
@@ -241,7 +270,8 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
             let smg_addr = || smg_proc.as_ref().map(|s| vec![s.1]).context("smg");
             let (addrs, model) = match front {
                 Front::Proxy(m) => (vec![proxy_addr], m),
-                Front::Proxies(m) => (fleet_addrs.clone(), m),
+                Front::Proxies(m, SlotPrompts::On) => (fleet_addrs.clone(), m),
+                Front::Proxies(m, SlotPrompts::Off) => (hash_addrs.clone(), m),
                 Front::Smg => (smg_addr()?, "llm"),
             };
             // Every row of this run: the same prompts, on servers with nothing cached but the
@@ -286,6 +316,7 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
     println!("\n{table}\nraw output: {}", out.path().display());
     drop(smg_proc);
     drop(proxies);
+    drop(hash_proxies);
     drop(proxy);
     drop(fleet);
     Ok(())
@@ -392,7 +423,9 @@ impl Fleet {
     /// Server `i` on `addr`, in its CPU cgroup when capped.
     fn spawn_server(&self, i: usize, addr: SocketAddr) -> Result<Proc> {
         let mut cmd = Command::new(&self.python);
-        cmd.arg(&self.launcher)
+        // Each slot's prompt in /slots, which the proxies read (smg does not).
+        cmd.env("LLAMA_SERVER_SLOTS_DEBUG", "1")
+            .arg(&self.launcher)
             .arg(&self.model)
             .arg(addr.ip().to_string())
             .arg(addr.port().to_string())
@@ -455,13 +488,13 @@ impl Fleet {
 }
 
 /// flexinfer-proxy `name` with one model per routing over the same fronts, one of a fleet of
-/// `fleet_size`: (proxy, listen, admin).
+/// `fleet.0`, reading the servers' slot prompts when `fleet.1`: (proxy, listen, admin).
 fn start_proxy(
     bin: &Path,
     name: &str,
     out: &Path,
     fronts: &[SocketAddr],
-    fleet_size: usize,
+    (fleet_size, slot_prompts): (usize, bool),
     args: &RealLlmBench,
 ) -> Result<(Proc, SocketAddr, SocketAddr)> {
     let models = out.join(format!("{name}-models.yaml"));
@@ -489,7 +522,8 @@ fn start_proxy(
         .args(["--listen", &listen.to_string()])
         .args(["--admin-listen", &admin.to_string()])
         .args(["--gauge", "userspace", "--route-header"])
-        .args(["--fleet-size", &fleet_size.to_string()]);
+        .args(["--fleet-size", &fleet_size.to_string()])
+        .args(["--engine-slot-prompts", &slot_prompts.to_string()]);
     let proxy =
         Proc::spawn(name, cmd, &out.join(format!("{name}.log")))?.graceful(Duration::from_secs(5));
     wait_http_ok(admin, "/readyz", START_TIMEOUT).with_context(|| proxy.log_text())?;

@@ -1,0 +1,498 @@
+//! What a llama.cpp pod holds, in its own words: the prompt text of each slot, read from its
+//! `/slots` page, reduced to content anchors ([`crate::keys::anchors`]).
+//!
+//! Why: the proxies of a fleet each index only what they sent. With many prefixes per pod the
+//! hash spreads them evenly and every proxy agrees; with a few long documents per pod it does
+//! not (six documents hashed over three pods fall two to a pod only one time in eight), and a
+//! proxy that placed a document elsewhere leaves the others to look for it at the hash's pod.
+//! A pod's own list of the prompts it holds is the one view every proxy shares: with it a
+//! proxy finds a document another proxy placed, and places a new one where the pods hold
+//! least (see [`crate::balance::cache_aware`]).
+//!
+//! llama.cpp's server shows each slot's prompt in `/slots` when started with
+//! `LLAMA_SERVER_SLOTS_DEBUG=1` (without it, only counts: [`Parsed::NoPrompts`], and the
+//! pod is routed as before). Only fingerprints are kept, never the text. A view counts for as
+//! long as a scraped report does; this proxy's own sends to the pod since the read are added
+//! to it, as the load estimate adds its requests. A prompt that leaves the slots is not gone:
+//! llama.cpp saves a slot's prompt to its host prompt cache when the slot takes another, and
+//! restores it for the next request that starts with it. So a view also keeps, for
+//! [`REMEMBERED`], the prompts the pod's earlier reads showed (at most [`MAX_REMEMBERED`]): a
+//! proxy that never sent a document still finds it there after its slot moved on. A pod whose
+//! page cannot be read (a restart) loses all of it.
+//!
+//! The page is untrusted: read with the scraper's size and time caps, parsed as JSON, and cut
+//! to [`MAX_SLOTS_READ`] slots of [`MAX_PROMPT_CHARS`] each; at worst it changes this pod's
+//! view.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use serde::{Deserialize, Serialize};
+
+use crate::keys::anchors::{held_chars, SlotAnchors};
+use crate::keys::canonical::normalize;
+use crate::keys::chain::{PromptChain, CUT_CHARS};
+use crate::load::{Slot, MAX_SLOTS};
+use crate::router::inflow::UNITS_PER_LINK;
+
+/// The page's path on a llama.cpp server.
+pub const SLOTS_PATH: &str = "/slots";
+
+/// Slots of one pod read at most.
+pub const MAX_SLOTS_READ: usize = 256;
+
+/// Characters of one slot's prompt read at most (the rest is not anchored).
+pub const MAX_PROMPT_CHARS: usize = 1 << 20;
+
+/// How long a prompt that left the pod's slots still counts as held.
+pub const REMEMBERED: Duration = Duration::from_secs(120);
+
+/// Prompts that left the slots kept per pod, newest first.
+pub const MAX_REMEMBERED: usize = 16;
+
+/// Anchors that name a prompt by its beginning (about 550 bytes): a slot that shows the same
+/// beginning again holds the same prompt (another question on the same document).
+const HEAD_ANCHORS: usize = 64;
+
+/// One slot as the page lists it (other fields are ignored).
+#[derive(Debug, Deserialize)]
+struct SlotEntry<'a> {
+    #[serde(default)]
+    id_task: Option<i64>,
+    #[serde(default, borrow)]
+    prompt: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// What a `/slots` page says.
+#[derive(Debug)]
+pub enum Parsed {
+    /// The slots' prompts (an empty list when no slot has run a task yet).
+    Prompts(Vec<Arc<SlotPrompt>>),
+    /// A slot ran a task and its prompt is not shown: the server runs without
+    /// `LLAMA_SERVER_SLOTS_DEBUG`.
+    NoPrompts,
+}
+
+/// Why a page gave nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlotsError {
+    #[error("not a JSON list of slots: {0}")]
+    Invalid(String),
+}
+
+/// One slot's prompt, as anchors.
+#[derive(Debug, Clone, Default)]
+pub struct SlotPrompt {
+    anchors: SlotAnchors,
+    /// Normalized characters of the prompt.
+    chars: u64,
+    /// The hash of its first anchors (see [`HEAD_ANCHORS`]).
+    head: u64,
+}
+
+impl SlotPrompt {
+    /// The anchors of `text` (normalized here), up to [`MAX_PROMPT_CHARS`] of it.
+    pub fn of(text: &str) -> Self {
+        let text = crate::keys::canonical::cut(text, MAX_PROMPT_CHARS);
+        let normalized = normalize(text);
+        let anchors = SlotAnchors::of(&normalized);
+        Self {
+            head: anchors.head(HEAD_ANCHORS),
+            anchors,
+            chars: normalized.chars().count() as u64,
+        }
+    }
+
+    /// The leading links of `chain` this prompt holds: those within the run of the chain's
+    /// anchors the prompt has in the same order (see [`held_chars`]).
+    fn depth(&self, chain: &PromptChain) -> u32 {
+        let held = held_chars(chain.anchors(), &self.anchors);
+        u32::try_from(chain.links_within(u64::from(held))).unwrap_or(u32::MAX)
+    }
+}
+
+/// Parse a `/slots` page.
+pub fn parse_slots(page: &[u8]) -> Result<Parsed, SlotsError> {
+    let slots: Vec<SlotEntry<'_>> =
+        serde_json::from_slice(page).map_err(|e| SlotsError::Invalid(e.to_string()))?;
+    let mut prompts = Vec::new();
+    for s in slots.iter().take(MAX_SLOTS_READ) {
+        match (&s.prompt, s.id_task) {
+            (Some(p), _) => prompts.push(Arc::new(SlotPrompt::of(p))),
+            (None, Some(_)) => return Ok(Parsed::NoPrompts),
+            (None, None) => {}
+        }
+    }
+    Ok(Parsed::Prompts(prompts))
+}
+
+/// One pod's view: its slots' prompts when read, and what this proxy sent it since.
+#[derive(Debug)]
+pub struct PodPrompts {
+    slots: Vec<Arc<SlotPrompt>>,
+    /// Prompts earlier reads showed that the slots no longer do, with when they were last
+    /// seen, newest first.
+    remembered: Vec<(Arc<SlotPrompt>, Instant)>,
+    read_at: Instant,
+    fresh_until: Instant,
+    /// New links this proxy sent the pod since the read.
+    sent_since: AtomicU64,
+}
+
+impl PodPrompts {
+    pub fn new(slots: Vec<Arc<SlotPrompt>>, read_at: Instant, valid_for: Duration) -> Self {
+        Self {
+            slots,
+            remembered: Vec::new(),
+            read_at,
+            fresh_until: read_at + valid_for,
+            sent_since: AtomicU64::new(0),
+        }
+    }
+
+    /// The view a read of `slots` gives, after `previous`: what left the slots since is
+    /// remembered (see the module docs).
+    pub fn after(
+        previous: Option<&PodPrompts>,
+        slots: Vec<Arc<SlotPrompt>>,
+        read_at: Instant,
+        valid_for: Duration,
+    ) -> Self {
+        let mut view = Self::new(slots, read_at, valid_for);
+        let Some(previous) = previous else {
+            return view;
+        };
+        let left = previous
+            .slots
+            .iter()
+            .map(|s| (s, previous.read_at))
+            .chain(previous.remembered.iter().map(|(s, at)| (s, *at)));
+        for (s, seen) in left {
+            let shown = |p: &Arc<SlotPrompt>| p.head == s.head;
+            if read_at.saturating_duration_since(seen) > REMEMBERED
+                || view.slots.iter().any(shown)
+                || view.remembered.iter().any(|(p, _)| shown(p))
+            {
+                continue;
+            }
+            view.remembered.push((Arc::clone(s), seen));
+        }
+        view.remembered
+            .sort_by_key(|&(_, seen)| std::cmp::Reverse(seen));
+        view.remembered.truncate(MAX_REMEMBERED);
+        view
+    }
+
+    pub fn fresh(&self, now: Instant) -> bool {
+        now < self.fresh_until
+    }
+
+    fn prompts(&self) -> impl Iterator<Item = &SlotPrompt> {
+        self.slots
+            .iter()
+            .chain(self.remembered.iter().map(|(s, _)| s))
+            .map(|s| &**s)
+    }
+
+    /// The leading links of `chain` the pod holds, in a slot or remembered.
+    pub fn depth(&self, chain: &PromptChain) -> u32 {
+        self.prompts().map(|s| s.depth(chain)).max().unwrap_or(0)
+    }
+
+    /// What the pod holds, in [`UNITS_PER_LINK`] per link of prompt: its slots' prompts, those
+    /// remembered, and what this proxy sent it since. A prompt two slots show (a document two
+    /// requests computed side by side) counts once: the pod holds one more document, not two.
+    pub fn held_units(&self) -> u64 {
+        let mut heads = Vec::new();
+        let chars: u64 = self
+            .prompts()
+            .filter(|s| {
+                let new = !heads.contains(&s.head);
+                heads.push(s.head);
+                new
+            })
+            .map(|s| s.chars)
+            .sum();
+        // Whole links, as the chain counts them: a few hundred characters more or less (a
+        // warm-up prompt, a question) must not decide between pods that hold the same
+        // documents, or proxies whose views differ by that little would part ways.
+        let links = chars / CUT_CHARS as u64;
+        links * UNITS_PER_LINK as u64 + self.sent_since.load(Relaxed)
+    }
+
+    /// This proxy sent the pod `links` links it did not hold.
+    pub fn sent(&self, links: usize) {
+        let units = (links as f64 * UNITS_PER_LINK) as u64;
+        self.sent_since.fetch_add(units, Relaxed);
+    }
+
+    pub fn summary(&self, now: Instant) -> PromptsView {
+        PromptsView {
+            slots: self.slots.len(),
+            remembered: self.remembered.len(),
+            prompt_chars: self.prompts().map(|s| s.chars).sum(),
+            age_seconds: now.saturating_duration_since(self.read_at).as_secs_f64(),
+            fresh: self.fresh(now),
+            sent_links_since: self.sent_since.load(Relaxed) as f64 / UNITS_PER_LINK,
+        }
+    }
+}
+
+/// A pod's view, as `/debug/routing` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PromptsView {
+    /// Slots that showed a prompt.
+    pub slots: usize,
+    /// Prompts that left the slots, still counted as held.
+    pub remembered: usize,
+    /// Characters of the prompts in the slots and remembered.
+    pub prompt_chars: u64,
+    pub age_seconds: f64,
+    pub fresh: bool,
+    /// New links this proxy sent the pod since the read.
+    pub sent_links_since: f64,
+}
+
+/// Every pod slot's view; reads are one atomic load.
+#[derive(Debug)]
+pub struct SlotPromptViews {
+    pods: Box<[ArcSwapOption<PodPrompts>]>,
+}
+
+impl Default for SlotPromptViews {
+    fn default() -> Self {
+        Self {
+            pods: (0..MAX_SLOTS).map(|_| ArcSwapOption::empty()).collect(),
+        }
+    }
+}
+
+impl SlotPromptViews {
+    pub fn set(&self, slot: Slot, view: Option<PodPrompts>) {
+        if let Some(p) = self.pods.get(slot as usize) {
+            p.store(view.map(Arc::new));
+        }
+    }
+
+    /// The pod's view while it is fresh.
+    pub fn get(&self, slot: Slot, now: Instant) -> Option<Arc<PodPrompts>> {
+        let v = self.pods.get(slot as usize)?.load_full()?;
+        v.fresh(now).then_some(v)
+    }
+
+    /// Whether the pod has a fresh view (no reference taken: the request path asks this of
+    /// every pod of a model).
+    pub fn has_fresh(&self, slot: Slot, now: Instant) -> bool {
+        self.pods
+            .get(slot as usize)
+            .is_some_and(|p| p.load().as_ref().is_some_and(|v| v.fresh(now)))
+    }
+
+    /// The pod's view, fresh or not (`/debug/routing`).
+    pub fn any(&self, slot: Slot) -> Option<Arc<PodPrompts>> {
+        self.pods.get(slot as usize)?.load_full()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::body::BodyFields;
+    use crate::keys::chain::chain_with_anchors;
+    use crate::keys::RequestParts;
+    use http::HeaderMap;
+    use serde_json::json;
+
+    fn document(seed: u64, words: usize) -> String {
+        let vocab = [
+            "river", "stone", "market", "ledger", "winter", "harbor", "copper", "signal",
+            "orchard", "lantern", "meadow", "engine", "archive", "glacier", "thread",
+        ];
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..words)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                vocab[(x % vocab.len() as u64) as usize]
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn chain_of(doc: &str, question: &str) -> (PromptChain, usize) {
+        let body = json!({"model": "m", "messages": [
+            {"role": "system", "content": doc},
+            {"role": "user", "content": question}]})
+        .to_string();
+        let fields = BodyFields::parse(body.as_bytes());
+        let headers = HeaderMap::new();
+        let req = RequestParts {
+            headers: &headers,
+            body: fields.as_ref(),
+            model: Some("m"),
+        };
+        let c = chain_with_anchors(&req).expect("a chain");
+        let n = c.links().len();
+        (c, n)
+    }
+
+    /// The page llama.cpp serves: its chat template around the messages.
+    fn page(prompts: &[Option<&str>]) -> Vec<u8> {
+        let slots: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match p {
+                Some(p) => json!({"id": i, "n_ctx": 4096, "is_processing": false, "id_task": i,
+                    "params": {"seed": 1}, "prompt": p, "generated": "x"}),
+                None => json!({"id": i, "n_ctx": 4096, "is_processing": false}),
+            })
+            .collect();
+        serde_json::to_vec(&slots).unwrap()
+    }
+
+    fn rendered(doc: &str, question: &str) -> String {
+        format!("<|im_start|>system\n{doc}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
+    }
+
+    fn view(page_bytes: &[u8]) -> PodPrompts {
+        match parse_slots(page_bytes).unwrap() {
+            Parsed::Prompts(p) => PodPrompts::new(p, Instant::now(), Duration::from_secs(5)),
+            Parsed::NoPrompts => panic!("prompts expected"),
+        }
+    }
+
+    #[test]
+    fn a_slot_that_holds_the_document_holds_its_links_through_the_template() {
+        let doc = document(1, 1800); // about 11 links
+        let (anchors, links) = chain_of(&doc, "What does the ledger say?");
+        assert!(links >= 10, "{links}");
+        let holder = view(&page(&[
+            Some(&rendered(&document(2, 1800), "Other?")),
+            Some(&rendered(&doc, "Where is the harbor?")),
+        ]));
+        // Every link of the document, not the question (another one).
+        assert_eq!(holder.depth(&anchors) as usize, links - 1);
+        let other = view(&page(&[Some(&rendered(&document(3, 1800), "Q?")), None]));
+        assert_eq!(other.depth(&anchors), 0);
+        // The same question too: the whole prompt.
+        let (same, _) = chain_of(&doc, "Where is the harbor? Tell me all about the harbor now, in detail please, from the document");
+        let asked = view(&page(&[Some(&rendered(&doc, "Where is the harbor? Tell me all about the harbor now, in detail please, from the document"))]));
+        assert_eq!(asked.depth(&same) as usize, links);
+        // White space differs between the request and the rendering: no matter.
+        let spaced = view(&page(&[Some(&rendered(&doc.replace(' ', "  "), "Q"))]));
+        assert_eq!(spaced.depth(&anchors) as usize, links - 1);
+    }
+
+    #[test]
+    fn a_pod_holds_its_slots_prompts_and_what_was_sent_since() {
+        let doc = document(4, 2000);
+        let v = view(&page(&[Some(&doc), None]));
+        let links = (doc.len() / CUT_CHARS) as u64;
+        assert_eq!(v.held_units(), links * UNITS_PER_LINK as u64);
+        // The same document in two slots counts once.
+        let twice = view(&page(&[Some(&doc), Some(&doc)]));
+        assert_eq!(twice.held_units(), v.held_units());
+        v.sent(3);
+        assert_eq!(v.held_units(), (links + 3) * UNITS_PER_LINK as u64);
+        // A prompt shorter than a link (a warm-up) holds nothing that counts.
+        assert_eq!(view(&page(&[Some("Say hello."), None])).held_units(), 0);
+        let s = v.summary(Instant::now());
+        assert_eq!((s.slots, s.fresh), (1, true));
+        assert_eq!(s.sent_links_since, 3.0);
+    }
+
+    #[test]
+    fn a_server_that_hides_prompts_says_so_and_bad_pages_are_errors() {
+        // Without LLAMA_SERVER_SLOTS_DEBUG: tasks, no prompt.
+        let hidden = json!([{"id": 0, "id_task": 3, "n_prompt_tokens": 40}, {"id": 1}]);
+        assert!(matches!(
+            parse_slots(hidden.to_string().as_bytes()),
+            Ok(Parsed::NoPrompts)
+        ));
+        // A fresh server: no task yet, nothing held.
+        match parse_slots(br#"[{"id":0},{"id":1}]"#) {
+            Ok(Parsed::Prompts(p)) => assert!(p.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            &b"{\"slots\": 1}"[..],
+            b"[{\"prompt\": 7}]",
+            b"not json",
+            b"[{\"prompt\": \"\\ud800\"}",
+            b"",
+        ] {
+            assert!(
+                parse_slots(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // Hostile sizes are cut: more slots than read, a prompt past the cap.
+        let many: Vec<_> = (0..MAX_SLOTS_READ + 10)
+            .map(|i| json!({"id": i, "id_task": i, "prompt": "p"}))
+            .collect();
+        match parse_slots(serde_json::to_vec(&many).unwrap().as_slice()) {
+            Ok(Parsed::Prompts(p)) => assert_eq!(p.len(), MAX_SLOTS_READ),
+            other => panic!("{other:?}"),
+        }
+        let huge = "word ".repeat(MAX_PROMPT_CHARS / 2);
+        assert!(SlotPrompt::of(&huge).chars <= MAX_PROMPT_CHARS as u64);
+    }
+
+    #[test]
+    fn a_prompt_that_left_the_slots_is_remembered_for_a_while() {
+        let t0 = Instant::now();
+        let valid = Duration::from_secs(5);
+        let prompt = |d: u64, q: &str| Arc::new(SlotPrompt::of(&rendered(&document(d, 400), q)));
+        let first = PodPrompts::new(vec![prompt(1, "A?"), prompt(2, "B?")], t0, valid);
+        // Document 1 asked again (same beginning) and document 3 replaced document 2.
+        let t1 = t0 + Duration::from_secs(10);
+        let second = PodPrompts::after(
+            Some(&first),
+            vec![prompt(1, "C?"), prompt(3, "D?")],
+            t1,
+            valid,
+        );
+        let s = second.summary(t1);
+        assert_eq!(
+            (s.slots, s.remembered),
+            (2, 1),
+            "document 2 remembered, document 1 once"
+        );
+        let (chain2, links) = chain_of(&document(2, 400), "E?");
+        assert_eq!(second.depth(&chain2) as usize, links - 1, "still held");
+        // Past REMEMBERED it is gone; a pod without a previous view remembers nothing.
+        let t2 = t0 + REMEMBERED + Duration::from_secs(1);
+        let third = PodPrompts::after(Some(&second), vec![prompt(4, "F?")], t2, valid);
+        assert_eq!(third.depth(&chain2), 0);
+        assert_eq!(
+            third.summary(t2).remembered,
+            2,
+            "documents 1 and 3, seen at t1"
+        );
+        let many: Vec<_> = (10..40).map(|d| prompt(d, "G?")).collect();
+        let full = PodPrompts::new(many, t2, valid);
+        let after = PodPrompts::after(Some(&full), vec![], t2, valid);
+        assert_eq!(after.summary(t2).remembered, MAX_REMEMBERED);
+    }
+
+    #[test]
+    fn a_view_counts_while_fresh_and_a_slot_can_be_cleared() {
+        let views = SlotPromptViews::default();
+        let t0 = Instant::now();
+        views.set(
+            5,
+            Some(PodPrompts::new(Vec::new(), t0, Duration::from_secs(2))),
+        );
+        assert!(views.get(5, t0).is_some() && views.has_fresh(5, t0));
+        assert!(views.get(5, t0 + Duration::from_secs(3)).is_none());
+        assert!(!views.has_fresh(5, t0 + Duration::from_secs(3)));
+        assert!(views.any(5).is_some());
+        views.set(5, None);
+        assert!(views.any(5).is_none());
+        assert!(views.get(u16::MAX as Slot, t0).is_none());
+    }
+}
