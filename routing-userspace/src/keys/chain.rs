@@ -15,7 +15,7 @@
 //! routing key (`prompt-chain`); with no match in the index, the ring pick is of the link past
 //! the tie margin (see `crate::balance::cache_aware`).
 
-use super::anchors::{AnchorBuilder, RequestAnchors};
+use super::anchors::{AnchorBuilder, RequestAnchors, MAX_ANCHORED};
 #[cfg(test)]
 use super::canonical::normalize_chars;
 use super::normalize::{Normalizer, Sink};
@@ -123,7 +123,8 @@ impl Sink for Emit<'_> {
             self.b.hasher.push_str(head);
             if let Some(a) = self.b.anchors.as_mut() {
                 let at = self.b.total;
-                for (i, &byte) in head.as_bytes().iter().enumerate() {
+                let room = (MAX_ANCHORED as usize).saturating_sub(at);
+                for (i, &byte) in head.as_bytes().iter().take(room).enumerate() {
                     a.push(byte, chars_u32(at + i + 1));
                 }
             }

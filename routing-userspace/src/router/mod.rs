@@ -475,10 +475,11 @@ impl Router {
     /// then requests are anchored to be looked up in it.
     fn reads_slot_prompts(&self, m: &ModelRoute, now: Instant) -> bool {
         let views = self.signals.prompts();
-        m.pods
-            .iter()
-            .filter_map(|p| p.slot)
-            .any(|s| views.has_fresh(s, now))
+        views.any_pod()
+            && m.pods
+                .iter()
+                .filter_map(|p| p.slot)
+                .any(|s| views.has_fresh(s, now))
     }
 
     /// The cache-aware pick: depths from the index (and from the pods' own views of their

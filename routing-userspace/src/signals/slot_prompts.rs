@@ -24,7 +24,7 @@
 //! to [`MAX_SLOTS_READ`] slots of [`MAX_PROMPT_CHARS`] each; at worst it changes this pod's
 //! view.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -259,12 +259,16 @@ pub struct PromptsView {
 #[derive(Debug)]
 pub struct SlotPromptViews {
     pods: Box<[ArcSwapOption<PodPrompts>]>,
+    /// Pods with a view: while none has one (no llama.cpp pod shows its prompts), a request
+    /// asks nothing more of them.
+    with_view: AtomicUsize,
 }
 
 impl Default for SlotPromptViews {
     fn default() -> Self {
         Self {
             pods: (0..MAX_SLOTS).map(|_| ArcSwapOption::empty()).collect(),
+            with_view: AtomicUsize::new(0),
         }
     }
 }
@@ -272,8 +276,19 @@ impl Default for SlotPromptViews {
 impl SlotPromptViews {
     pub fn set(&self, slot: Slot, view: Option<PodPrompts>) {
         if let Some(p) = self.pods.get(slot as usize) {
-            p.store(view.map(Arc::new));
+            let added = view.is_some();
+            let had = p.swap(view.map(Arc::new)).is_some();
+            match (had, added) {
+                (false, true) => self.with_view.fetch_add(1, Relaxed),
+                (true, false) => self.with_view.fetch_sub(1, Relaxed),
+                _ => 0,
+            };
         }
+    }
+
+    /// Whether any pod has a view, fresh or not.
+    pub fn any_pod(&self) -> bool {
+        self.with_view.load(Relaxed) > 0
     }
 
     /// The pod's view while it is fresh.
@@ -491,8 +506,13 @@ mod tests {
         assert!(views.get(5, t0 + Duration::from_secs(3)).is_none());
         assert!(!views.has_fresh(5, t0 + Duration::from_secs(3)));
         assert!(views.any(5).is_some());
+        assert!(views.any_pod());
+        views.set(
+            5,
+            Some(PodPrompts::new(Vec::new(), t0, Duration::from_secs(2))),
+        );
         views.set(5, None);
-        assert!(views.any(5).is_none());
+        assert!(views.any(5).is_none() && !views.any_pod());
         assert!(views.get(u16::MAX as Slot, t0).is_none());
     }
 }
