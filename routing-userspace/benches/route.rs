@@ -88,23 +88,15 @@ fn keys(c: &mut Criterion) {
                 })
             });
         }
-        g.bench_with_input(BenchmarkId::new("prompt chain", size), &body, |b, body| {
-            b.iter(|| {
-                let fields = BodyFields::parse(black_box(body.as_bytes()));
-                let parts = RequestParts {
-                    headers: &headers,
-                    body: fields.as_ref(),
-                    model: Some("m"),
-                };
-                black_box(chain::chain(&parts).map(|c| c.links().len()))
-            })
-        });
         // With content anchors: what a request costs when its model's llama.cpp pods show
         // their slots' prompts.
-        g.bench_with_input(
-            BenchmarkId::new("prompt chain with anchors", size),
-            &body,
-            |b, body| {
+        type Chain = fn(&RequestParts<'_, '_>) -> Option<chain::PromptChain>;
+        let chains: [(&str, Chain); 2] = [
+            ("prompt chain", chain::chain),
+            ("prompt chain with anchors", chain::chain_with_anchors),
+        ];
+        for (name, build) in chains {
+            g.bench_with_input(BenchmarkId::new(name, size), &body, |b, body| {
                 b.iter(|| {
                     let fields = BodyFields::parse(black_box(body.as_bytes()));
                     let parts = RequestParts {
@@ -112,10 +104,10 @@ fn keys(c: &mut Criterion) {
                         body: fields.as_ref(),
                         model: Some("m"),
                     };
-                    black_box(chain::chain_with_anchors(&parts).map(|c| c.links().len()))
+                    black_box(build(&parts).map(|c| c.links().len()))
                 })
-            },
-        );
+            });
+        }
     }
     g.finish();
 }

@@ -315,26 +315,28 @@ fn run_from(req: &RequestAnchors, f0: usize, slot: &SlotAnchors, start: usize) -
     held
 }
 
+/// Test text: `words` words drawn from a small vocabulary by `seed`.
+#[cfg(test)]
+pub(crate) fn prose(seed: u64, words: usize) -> String {
+    let vocab = [
+        "the", "cache", "of", "a", "pod", "holds", "prompt", "tokens", "while", "router", "sends",
+        "each", "document", "question", "slot", "engine", "answer", "stream",
+    ];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..words)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            vocab[(x % vocab.len() as u64) as usize]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn prose(seed: u64, words: usize) -> String {
-        let vocab = [
-            "the", "cache", "of", "a", "pod", "holds", "prompt", "tokens", "while", "router",
-            "sends", "each", "document", "question", "slot", "engine", "answer", "stream",
-        ];
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..words)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                vocab[(x % vocab.len() as u64) as usize]
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
 
     /// The request side of `fields` (already normalized), as the chain builder feeds it.
     fn request(fields: &[&str]) -> RequestAnchors {

@@ -321,20 +321,7 @@ mod tests {
     use serde_json::json;
 
     fn document(seed: u64, words: usize) -> String {
-        let vocab = [
-            "river", "stone", "market", "ledger", "winter", "harbor", "copper", "signal",
-            "orchard", "lantern", "meadow", "engine", "archive", "glacier", "thread",
-        ];
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..words)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                vocab[(x % vocab.len() as u64) as usize]
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
+        crate::keys::anchors::prose(seed, words)
     }
 
     fn chain_of(doc: &str, question: &str) -> (PromptChain, usize) {
