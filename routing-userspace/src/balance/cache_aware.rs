@@ -183,19 +183,38 @@ pub fn agreed_holder(choice: &CacheAwareChoice, chain_links: usize) -> Option<us
     choice.pick.filter(|_| choice.by_hash_alone && long)
 }
 
+/// How a tie among the pods that hold the longest run (within [`TIE_LINKS`]) is broken.
+#[derive(Debug, Clone, Copy)]
+pub enum Ties<'a> {
+    /// The first tied pod of the walk: a function of the request alone, so a fleet's proxies
+    /// that share nothing pick alike.
+    Walk,
+    /// A proxy alone: `sent[i]` is what pod `i` was sent lately, in
+    /// [`crate::router::inflow::UNITS_PER_LINK`] per link. The first tied pod that stays under
+    /// the held bound ([`under_held_bound`]) with the request's new links, else the one sent
+    /// least.
+    Sent(&'a [u64]),
+    /// A fleet whose pods all report what their slots hold: `held[i]` is what pod `i` holds
+    /// plus what this proxy sent it since, in the same units. The first tied pod under the
+    /// held bound, else the one that holds least; but when the tied pods hold a run that
+    /// counts, the less loaded of the first two under the bound (the first on equal loads).
+    /// When every pod holds the request's prompt (one hot prompt on every pod: every request
+    /// ties and the bound passes all), the walk alone spreads requests by the hash, blind to
+    /// the queues; two choices and the less loaded keep them even, and still differ request
+    /// by request, so the proxies do not all turn to the pod that looked idlest at once.
+    Held(&'a [u64]),
+}
+
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
 /// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
-/// hash-balance bound (`None` = off), `sent[i]` what member `i` holds lately, in
-/// [`crate::router::inflow::UNITS_PER_LINK`] per link: what it was sent, when the proxy routes
-/// alone, or what its slots show plus what this proxy sent since, in a fleet whose pods all
-/// report it (`None` otherwise: ties go by the walk alone).
+/// hash-balance bound (`None` = off), `ties` how pods that hold the same run part.
 pub fn choose(
     ring: &Ring,
     chain: &[u64],
     depths: &[u32],
     loads: &[u64],
     bound: Option<u64>,
-    sent: Option<&[u64]>,
+    ties: Ties<'_>,
 ) -> CacheAwareChoice {
     let n = ring.members();
     let common = common_depth(&depths[..n.min(depths.len())], n);
@@ -246,20 +265,31 @@ pub fn choose(
         };
         // The first tied pod in the walk of that link: a function of the request alone, so
         // proxies that share nothing pick alike (with no match at all, the bounded ring pick
-        // of that link).
-        let pick = match sent {
-            None => tied().next(),
-            // Alone: the first tied pod that stays under the held bound with this chain's new
-            // links, else the tied pod that holds least.
-            Some(sent) => {
+        // of that link); what the pods hold or were sent may pass over it (see `Ties`).
+        let pick = match ties {
+            Ties::Walk => tied().next(),
+            Ties::Sent(sent) | Ties::Held(sent) => {
                 let count = |i: usize| sent.get(i).copied().unwrap_or(0);
                 let units = crate::router::inflow::UNITS_PER_LINK as u64;
                 let adds =
                     |i: usize| (chain.len() as u64).saturating_sub(u64::from(held(i))) * units;
                 let total: u64 = (0..n).map(count).sum();
-                tied()
-                    .find(|&i| under_held_bound(count(i) + adds(i), total + adds(i), n))
-                    .or_else(|| tied().min_by_key(|&i| count(i)))
+                let mut under =
+                    tied().filter(|&i| under_held_bound(count(i) + adds(i), total + adds(i), n));
+                let first = under.next();
+                // Only where every tied pod holds a run that counts: then no copy is at stake,
+                // only a queue. A prompt no pod holds goes where the walk says, so every proxy
+                // sends it to one pod (a new document placed by loads landed where each proxy
+                // saw least: three proxies, six documents, 17/6/13 requests a server).
+                let second = match ties {
+                    Ties::Held(_) if best > 0 => under.next(),
+                    _ => None,
+                };
+                match (first, second) {
+                    (Some(a), Some(b)) if load(b) < load(a) => Some(b),
+                    _ => first,
+                }
+                .or_else(|| tied().min_by_key(|&i| count(i)))
             }
         };
         (pick, best, walk)
@@ -274,7 +304,7 @@ pub fn choose(
         pick,
         depth: pick.map_or(0, held),
         spilled_from,
-        by_hash_alone: best == 0 && spilled_from.is_none() && sent.is_none(),
+        by_hash_alone: best == 0 && spilled_from.is_none() && matches!(ties, Ties::Walk),
         order: CacheAwareOrder {
             pick,
             handed_out_pick: false,
@@ -332,11 +362,25 @@ mod tests {
             .find(|&h| r.pick(h) == Some(3))
             .expect("some link walks to pod 3 first");
         let chain = [1, 2, 3, 4, 5, 6, next];
-        let c = choose(&r, &chain, &[6, 6, 6, 0], &[3, 3, 3, 0], Some(10), None);
+        let c = choose(
+            &r,
+            &chain,
+            &[6, 6, 6, 0],
+            &[3, 3, 3, 0],
+            Some(10),
+            Ties::Walk,
+        );
         assert_eq!((c.pick, c.depth), (Some(3), 0));
         // ... but only while every holder is busier by IDLE_GAP: a document most pods hold
         // stays with them when the pod without it is about as busy.
-        let c = choose(&r, &chain, &[6, 6, 6, 0], &[1, 2, 1, 0], Some(10), None);
+        let c = choose(
+            &r,
+            &chain,
+            &[6, 6, 6, 0],
+            &[1, 2, 1, 0],
+            Some(10),
+            Ties::Walk,
+        );
         assert!(matches!(c.pick, Some(0..=2)), "{:?}", c.pick);
         assert_eq!(c.depth, 6);
     }
@@ -352,7 +396,7 @@ mod tests {
             chains
                 .iter()
                 .map(|chain| {
-                    choose(&r, chain, &[6, 6, 0, 0], &loads, Some(12), None)
+                    choose(&r, chain, &[6, 6, 0, 0], &loads, Some(12), Ties::Walk)
                         .pick
                         .unwrap()
                 })
@@ -363,7 +407,14 @@ mod tests {
         // Load about even: they stay with the holders.
         assert_eq!(picks([5, 4, 3, 5]), [0, 1].into_iter().collect());
         // One holder only is that pod's own run (an earlier turn): it keeps it.
-        let c = choose(&r, &chains[0], &[6, 0, 0, 0], &[5, 0, 0, 0], Some(12), None);
+        let c = choose(
+            &r,
+            &chains[0],
+            &[6, 0, 0, 0],
+            &[5, 0, 0, 0],
+            Some(12),
+            Ties::Walk,
+        );
         assert_eq!((c.pick, c.depth), (Some(0), 6));
     }
 
@@ -371,13 +422,13 @@ mod tests {
     fn no_match_is_the_bounded_ring_pick_of_the_link_past_the_tie_margin() {
         let r = ring(5);
         let chain = [11, 22, 33, 44];
-        let c = choose(&r, &chain, &[0; 5], &[0; 5], Some(2), None);
+        let c = choose(&r, &chain, &[0; 5], &[0; 5], Some(2), Ties::Walk);
         assert_eq!(c.pick, r.pick(33));
         assert_eq!(c.depth, 0);
         assert_eq!(c.spilled_from, None);
         assert_eq!(all(&r, c), r.walk(33).collect::<Vec<_>>());
         // A chain that short: its last link.
-        let c = choose(&r, &[11, 22], &[0; 5], &[0; 5], Some(2), None);
+        let c = choose(&r, &[11, 22], &[0; 5], &[0; 5], Some(2), Ties::Walk);
         assert_eq!(c.pick, r.pick(22));
     }
 
@@ -386,10 +437,10 @@ mod tests {
         let r = ring(4);
         let chain = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
         let depths = [1, 9, 5, 1];
-        let c = choose(&r, &chain, &depths, &[0; 4], Some(5), None);
+        let c = choose(&r, &chain, &depths, &[0; 4], Some(5), Ties::Walk);
         assert_eq!((c.pick, c.depth, c.spilled_from), (Some(1), 9, None));
         // Pod 1 at the bound: pod 2 holds the next longest run.
-        let c = choose(&r, &chain, &depths, &[0, 5, 0, 0], Some(5), None);
+        let c = choose(&r, &chain, &depths, &[0, 5, 0, 0], Some(5), Ties::Walk);
         assert_eq!((c.pick, c.depth, c.spilled_from), (Some(2), 5, Some(1)));
         let order = all(&r, c);
         assert_eq!(order[0], 2);
@@ -404,7 +455,7 @@ mod tests {
         let r = ring(6);
         // Every pod holds the shared first two links; the third decides.
         let chain = [7, 8, 0xfeed_beef, 9];
-        let c = choose(&r, &chain, &[2; 6], &[0; 6], None, None);
+        let c = choose(&r, &chain, &[2; 6], &[0; 6], None, Ties::Walk);
         assert_eq!(c.pick, r.pick(0xfeed_beef));
         assert_eq!(c.depth, 2);
         // Loads under the bound change nothing: tied holders go by the walk, and with no match
@@ -412,13 +463,13 @@ mod tests {
         // and a proxy that has seen the shared prefix and one that has not, pick alike).
         for loads in [[3, 1, 2, 3, 3, 3], [0, 9, 0, 2, 7, 1], [5; 6]] {
             for shared in [0, 1, 2] {
-                let c = choose(&r, &chain, &[shared; 6], &loads, Some(10), None);
+                let c = choose(&r, &chain, &[shared; 6], &loads, Some(10), Ties::Walk);
                 assert_eq!(c.pick, r.pick(0xfeed_beef), "{loads:?} {shared}");
             }
         }
         // Past the margin the walk starts past the match.
         let long = [7, 8, 9, 10, 0xabc, 11];
-        let c = choose(&r, &long, &[4; 6], &[0; 6], None, None);
+        let c = choose(&r, &long, &[4; 6], &[0; 6], None, Ties::Walk);
         assert_eq!(c.pick, r.pick(0xabc));
         // A pod lacking only a short shared prefix ties with those that hold it, so it is not
         // starved of new conversations: the walk decides.
@@ -427,7 +478,7 @@ mod tests {
             let mut depths = [2; 6];
             let skipped = r.pick(hash).unwrap();
             depths[skipped] = 0;
-            let c = choose(&r, &chain, &depths, &[0; 6], None, None);
+            let c = choose(&r, &chain, &depths, &[0; 6], None, Ties::Walk);
             assert_eq!(c.pick, Some(skipped), "{hash:x}");
         }
     }
@@ -442,11 +493,18 @@ mod tests {
             let expected = r.pick(chain[WALK_LINKS as usize]);
             // Knows the prompt nowhere, on one pod, on two, on all four: one pick.
             for depths in [[0, 0, 0, 0], [6, 0, 0, 0], [0, 6, 6, 0], [6; 4]] {
-                let c = choose(&r, &chain, &depths, &[1, 1, 1, 1], Some(10), None);
+                let c = choose(&r, &chain, &depths, &[1, 1, 1, 1], Some(10), Ties::Walk);
                 assert_eq!(c.pick, expected, "{depths:?}");
             }
             // A pod that holds an earlier turn (past the prompt) keeps the conversation.
-            let c = choose(&r, &chain, &[6, 20, 6, 0], &[1, 1, 1, 1], Some(10), None);
+            let c = choose(
+                &r,
+                &chain,
+                &[6, 20, 6, 0],
+                &[1, 1, 1, 1],
+                Some(10),
+                Ties::Walk,
+            );
             assert_eq!((c.pick, c.depth), (Some(1), 20));
         }
         // A short chain walks from the tie margin, so its earlier turn still decides.
@@ -455,7 +513,14 @@ mod tests {
         assert_eq!(walk_from(2 * WALK_LINKS as usize), WALK_LINKS);
         assert_eq!(walk_from(100), WALK_LINKS);
         let chain: Vec<u64> = (1..=10).collect();
-        let c = choose(&r, &chain, &[0, 0, 3, 0], &[1, 1, 1, 1], Some(10), None);
+        let c = choose(
+            &r,
+            &chain,
+            &[0, 0, 3, 0],
+            &[1, 1, 1, 1],
+            Some(10),
+            Ties::Walk,
+        );
         assert_eq!((c.pick, c.depth), (Some(2), 3));
     }
 
@@ -465,21 +530,21 @@ mod tests {
         let chain: Vec<u64> = (1..=6)
             .map(|i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
             .collect();
-        let hashed = choose(&r, &chain, &[0, 0, 0], &[1, 1, 1], Some(10), None);
+        let hashed = choose(&r, &chain, &[0, 0, 0], &[1, 1, 1], Some(10), Ties::Walk);
         assert!(hashed.by_hash_alone);
         assert_eq!(agreed_holder(&hashed, chain.len()), hashed.pick);
         assert!(hashed.pick.is_some());
         // Too short for a holder's match to count (walk_from(3) + 1 links or fewer).
         assert_eq!(agreed_holder(&hashed, 3), None);
         // A match that counts decides instead (that is the sole holder's rule).
-        let matched = choose(&r, &chain, &[5, 0, 0], &[1, 1, 1], Some(10), None);
+        let matched = choose(&r, &chain, &[5, 0, 0], &[1, 1, 1], Some(10), Ties::Walk);
         assert!(!matched.by_hash_alone);
         assert_eq!(agreed_holder(&matched, chain.len()), None);
         // The bound moved the pick: other proxies may have moved it elsewhere.
         let p = hashed.pick.unwrap();
         let mut loads = [0u64; 3];
         loads[p] = 10;
-        let spilled = choose(&r, &chain, &[0, 0, 0], &loads, Some(5), None);
+        let spilled = choose(&r, &chain, &[0, 0, 0], &loads, Some(5), Ties::Walk);
         assert!(spilled.spilled_from.is_some());
         assert_eq!(agreed_holder(&spilled, chain.len()), None);
         // A proxy alone reads its own counts: no fleet agrees on that pick.
@@ -489,7 +554,7 @@ mod tests {
             &[0, 0, 0],
             &[1, 1, 1],
             Some(10),
-            Some(&[0, 0, 0]),
+            Ties::Sent(&[0, 0, 0]),
         );
         assert_eq!(agreed_holder(&alone, chain.len()), None);
     }
@@ -528,19 +593,19 @@ mod tests {
             [h, h ^ 1, h ^ 2]
         };
         let docs: Vec<[u64; 3]> = (1u64..200).map(doc).collect();
-        let picks = |sent: Option<&[u64]>| -> Vec<usize> {
+        let picks = |ties: Ties<'_>| -> Vec<usize> {
             docs.iter()
-                .map(|d| choose(&r, d, &[0; 3], &[0; 3], Some(4), sent))
+                .map(|d| choose(&r, d, &[0; 3], &[0; 3], Some(4), ties))
                 .map(|c| c.pick.unwrap())
                 .collect()
         };
-        let fleet = picks(None);
+        let fleet = picks(Ties::Walk);
         assert!(fleet.contains(&0));
         // Pod 0 was sent three documents' links lately, pods 1 and 2 one each (in sixteenths
         // of a link): with a new document's three links pod 0 would have been sent over 1.25x
         // the mean (12 x 3 > 1.25 x 18), so no new document goes there; the others take theirs
         // by the walk, as a fleet's proxies would.
-        let alone = picks(Some(&[9 * U, 3 * U, 3 * U]));
+        let alone = picks(Ties::Sent(&[9 * U, 3 * U, 3 * U]));
         assert!(!alone.contains(&0));
         for (a, f) in alone.iter().zip(&fleet) {
             if *f != 0 {
@@ -548,7 +613,7 @@ mod tests {
             }
         }
         // Content about even: the walk alone decides.
-        assert_eq!(picks(Some(&[30 * U, 30 * U, 30 * U])), fleet);
+        assert_eq!(picks(Ties::Sent(&[30 * U, 30 * U, 30 * U])), fleet);
         // A pod that holds the request's run keeps it, however much else it was sent.
         let c = choose(
             &r,
@@ -556,7 +621,7 @@ mod tests {
             &[3, 0, 0],
             &[0; 3],
             Some(4),
-            Some(&[30 * U, U, U]),
+            Ties::Sent(&[30 * U, U, U]),
         );
         assert_eq!((c.pick, c.depth), (Some(0), 3));
         // Every tied pod over the bound: the one sent least (pod 2 is at the load bound, no
@@ -567,9 +632,55 @@ mod tests {
             &[3, 3, 0],
             &[0, 0, 9],
             Some(4),
-            Some(&[12 * U, 10 * U, 0]),
+            Ties::Sent(&[12 * U, 10 * U, 0]),
         );
         assert_eq!(c.pick, Some(1));
+    }
+
+    #[test]
+    fn in_a_fleet_whose_pods_report_what_they_hold_a_tie_takes_the_less_loaded_of_two() {
+        let r = ring(3);
+        // One hot prompt of five links on every pod, then each request's own link.
+        let loads = [4, 1, 2];
+        let held = [5 * U, 5 * U, 5 * U];
+        let mut on = [0usize; 3];
+        for q in 1u64..300 {
+            let mut chain = vec![11, 22, 33, 44, 55];
+            chain.push(q.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let walked = choose(&r, &chain, &[5; 3], &loads, None, Ties::Walk);
+            let first_two: Vec<usize> = all(&r, walked).into_iter().take(2).collect();
+            let c = choose(&r, &chain, &[5; 3], &loads, None, Ties::Held(&held));
+            let less = *first_two.iter().min_by_key(|&&i| loads[i]).unwrap();
+            assert_eq!(c.pick, Some(less), "request {q}");
+            assert!(!c.by_hash_alone, "loads took part: no fleet agrees on it");
+            on[less] += 1;
+        }
+        // The busiest pod is never the less loaded of two; the idlest is whenever it is one.
+        assert_eq!(on[0], 0);
+        assert!(on[1] > on[2], "{on:?}");
+        // Equal loads: the walk's first, as the walk alone would pick.
+        let chain = [11, 22, 33, 44, 55, 66];
+        let walked = choose(&r, &chain, &[5; 3], &[2; 3], None, Ties::Walk);
+        let held_tie = choose(&r, &chain, &[5; 3], &[2; 3], None, Ties::Held(&held));
+        assert_eq!(held_tie.pick, walked.pick);
+        // No pod holds the request's prompt: where it lands decides who holds it next, so the
+        // walk decides, whatever the loads, as it does in every proxy.
+        for q in 1u64..100 {
+            let new_prompt: Vec<u64> = (0..6).map(|l| q.wrapping_mul(0x9E37_79B9) ^ l).collect();
+            let walked = choose(&r, &new_prompt, &[0; 3], &loads, None, Ties::Walk);
+            let c = choose(&r, &new_prompt, &[0; 3], &loads, None, Ties::Held(&held));
+            assert_eq!(c.pick, walked.pick, "request {q}");
+        }
+        // A pod that holds more than its share is passed over first, however idle.
+        let c = choose(
+            &r,
+            &chain,
+            &[5; 3],
+            &[0, 3, 3],
+            None,
+            Ties::Held(&[40 * U, 5 * U, 5 * U]),
+        );
+        assert_ne!(c.pick, Some(0));
     }
 
     #[test]
@@ -588,7 +699,17 @@ mod tests {
                 let mut sent = [0u64; 3];
                 let mut docs_on = [0usize; 3];
                 for d in &docs {
-                    let c = choose(&r, d, &[0; 3], &[0; 3], None, alone.then_some(&sent[..]));
+                    let c = choose(
+                        &r,
+                        d,
+                        &[0; 3],
+                        &[0; 3],
+                        None,
+                        match alone {
+                            true => Ties::Sent(&sent),
+                            false => Ties::Walk,
+                        },
+                    );
                     let p = c.pick.unwrap();
                     sent[p] += d.len() as u64 * U;
                     docs_on[p] += 1;
@@ -618,13 +739,19 @@ mod tests {
             raw_loads in proptest::collection::vec(0u64..6, 12),
             bound in 1u64..6,
             raw_sent in proptest::option::of(proptest::collection::vec(0u64..100, 12)),
+            fleet_views in any::<bool>(),
         ) {
             let r = ring(n);
             let depths: Vec<u32> = raw_depths[..n].iter().map(|&d| d.min(chain.len() as u32)).collect();
             let loads = &raw_loads[..n];
-            // Alone (with what the pods were sent lately) or in a fleet: the same guarantees.
-            let sent = raw_sent.as_ref().map(|e| &e[..n]);
-            let c = choose(&r, &chain, &depths, loads, Some(bound), sent);
+            // Alone (with what the pods were sent lately), in a fleet whose pods report what
+            // they hold, or in one whose pods do not: the same guarantees.
+            let ties = match (&raw_sent, fleet_views) {
+                (Some(e), false) => Ties::Sent(&e[..n]),
+                (Some(e), true) => Ties::Held(&e[..n]),
+                (None, _) => Ties::Walk,
+            };
+            let c = choose(&r, &chain, &depths, loads, Some(bound), ties);
             let pick = c.pick.unwrap();
             prop_assert_eq!(c.depth, depths[pick]);
             // A run half the pods hold counts as held by all.

@@ -409,7 +409,9 @@ pub struct BalanceArgs {
     /// pods (the model's engine, or their metrics pages read as llama.cpp's) the prompt stays in
     /// the first request's slot until its answer ends: the wait lasts until that end, the
     /// waiters go one per end, and a waiter stops once the slot has been busy past the first
-    /// token as long as the prompt took to compute. 0: never waits.
+    /// token as long as the prompt took to compute. Another proxy's request is waited for too
+    /// when the pod's `/slots` shows the prompt only in a slot still computing it while
+    /// another slot is free. 0: never waits.
     #[arg(
         long,
         env = "FLEXINFER_PROXY_CACHE_AWARE_PREFILL_WAIT",

@@ -234,7 +234,7 @@ impl BalanceFamilies {
             ),
             cache_aware_prefill_waits_total: f.counter(
                 "flexinfer_proxy_cache_aware_prefill_waits_total",
-                "Cache-aware requests held until another request computing the same prompt on their pod had its first token (on llama.cpp: its end) (outcome: prefilled; timeout after --cache-aware-prefill-wait; recompute when a llama.cpp slot stayed busy as long again as computing the prompt took)",
+                "Cache-aware requests held until another request computing the same prompt on their pod (this proxy's, or another's seen in the pod's /slots) had its first token (on llama.cpp: its end) (outcome: prefilled; timeout after --cache-aware-prefill-wait; recompute when a llama.cpp slot stayed busy as long again as computing the prompt took)",
                 &["model", "outcome"],
             ),
         }

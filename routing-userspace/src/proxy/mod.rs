@@ -46,6 +46,8 @@ use http_body_util::{Either, Full};
 use crate::body::{BodyError, BodyFields};
 use crate::keys::RequestParts;
 use crate::metrics::handles::PrefillWait;
+use crate::router::decision::PrefillInProgress;
+use crate::router::other_prefill;
 use crate::router::teaching::WaitEnd;
 use crate::table::Route;
 use crate::telemetry::Trace;
@@ -221,7 +223,7 @@ async fn pipeline(
         ctx.permit = Some(permit);
         up_body
     };
-    wait_for_prefill(knobs.cache_aware_prefill_wait, ctx).await;
+    wait_for_prefill(shared, knobs.cache_aware_prefill_wait, ctx).await;
 
     // 4. The upstream request's head.
     let added = prepare::head(parts, relayed, uri, &peer.ip_header, up_body.read_len());
@@ -232,8 +234,9 @@ async fn pipeline(
 }
 
 /// A cache-aware request whose prompt another request is still prefilling on its pod waits,
-/// at most `limit`, for that prefill to end (see `crate::router::teaching`).
-async fn wait_for_prefill(limit: std::time::Duration, ctx: &mut RequestCtx) {
+/// at most `limit`, for that prefill to end (see `crate::router::teaching` for this proxy's
+/// requests, `crate::router::other_prefill` for another proxy's).
+async fn wait_for_prefill(shared: &Shared, limit: std::time::Duration, ctx: &mut RequestCtx) {
     let Some(d) = ctx.decision.as_mut() else {
         return;
     };
@@ -241,10 +244,19 @@ async fn wait_for_prefill(limit: std::time::Duration, ctx: &mut RequestCtx) {
         return;
     };
     let started = Instant::now();
-    let (outcome, turn) = match tokio::time::timeout(limit, prefill.done()).await {
-        Ok(WaitEnd::Reusable(turn)) => (PrefillWait::Prefilled, turn),
-        Ok(WaitEnd::Recompute) => (PrefillWait::Recompute, None),
-        Err(_) => (PrefillWait::Timeout, None),
+    let (outcome, turn) = match prefill {
+        PrefillInProgress::Here(prefill) => {
+            match tokio::time::timeout(limit, prefill.done()).await {
+                Ok(WaitEnd::Reusable(turn)) => (PrefillWait::Prefilled, turn),
+                Ok(WaitEnd::Recompute) => (PrefillWait::Recompute, None),
+                Err(_) => (PrefillWait::Timeout, None),
+            }
+        }
+        PrefillInProgress::Elsewhere(slot) => {
+            let views = shared.router.signals().prompts();
+            let chain = d.prompt().expect("a cache-aware decision has its chain");
+            (other_prefill::wait(views, slot, chain, limit).await, None)
+        }
     };
     d.waited_for_prefill(started.elapsed(), turn);
     if let Some(m) = &d.model().metrics.cache_aware {

@@ -30,6 +30,17 @@ use crate::load::Slot;
 use crate::table::{LabelGroup, ModelRoute, Pod};
 use crate::vocab::{GroupOutcome, KeySource, LabelGroupMode, Outcome, Strategy};
 
+/// A prefill of a request's prompt in progress on its pod, which the request waits for rather
+/// than compute the prompt again beside it.
+#[derive(Debug, Clone)]
+pub enum PrefillInProgress {
+    /// Another request of this proxy's (see `teaching`).
+    Here(Arc<Prefill>),
+    /// Another proxy's: the pod's slot view shows a busy slot computing the prompt, as the
+    /// view of the pod in this gauge slot says (see `other_prefill`).
+    Elsewhere(Slot),
+}
+
 /// The pods still to try, in order.
 #[derive(Debug, Clone)]
 pub enum Cursor {
@@ -200,9 +211,9 @@ pub struct Decision {
     /// Cache-aware: whether the match rested on a prefix another request in flight was still
     /// teaching the pod, and the links this request teaches it until the decision drops.
     taught: Option<(bool, Lesson)>,
-    /// Cache-aware: the prefill of the matched prompt that another request is still streaming
-    /// on the picked pod, which this one waits for before it is sent (see `teaching`).
-    prefill_in_progress: Option<Arc<Prefill>>,
+    /// Cache-aware: the prefill of the matched prompt that another request is still computing
+    /// on the picked pod, which this one waits for before it is sent.
+    prefill_in_progress: Option<PrefillInProgress>,
     /// How long the request waited for that prefill.
     prefill_waited: Option<std::time::Duration>,
     /// The turn at the slot that holds its prompt that the wait gave the request, passed to
@@ -332,7 +343,7 @@ impl Decision {
         depth: u32,
         prompt: PromptChain,
         taught: Option<(bool, Lesson)>,
-        prefill_in_progress: Option<Arc<Prefill>>,
+        prefill_in_progress: Option<PrefillInProgress>,
     ) {
         self.match_depth = Some(depth);
         self.prompt = Some(prompt);
@@ -342,7 +353,7 @@ impl Decision {
 
     /// Cache-aware: the prefill of this request's prompt in progress on its pod, to wait for
     /// before sending it there.
-    pub fn prefill_in_progress(&self) -> Option<Arc<Prefill>> {
+    pub fn prefill_in_progress(&self) -> Option<PrefillInProgress> {
         self.prefill_in_progress.clone()
     }
 

@@ -14,6 +14,7 @@ pub mod group;
 pub mod health;
 pub mod inflow;
 pub mod knobs;
+pub mod other_prefill;
 pub mod pending;
 pub mod prefix_index;
 pub mod reservation;
@@ -46,11 +47,12 @@ use crate::keys::chain::PromptChain;
 use crate::keys::{self, KeySource, RequestParts};
 use crate::load::{LoadGauge, Slot};
 use crate::rules::{pod_choice, PodChoice};
+use crate::signals::slot_prompts::SlotState;
 use crate::signals::{SignalStore, Usage};
 use crate::table::{ModelRoute, Pod, Route, RoutingTable};
 use crate::vocab::{EngineKind, Strategy};
-use decision::Holds;
 pub use decision::{Attempt, Cursor, Decision, GroupChoice, Held, Spill, Target};
+use decision::{Holds, PrefillInProgress};
 use feedback::{CacheFeedback, Shortfall};
 use health::{EjectionPolicy, Health};
 use inflow::Inflow;
@@ -328,13 +330,17 @@ impl Router {
                     depth > 0 && self.teaching.in_flight(slot, links[depth as usize - 1]);
                 // A match that counts, on a prompt another request is still computing on the
                 // pod: this one waits for it rather than compute the same prompt beside it.
-                if still_taught
-                    && cache_aware::counts(depth, links.len())
-                    && !self.knobs.cache_aware_prefill_wait.is_zero()
-                {
+                let waits = cache_aware::counts(depth, links.len())
+                    && !self.knobs.cache_aware_prefill_wait.is_zero();
+                if still_taught && waits {
                     prefill_in_progress = self
                         .teaching
-                        .prefill_in_progress(slot, links[depth as usize - 1]);
+                        .prefill_in_progress(slot, links[depth as usize - 1])
+                        .map(PrefillInProgress::Here);
+                }
+                // Another proxy's request computing it, as the pod's page shows.
+                if prefill_in_progress.is_none() && waits {
+                    prefill_in_progress = self.computing_elsewhere(slot, &chain, now);
                 }
                 self.index.learn(slot, links);
                 let new_links = &links[depth as usize..];
@@ -367,6 +373,24 @@ impl Router {
             d.spilled(s);
         }
         d
+    }
+
+    /// Whether the pod in `slot` shows the prompt of `chain` only in a slot still computing it
+    /// (for another proxy's request: see `other_prefill`).
+    fn computing_elsewhere(
+        &self,
+        slot: Slot,
+        chain: &PromptChain,
+        now: Instant,
+    ) -> Option<PrefillInProgress> {
+        let views = self.signals.prompts();
+        if !views.any_pod() {
+            return None;
+        }
+        let computing = views.get(slot, now)?.computing(chain)?;
+        let counts = cache_aware::counts(computing.depth, chain.links().len());
+        (counts && computing.state == SlotState::Prefilling)
+            .then_some(PrefillInProgress::Elsewhere(slot))
     }
 
     /// The candidates of one model for `key` by its strategy: a value per rule, with what the
@@ -514,8 +538,9 @@ impl Router {
         let bound = balance.bound(loads.iter().sum(), n);
         // Alone, this proxy knows what every pod was sent lately: ties also keep that even. In
         // a fleet, when every pod reports what its slots hold, that is the view the proxies
-        // share, and ties keep it even.
-        let held = if self.routes_alone() {
+        // share: ties keep it even, and the queues (see `cache_aware::Ties`).
+        let alone = self.routes_alone();
+        let counts = if alone {
             let mut inflow = vec![0u64; n];
             self.inflow
                 .per_pod(|slot| m.pod_of_slot(slot), now, &mut inflow);
@@ -525,7 +550,12 @@ impl Router {
         } else {
             None
         };
-        let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound, held.as_deref());
+        let ties = match (&counts, alone) {
+            (None, _) => cache_aware::Ties::Walk,
+            (Some(sent), true) => cache_aware::Ties::Sent(sent),
+            (Some(held), false) => cache_aware::Ties::Held(held),
+        };
+        let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound, ties);
         // The request waits in the queue of the one pod that holds its prompt rather than pay
         // the prompt again elsewhere (see `room`); in a fleet, a proxy that knows no holder
         // takes the hash's pick for it, as the fleet's other proxies do.

@@ -655,9 +655,7 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
     let first = w.simple("ca", &ask("first question", true));
     let mut second = w.simple("ca", &ask("second question", false));
     assert_eq!(first_pod(&second), first_pod(&first));
-    let prefill = second
-        .prefill_in_progress()
-        .expect("the first is still prefilling the document");
+    let prefill = own_prefill(&second).expect("the first is still prefilling the document");
     assert!(!prefill.is_done());
     first.prefilled();
     assert!(prefill.is_done(), "the first token ends the prefill");
@@ -669,7 +667,7 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
         .ends_with("; prefill-wait=1200ms"));
     // Once prefilled, nobody waits.
     let third = w.simple("ca", &ask("third question", true));
-    assert!(third.prefill_in_progress().is_none());
+    assert!(own_prefill(&third).is_none());
     drop((first, second, third));
 
     // A non-streamed first request: its first byte is its end, nothing to wait for.
@@ -677,7 +675,7 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
     let quiet = w.simple("ca", &ask("first question", false));
     let next = w.simple("ca", &ask("second question", true));
     assert_eq!(first_pod(&next), first_pod(&quiet));
-    assert!(next.prefill_in_progress().is_none());
+    assert!(own_prefill(&next).is_none());
 
     // llama.cpp keeps the prompt in the first request's slot until its answer ends (the
     // model's engine, or its pods' metrics pages read as llama.cpp's): the wait lasts until
@@ -688,12 +686,12 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
     let w = world(vec![llama.clone()], Duration::ZERO);
     let quiet = w.simple("ca", &ask("first question", false));
     let next = w.simple("ca", &ask("second question", true));
-    assert!(next.prefill_in_progress().is_none(), "not streamed");
+    assert!(own_prefill(&next).is_none(), "not streamed");
     drop((quiet, next));
     let w = world(vec![llama.clone()], Duration::ZERO);
     let first = w.simple("ca", &ask("first question", true));
     let next = w.simple("ca", &ask("second question", false));
-    let held = next.prefill_in_progress().expect("a proxy alone waits");
+    let held = own_prefill(&next).expect("a proxy alone waits");
     assert_eq!(held.reusable(), teaching::Reusable::AtAnswerEnd);
     first.prefilled();
     assert!(
@@ -705,9 +703,7 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
     let w = world(vec![llama], Duration::ZERO).in_fleet(3);
     let _first = w.simple("ca", &ask("first question", true));
     let next = w.simple("ca", &ask("second question", true));
-    let held = next
-        .prefill_in_progress()
-        .expect("a fleet's proxy waits too");
+    let held = own_prefill(&next).expect("a fleet's proxy waits too");
     assert_eq!(held.reusable(), teaching::Reusable::AtAnswerEnd);
     let w = world(vec![spec.clone()], Duration::ZERO);
     let first = w.simple("ca", &ask("first question", true));
@@ -716,7 +712,7 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
         .signals()
         .note_engine(slot, crate::vocab::EngineKind::LlamaCpp);
     let next = w.simple("ca", &ask("second question", true));
-    let waits_for = |d: &Decision| d.prefill_in_progress().map(|p| p.reusable());
+    let waits_for = |d: &Decision| own_prefill(d).map(|p| p.reusable());
     assert_eq!(
         waits_for(&next),
         Some(teaching::Reusable::AtFirstToken),
@@ -754,7 +750,7 @@ fn a_request_waits_for_the_prefill_of_its_prompt_in_progress_on_its_pod() {
     let w = World::new(vec![spec], knobs);
     let _first = w.simple("ca", &ask("first question", true));
     let next = w.simple("ca", &ask("second question", true));
-    assert!(next.prefill_in_progress().is_none());
+    assert!(own_prefill(&next).is_none());
 }
 
 /// In a fleet, a proxy that never saw a document sends its question where the hash sends it,
@@ -846,4 +842,12 @@ fn full_pods_are_flagged_only_when_some_but_not_all_are_full() {
     let b = second.next_attempt().expect("the other pod");
     let _two = second.start_on(b, &w.gauge);
     assert_eq!(w.router.full_pods(&m, Instant::now()), None);
+}
+
+/// The prefill of this proxy's own request that the decision waits for.
+fn own_prefill(d: &Decision) -> Option<Arc<teaching::Prefill>> {
+    match d.prefill_in_progress()? {
+        super::decision::PrefillInProgress::Here(p) => Some(p),
+        super::decision::PrefillInProgress::Elsewhere(_) => None,
+    }
 }

@@ -531,9 +531,10 @@ impl Scraper {
             }
         };
         match parse_slots(&page) {
-            Ok(Parsed::Prompts(slots)) => {
+            Ok(Parsed::Prompts(slots, empty)) => {
                 let previous = views.any(t.slot);
-                let view = PodPrompts::after(previous.as_deref(), slots, asked, valid);
+                let view = PodPrompts::after(previous.as_deref(), slots, asked, valid)
+                    .with_empty_slots(empty);
                 views.set(t.slot, Some(view));
                 PromptsRead::Read
             }

@@ -63,13 +63,61 @@ struct SlotEntry<'a> {
     id_task: Option<i64>,
     #[serde(default, borrow)]
     prompt: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    is_processing: bool,
+    #[serde(default)]
+    next_token: Option<NextTokens>,
+}
+
+/// A slot's `next_token`: one object, or a list of them (older servers).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum NextTokens {
+    One(NextToken),
+    Many(Vec<NextToken>),
+}
+
+#[derive(Debug, Deserialize)]
+struct NextToken {
+    #[serde(default)]
+    n_decoded: u64,
+}
+
+impl NextTokens {
+    fn decoded(&self) -> bool {
+        match self {
+            Self::One(t) => t.n_decoded > 0,
+            Self::Many(ts) => ts.iter().any(|t| t.n_decoded > 0),
+        }
+    }
+}
+
+/// What a slot is doing with its prompt when read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SlotState {
+    /// Holds the prompt, free for the next request that starts with it.
+    #[default]
+    Idle,
+    /// Computing the prompt: nothing reuses it until the answer ends.
+    Prefilling,
+    /// Answering after the prompt (its first token is out), busy until the answer ends.
+    Answering,
+}
+
+/// A prompt the pod holds only in a busy slot (see [`PodPrompts::computing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Computing {
+    /// Leading links of the chain the busy slot holds.
+    pub depth: u32,
+    pub state: SlotState,
 }
 
 /// What a `/slots` page says.
 #[derive(Debug)]
 pub enum Parsed {
-    /// The slots' prompts (an empty list when no slot has run a task yet).
-    Prompts(Vec<Arc<SlotPrompt>>),
+    /// The slots' prompts (an empty list when no slot has run a task yet), and the slots that
+    /// hold none and run nothing.
+    Prompts(Vec<Arc<SlotPrompt>>, usize),
     /// A slot ran a task and its prompt is not shown: the server runs without
     /// `LLAMA_SERVER_SLOTS_DEBUG`.
     NoPrompts,
@@ -90,6 +138,7 @@ pub struct SlotPrompt {
     chars: u64,
     /// The hash of its first anchors (see [`HEAD_ANCHORS`]).
     head: u64,
+    state: SlotState,
 }
 
 impl SlotPrompt {
@@ -102,7 +151,13 @@ impl SlotPrompt {
             head: anchors.head(HEAD_ANCHORS),
             anchors,
             chars: normalized.chars().count() as u64,
+            state: SlotState::Idle,
         }
+    }
+
+    /// The same prompt, in a slot doing `state`.
+    pub fn in_state(self, state: SlotState) -> Self {
+        Self { state, ..self }
     }
 
     /// The leading links of `chain` this prompt holds: those within the run of the chain's
@@ -118,14 +173,22 @@ pub fn parse_slots(page: &[u8]) -> Result<Parsed, SlotsError> {
     let slots: Vec<SlotEntry<'_>> =
         serde_json::from_slice(page).map_err(|e| SlotsError::Invalid(e.to_string()))?;
     let mut prompts = Vec::new();
+    let mut empty = 0;
     for s in slots.iter().take(MAX_SLOTS_READ) {
         match (&s.prompt, s.id_task) {
-            (Some(p), _) => prompts.push(Arc::new(SlotPrompt::of(p))),
+            (Some(p), _) => {
+                let state = match (s.is_processing, &s.next_token) {
+                    (false, _) => SlotState::Idle,
+                    (true, Some(t)) if t.decoded() => SlotState::Answering,
+                    (true, _) => SlotState::Prefilling,
+                };
+                prompts.push(Arc::new(SlotPrompt::of(p).in_state(state)));
+            }
             (None, Some(_)) => return Ok(Parsed::NoPrompts),
-            (None, None) => {}
+            (None, None) => empty += 1,
         }
     }
-    Ok(Parsed::Prompts(prompts))
+    Ok(Parsed::Prompts(prompts, empty))
 }
 
 /// One pod's view: its slots' prompts when read, and what this proxy sent it since.
@@ -139,6 +202,8 @@ pub struct PodPrompts {
     fresh_until: Instant,
     /// New links this proxy sent the pod since the read.
     sent_since: AtomicU64,
+    /// Slots that held no prompt and ran nothing when read.
+    empty_slots: usize,
 }
 
 impl PodPrompts {
@@ -149,6 +214,15 @@ impl PodPrompts {
             read_at,
             fresh_until: read_at + valid_for,
             sent_since: AtomicU64::new(0),
+            empty_slots: 0,
+        }
+    }
+
+    /// The view, with `n` slots that held no prompt and ran nothing.
+    pub fn with_empty_slots(self, n: usize) -> Self {
+        Self {
+            empty_slots: n,
+            ..self
         }
     }
 
@@ -199,6 +273,44 @@ impl PodPrompts {
     /// The leading links of `chain` the pod holds, in a slot or remembered.
     pub fn depth(&self, chain: &PromptChain) -> u32 {
         self.prompts().map(|s| s.depth(chain)).max().unwrap_or(0)
+    }
+
+    /// The request's prompt when the pod holds it only in a busy slot while another slot is
+    /// free: the busy slot's depth beats every idle slot's and remembered prompt's by more than
+    /// [`TIE_LINKS`](crate::balance::cache_aware::TIE_LINKS). llama.cpp keeps a prompt in the
+    /// slot that computed it: a request sent meanwhile takes the free slot and computes the
+    /// prompt again beside the first (see `crate::router::teaching`). With no slot free, the
+    /// server queues it and gives it the first slot to free, as it would after a wait.
+    pub fn computing(&self, chain: &PromptChain) -> Option<Computing> {
+        let mut free = self.empty_slots > 0;
+        let mut held = 0;
+        let mut busy: Option<Computing> = None;
+        for s in &self.slots {
+            let depth = s.depth(chain);
+            match s.state {
+                SlotState::Idle => {
+                    free = true;
+                    held = held.max(depth);
+                }
+                state => {
+                    if busy.is_none_or(|b| depth > b.depth) {
+                        busy = Some(Computing { depth, state });
+                    }
+                }
+            }
+        }
+        let held = self
+            .remembered
+            .iter()
+            .map(|(s, _)| s.depth(chain))
+            .fold(held, u32::max);
+        let margin = crate::balance::cache_aware::TIE_LINKS;
+        busy.filter(|b| free && held.saturating_add(margin) < b.depth)
+    }
+
+    /// When the pod's page was read.
+    pub fn read_at(&self) -> Instant {
+        self.read_at
     }
 
     /// What the pod holds, in [`UNITS_PER_LINK`] per link of prompt: its slots' prompts, those
@@ -361,9 +473,70 @@ mod tests {
 
     fn view(page_bytes: &[u8]) -> PodPrompts {
         match parse_slots(page_bytes).unwrap() {
-            Parsed::Prompts(p) => PodPrompts::new(p, Instant::now(), Duration::from_secs(5)),
+            Parsed::Prompts(p, empty) => {
+                PodPrompts::new(p, Instant::now(), Duration::from_secs(5)).with_empty_slots(empty)
+            }
             Parsed::NoPrompts => panic!("prompts expected"),
         }
+    }
+
+    #[test]
+    fn a_prompt_only_a_busy_slot_holds_is_being_computed_until_a_free_slot_holds_it() {
+        let doc = document(3, 1200);
+        let (chain, _) = chain_of(&doc, "Which harbor?");
+        // llama.cpp's slot as it computes (no token yet), then as it answers; older servers
+        // list `next_token` as an array.
+        let slot = |work: Option<(bool, u64)>, p: &str, array: bool| {
+            let (busy, decoded) = work.unwrap_or((false, 0));
+            let next = json!({"has_next_token": busy, "n_decoded": decoded});
+            let next = if array { json!([next]) } else { next };
+            json!({"id": 0, "id_task": 7, "is_processing": busy, "next_token": next, "prompt": p})
+        };
+        let with = |slots: Vec<serde_json::Value>| view(&serde_json::to_vec(&slots).unwrap());
+        let prompt = rendered(&doc, "Where is the ledger?");
+        let other = rendered(&document(4, 1200), "Other?");
+        for array in [false, true] {
+            let computing = with(vec![
+                slot(Some((true, 0)), &prompt, array),
+                slot(None, &other, array),
+            ]);
+            let c = computing
+                .computing(&chain)
+                .expect("computed in a busy slot");
+            assert_eq!(c.state, SlotState::Prefilling);
+            assert!(c.depth >= 3, "{c:?}");
+            assert_eq!(computing.depth(&chain), c.depth, "held there all the same");
+            // A slot that never ran a task is free too.
+            let answering = with(vec![
+                slot(Some((true, 5)), &prompt, array),
+                json!({"id": 1}),
+            ]);
+            assert_eq!(
+                answering.computing(&chain).unwrap().state,
+                SlotState::Answering
+            );
+        }
+        // No slot free: the server queues the request and gives it the first slot to free.
+        let full = with(vec![
+            slot(Some((true, 0)), &prompt, false),
+            slot(Some((true, 0)), &other, false),
+        ]);
+        assert_eq!(full.computing(&chain), None);
+        // The answer ended: the slot is free and holds it; or another, free slot holds it too.
+        assert_eq!(
+            with(vec![slot(None, &prompt, false)]).computing(&chain),
+            None
+        );
+        let both = with(vec![
+            slot(Some((true, 0)), &prompt, false),
+            slot(None, &prompt, false),
+        ]);
+        assert_eq!(both.computing(&chain), None);
+        // A prompt the pod does not hold is not being computed there.
+        assert_eq!(
+            with(vec![slot(Some((true, 0)), &other, false)]).computing(&chain),
+            None
+        );
     }
 
     #[test]
@@ -416,7 +589,7 @@ mod tests {
         ));
         // A fresh server: no task yet, nothing held.
         match parse_slots(br#"[{"id":0},{"id":1}]"#) {
-            Ok(Parsed::Prompts(p)) => assert!(p.is_empty()),
+            Ok(Parsed::Prompts(p, _)) => assert!(p.is_empty()),
             other => panic!("{other:?}"),
         }
         for bad in [
@@ -437,7 +610,7 @@ mod tests {
             .map(|i| json!({"id": i, "id_task": i, "prompt": "p"}))
             .collect();
         match parse_slots(serde_json::to_vec(&many).unwrap().as_slice()) {
-            Ok(Parsed::Prompts(p)) => assert_eq!(p.len(), MAX_SLOTS_READ),
+            Ok(Parsed::Prompts(p, _)) => assert_eq!(p.len(), MAX_SLOTS_READ),
             other => panic!("{other:?}"),
         }
         let huge = "word ".repeat(MAX_PROMPT_CHARS / 2);

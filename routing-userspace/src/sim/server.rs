@@ -8,7 +8,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -144,8 +144,34 @@ pub(crate) struct State {
     stats: Arc<Stats>,
     next_id: AtomicU64,
     started: u64,
-    /// The last prompts, newest last, with their task number (`/slots`).
-    recent_prompts: Mutex<std::collections::VecDeque<(u64, String)>>,
+    /// The last prompts, newest last, with their task number and what their request is doing
+    /// (`/slots`).
+    recent_prompts: Mutex<std::collections::VecDeque<(u64, String, Arc<AtomicU8>)>>,
+}
+
+/// What a recent prompt's request is doing, as `/slots` shows it.
+const IDLE: u8 = 0;
+const PREFILLING: u8 = 1;
+const ANSWERING: u8 = 2;
+
+/// A request's hold on its `/slots` entry: prefilling, then answering, idle once dropped (as a
+/// llama.cpp slot is busy until its answer ends).
+struct SlotWork(Option<Arc<AtomicU8>>);
+
+impl SlotWork {
+    fn prefilled(&self) {
+        if let Some(w) = &self.0 {
+            w.store(ANSWERING, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for SlotWork {
+    fn drop(&mut self) {
+        if let Some(w) = &self.0 {
+            w.store(IDLE, Ordering::Relaxed);
+        }
+    }
 }
 
 impl State {
@@ -264,8 +290,10 @@ async fn respond(state: &Arc<State>, endpoint: Endpoint, body: &[u8]) -> Respons
 /// (the oldest first), then empty slots up to `--slot-prompts`.
 fn slots(state: &State) -> Response<SimBody> {
     let recent = crate::lock::lock(&state.recent_prompts);
-    let shown = recent.iter().map(|(task, prompt)| {
-        serde_json::json!({"n_ctx": 4096, "is_processing": false, "id_task": task, "prompt": prompt})
+    let shown = recent.iter().map(|(task, prompt, work)| {
+        let work = work.load(Ordering::Relaxed);
+        serde_json::json!({"n_ctx": 4096, "is_processing": work != IDLE, "id_task": task,
+            "next_token": {"n_decoded": u8::from(work == ANSWERING)}, "prompt": prompt})
     });
     let empty = (recent.len()..state.settings.slot_prompts)
         .map(|_| serde_json::json!({"n_ctx": 4096, "is_processing": false}));
@@ -280,18 +308,21 @@ fn slots(state: &State) -> Response<SimBody> {
     json_response(StatusCode::OK, &Value::Array(list))
 }
 
-/// Keep `prompt` as the newest of the last `--slot-prompts` prompts.
-fn remember_prompt(state: &State, prompt: &str) {
+/// Keep `prompt` as the newest of the last `--slot-prompts` prompts, shown prefilling until
+/// its request's hold says otherwise.
+fn remember_prompt(state: &State, prompt: &str) -> SlotWork {
     let keep = state.settings.slot_prompts;
     if keep == 0 {
-        return;
+        return SlotWork(None);
     }
     let task = state.next_id.load(Ordering::Relaxed);
+    let work = Arc::new(AtomicU8::new(PREFILLING));
     let mut recent = crate::lock::lock(&state.recent_prompts);
-    recent.push_back((task, prompt.to_owned()));
+    recent.push_back((task, prompt.to_owned(), Arc::clone(&work)));
     while recent.len() > keep {
         recent.pop_front();
     }
+    SlotWork(Some(work))
 }
 
 fn metrics(state: &State) -> Response<SimBody> {
@@ -398,6 +429,7 @@ struct Job {
     max_tokens: u64,
     meta: Meta,
     usage: Usage,
+    slot_work: SlotWork,
 }
 
 impl Job {
@@ -408,6 +440,7 @@ impl Job {
     /// Prefill is done: the prompt's blocks are now shareable, as vLLM's are once computed.
     fn prefilled(&self) {
         self.state.cache().insert(&self.blocks);
+        self.slot_work.prefilled();
     }
 
     async fn run_to_end(self) -> Response<SimBody> {
@@ -461,7 +494,7 @@ async fn generation(
     body: &[u8],
 ) -> Result<Response<SimBody>, ApiError> {
     let req = parse_generation(kind, body, &state.settings)?;
-    remember_prompt(state, &req.prompt);
+    let slot_work = remember_prompt(state, &req.prompt);
     let settings = &state.settings;
     let blocks = tokens::blocks(&req.prompt, settings.block_tokens);
     let mut admission = state.stats.admit();
@@ -506,6 +539,7 @@ async fn generation(
             completion: req.max_tokens,
             cached: cached_tokens,
         },
+        slot_work,
     };
     let mut resp = if req.stream {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);

@@ -122,3 +122,59 @@ async fn a_fleet_places_new_documents_where_the_pods_hold_least_and_finds_them_t
     );
     assert!(ok.is_some_and(|n| n >= 1.0), "{metrics}");
 }
+
+/// A document another proxy's request is still computing: the pod's page shows it in a busy
+/// slot, so a question through this proxy waits for that slot to be free (llama.cpp keeps the
+/// prompt there) rather than compute the document again beside it, and finds it cached.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxy_waits_for_a_document_another_proxy_is_computing() {
+    let dir = TempDir::new("slot-prompts-wait");
+    // About 1.5 s of prefill for a document.
+    let sim_flags = ["--slot-prompts", "2", "--prefill-us-per-token", "1500"];
+    let sim = start_sim("pod-1", &sim_flags, dir.path()).await;
+    let models = ModelsFile::new().model(
+        ModelEntry::new("llm")
+            .endpoints([sim.addr])
+            .routing("cache-aware")
+            .engine("llamacpp"),
+    );
+    let flags = [
+        "--fleet-size",
+        "2",
+        "--engine-slot-prompts-budget",
+        "40",
+        "--route-header",
+    ];
+    let a = start_proxy(&models, &flags, &[], dir.path()).await;
+    let b = start_proxy(&models, &flags, &[], dir.path()).await;
+    let a_addr = a.addr;
+    let first =
+        tokio::spawn(
+            async move { post(a_addr, "/v1/chat/completions", &[], &question(5, 1)).await },
+        );
+    // Proxy b reads the pod while it computes the document.
+    wait_for_views(&[&b], sim.addr, 1).await;
+    let r = post(b.addr, "/v1/chat/completions", &[], &question(5, 2))
+        .await
+        .expect("through b");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let route = r.header("x-flexinfer-route").unwrap_or_default().to_owned();
+    assert!(route.contains("prefill-wait="), "{route}");
+    let cached: u64 = r
+        .header("x-sim-cached-tokens")
+        .and_then(|v| v.parse().ok())
+        .expect("the sim's cached tokens");
+    assert!(
+        cached > 500,
+        "the document was computed once: {cached} cached"
+    );
+    let first = first.await.expect("joined").expect("through a");
+    assert_eq!(first.status, 200, "{}", first.text());
+    let metrics = b.metrics().await;
+    let prefilled = metric_value(
+        &metrics,
+        "flexinfer_proxy_cache_aware_prefill_waits_total",
+        &[("outcome", "prefilled")],
+    );
+    assert_eq!(prefilled, Some(1.0), "{metrics}");
+}
