@@ -34,7 +34,9 @@ pub enum Seen {
     Prefilling,
     /// The slot that computed it is answering.
     Answering,
-    /// No busy slot holds it alone: a free slot holds it, or the pod forgot it.
+    /// No busy slot holds it alone while another is free: a free slot holds it, the pod
+    /// forgot it, or no slot is free any more (the server then queues the request and gives it
+    /// the first slot to free, as a wait would).
     Free,
     /// The pod has no fresh view.
     Gone,

@@ -7,7 +7,9 @@
 //! proxy that placed a document elsewhere leaves the others to look for it at the hash's pod.
 //! A pod's own list of the prompts it holds is the one view every proxy shares: with it a
 //! proxy finds a document another proxy placed, and places a new one where the pods hold
-//! least (see [`crate::balance::cache_aware`]).
+//! least (see [`crate::balance::cache_aware`]). The page also says which slots are busy, so a
+//! request can wait for a prompt another proxy's request is still computing there
+//! ([`crate::router::other_prefill`]).
 //!
 //! llama.cpp's server shows each slot's prompt in `/slots` when started with
 //! `LLAMA_SERVER_SLOTS_DEBUG=1` (without it, only counts: [`Parsed::NoPrompts`], and the

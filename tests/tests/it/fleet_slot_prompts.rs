@@ -55,18 +55,15 @@ async fn wait_for_views(proxies: &[&Proxy], pod: std::net::SocketAddr, slots: u6
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_fleet_places_new_documents_where_the_pods_hold_least_and_finds_them_there() {
-    let dir = TempDir::new("slot-prompts");
-    let slots = ["--slot-prompts", "3"];
-    let sims = [
-        start_sim("pod-1", &slots, dir.path()).await,
-        start_sim("pod-2", &slots, dir.path()).await,
-        start_sim("pod-3", &slots, dir.path()).await,
-    ];
+/// Two proxies of a fleet in front of `pods` (a cache-aware llama.cpp model), each reading
+/// every pod's slots every 50 ms.
+async fn two_proxies(
+    pods: impl IntoIterator<Item = std::net::SocketAddr>,
+    dir: &std::path::Path,
+) -> (Proxy, Proxy) {
     let models = ModelsFile::new().model(
         ModelEntry::new("llm")
-            .endpoints(sims.iter().map(|s| s.addr))
+            .endpoints(pods)
             .routing("cache-aware")
             .engine("llamacpp"),
     );
@@ -77,8 +74,21 @@ async fn a_fleet_places_new_documents_where_the_pods_hold_least_and_finds_them_t
         "40",
         "--route-header",
     ];
-    let a = start_proxy(&models, &flags, &[], dir.path()).await;
-    let b = start_proxy(&models, &flags, &[], dir.path()).await;
+    let a = start_proxy(&models, &flags, &[], dir).await;
+    let b = start_proxy(&models, &flags, &[], dir).await;
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_places_new_documents_where_the_pods_hold_least_and_finds_them_there() {
+    let dir = TempDir::new("slot-prompts");
+    let slots = ["--slot-prompts", "3"];
+    let sims = [
+        start_sim("pod-1", &slots, dir.path()).await,
+        start_sim("pod-2", &slots, dir.path()).await,
+        start_sim("pod-3", &slots, dir.path()).await,
+    ];
+    let (a, b) = two_proxies(sims.iter().map(|s| s.addr), dir.path()).await;
     // Pods 1 and 2 hold three documents each, sent to them straight.
     for (pod, docs) in [(0, [10, 11, 12]), (1, [20, 21, 22])] {
         for d in docs {
@@ -132,21 +142,7 @@ async fn a_proxy_waits_for_a_document_another_proxy_is_computing() {
     // About 1.5 s of prefill for a document.
     let sim_flags = ["--slot-prompts", "2", "--prefill-us-per-token", "1500"];
     let sim = start_sim("pod-1", &sim_flags, dir.path()).await;
-    let models = ModelsFile::new().model(
-        ModelEntry::new("llm")
-            .endpoints([sim.addr])
-            .routing("cache-aware")
-            .engine("llamacpp"),
-    );
-    let flags = [
-        "--fleet-size",
-        "2",
-        "--engine-slot-prompts-budget",
-        "40",
-        "--route-header",
-    ];
-    let a = start_proxy(&models, &flags, &[], dir.path()).await;
-    let b = start_proxy(&models, &flags, &[], dir.path()).await;
+    let (a, b) = two_proxies([sim.addr], dir.path()).await;
     let a_addr = a.addr;
     let first =
         tokio::spawn(
