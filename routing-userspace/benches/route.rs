@@ -65,6 +65,16 @@ fn chat_body(bytes: usize) -> String {
     .to_string()
 }
 
+/// `f` of the request a body parses into (the parse is part of what a row measures).
+fn with_parts<R>(body: &str, headers: &HeaderMap, f: impl FnOnce(&RequestParts<'_, '_>) -> R) -> R {
+    let fields = BodyFields::parse(body.as_bytes());
+    f(&RequestParts {
+        headers,
+        body: fields.as_ref(),
+        model: Some("m"),
+    })
+}
+
 fn keys(c: &mut Criterion) {
     let mut g = c.benchmark_group("keys");
     let limits = KeyLimits::default();
@@ -78,13 +88,9 @@ fn keys(c: &mut Criterion) {
         ] {
             g.bench_with_input(BenchmarkId::new(name, size), &body, |b, body| {
                 b.iter(|| {
-                    let fields = BodyFields::parse(black_box(body.as_bytes()));
-                    let parts = RequestParts {
-                        headers: &headers,
-                        body: fields.as_ref(),
-                        model: Some("m"),
-                    };
-                    black_box(extract(strategy, &parts, &limits).key)
+                    with_parts(black_box(body), &headers, |parts| {
+                        black_box(extract(strategy, parts, &limits).key)
+                    })
                 })
             });
         }
@@ -98,13 +104,9 @@ fn keys(c: &mut Criterion) {
         for (name, build) in chains {
             g.bench_with_input(BenchmarkId::new(name, size), &body, |b, body| {
                 b.iter(|| {
-                    let fields = BodyFields::parse(black_box(body.as_bytes()));
-                    let parts = RequestParts {
-                        headers: &headers,
-                        body: fields.as_ref(),
-                        model: Some("m"),
-                    };
-                    black_box(build(&parts).map(|c| c.links().len()))
+                    with_parts(black_box(body), &headers, |parts| {
+                        black_box(build(parts).map(|c| c.links().len()))
+                    })
                 })
             });
         }
@@ -237,15 +239,11 @@ fn decide(c: &mut Criterion) {
         let route = t.lookup("m").expect("route");
         g.bench_function(BenchmarkId::new(name, "16 pods"), |b| {
             b.iter(|| {
-                let fields = BodyFields::parse(body.as_bytes());
-                let parts = RequestParts {
-                    headers: &headers,
-                    body: fields.as_ref(),
-                    model: Some("m"),
-                };
-                let mut d = r.decide(&route, &parts, 7, Instant::now());
-                start(&mut d, &gauge);
-                black_box(d.picked_pod().map(|p| p.addr))
+                with_parts(&body, &headers, |parts| {
+                    let mut d = r.decide(&route, parts, 7, Instant::now());
+                    start(&mut d, &gauge);
+                    black_box(d.picked_pod().map(|p| p.addr))
+                })
             })
         });
     }
@@ -263,15 +261,11 @@ fn decide(c: &mut Criterion) {
                 // The body's copy (about 0.3 us of the row) is part of the row.
                 next += 1;
                 let body = base.replacen("ask0 ", &format!("conversation{next} "), 1);
-                let fields = BodyFields::parse(body.as_bytes());
-                let parts = RequestParts {
-                    headers: &HeaderMap::new(),
-                    body: fields.as_ref(),
-                    model: Some("m"),
-                };
-                let mut d = r.decide(&route, &parts, 7, Instant::now());
-                start(&mut d, &gauge);
-                black_box(d.picked_pod().map(|p| p.addr))
+                with_parts(&body, &HeaderMap::new(), |parts| {
+                    let mut d = r.decide(&route, parts, 7, Instant::now());
+                    start(&mut d, &gauge);
+                    black_box(d.picked_pod().map(|p| p.addr))
+                })
             })
         },
     );

@@ -322,6 +322,22 @@ fn build(req: &RequestParts<'_, '_>, mut b: Builder) -> Option<PromptChain> {
     })
 }
 
+/// The chain of a JSON request body for model `m`, with anchors when `anchors` (tests).
+#[cfg(test)]
+pub(crate) fn chain_of_json(body: &str, anchors: bool) -> Option<PromptChain> {
+    let fields = crate::body::BodyFields::parse(body.as_bytes());
+    let headers = http::HeaderMap::new();
+    let req = RequestParts {
+        headers: &headers,
+        body: fields.as_ref(),
+        model: Some("m"),
+    };
+    match anchors {
+        true => chain_with_anchors(&req),
+        false => chain(&req),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,15 +346,9 @@ mod tests {
     use serde_json::json;
 
     fn links(body: &serde_json::Value) -> Vec<u64> {
-        let text = body.to_string();
-        let fields = BodyFields::parse(text.as_bytes());
-        let headers = HeaderMap::new();
-        let req = RequestParts {
-            headers: &headers,
-            body: fields.as_ref(),
-            model: Some("m"),
-        };
-        chain(&req).map(|c| c.links).unwrap_or_default()
+        chain_of_json(&body.to_string(), false)
+            .map(|c| c.links)
+            .unwrap_or_default()
     }
 
     fn chat(messages: serde_json::Value) -> serde_json::Value {

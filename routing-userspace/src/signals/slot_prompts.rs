@@ -428,10 +428,7 @@ impl SlotPromptViews {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::body::BodyFields;
-    use crate::keys::chain::chain_with_anchors;
-    use crate::keys::RequestParts;
-    use http::HeaderMap;
+    use crate::keys::chain::chain_of_json;
     use serde_json::json;
 
     fn document(seed: u64, words: usize) -> String {
@@ -443,14 +440,7 @@ mod tests {
             {"role": "system", "content": doc},
             {"role": "user", "content": question}]})
         .to_string();
-        let fields = BodyFields::parse(body.as_bytes());
-        let headers = HeaderMap::new();
-        let req = RequestParts {
-            headers: &headers,
-            body: fields.as_ref(),
-            model: Some("m"),
-        };
-        let c = chain_with_anchors(&req).expect("a chain");
+        let c = chain_of_json(&body, true).expect("a chain");
         let n = c.links().len();
         (c, n)
     }

@@ -1,7 +1,5 @@
 use super::*;
-use crate::body::BodyFields;
-use crate::keys::chain::chain;
-use crate::keys::RequestParts;
+use crate::keys::chain::chain_of_json;
 
 /// A chain of a system prompt of `system` characters and one user message of `user`.
 fn prompt(system: usize, user: usize) -> PromptChain {
@@ -10,14 +8,7 @@ fn prompt(system: usize, user: usize) -> PromptChain {
         {"role": "user", "content": "u".repeat(user)},
     ]})
     .to_string();
-    let fields = BodyFields::parse(body.as_bytes()).expect("a JSON object");
-    let headers = http::HeaderMap::new();
-    chain(&RequestParts {
-        headers: &headers,
-        body: Some(&fields),
-        model: Some("m"),
-    })
-    .expect("a prompt")
+    chain_of_json(&body, false).expect("a prompt")
 }
 
 fn usage(prompt_tokens: u64, cached: Option<u64>) -> Usage {
