@@ -94,6 +94,7 @@ fn fleet_view(shared: &Shared) -> Value {
     let f = &shared.fleet;
     json!({
         "proxies": f.proxies(),
+        "rank": f.rank(),
         "source": f.source().as_str(),
         "alone": shared.router.routes_alone(),
         "engine_scrape_interval_seconds": f.scrape_interval().map(|d| d.as_secs_f64()),

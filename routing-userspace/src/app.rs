@@ -117,7 +117,7 @@ pub fn open_gauge(
 fn start_discovery(
     settings: &DiscoverySettings,
     tx: mpsc::UnboundedSender<Update>,
-    fleet: Option<Arc<AtomicUsize>>,
+    fleet: Option<crate::signals::fleet::FleetPlace>,
 ) -> Result<tokio::task::JoinHandle<Result<(), ServeError>>, ServeError> {
     match settings {
         DiscoverySettings::File { path, poll } => {
@@ -159,6 +159,7 @@ pub async fn serve(
     let counted = matches!(settings.discovery, DiscoverySettings::Kubernetes(_));
     let fleet = Fleet::new(
         settings.signals.fleet_size,
+        settings.signals.fleet_rank,
         counted,
         settings.signals.scrape.as_ref(),
     );
@@ -300,7 +301,7 @@ fn shared_state(settings: &Settings, fleet: Fleet) -> Result<Shared, ServeError>
         .map(|cfg| start_scraper(cfg, &signals, fleet.shared(), hook.clone()));
     let mut router = Router::with_signals(gauge, signals, settings.routing, settings.ejection);
     router.set_full_when(settings.admission.full_when);
-    router.set_fleet(fleet.shared());
+    router.set_fleet(fleet.place());
     let admission = Admission::new(settings.admission, metrics.admission.clone());
     let mut shared = Shared::new(
         router,

@@ -37,7 +37,9 @@
 //! [`crate::signals::slot_prompts`]): that report is the same in every proxy, and the rule
 //! then reads it (plus what this proxy sent since), while the pods' own matches find a
 //! document wherever another proxy put it; where the tied pods all hold the prompt, a tie is
-//! a matter of queues, and goes to the less loaded of the walk's first two (see [`Ties`]).
+//! a matter of queues, and goes to the less loaded of the walk's first two; where none holds it,
+//! each proxy takes the walk's pod its rank in the fleet names, so that proxies that get one
+//! new prompt at once do not all compute it on one pod (see [`Ties`]).
 //!
 //! Pure: the matched depths come from the index, the loads from the gauge, both read once.
 
@@ -196,14 +198,25 @@ pub enum Ties<'a> {
     /// least.
     Sent(&'a [u64]),
     /// A fleet whose pods all report what their slots hold: `held[i]` is what pod `i` holds
-    /// plus what this proxy sent it since, in the same units. The first tied pod under the
-    /// held bound, else the one that holds least; but when the tied pods hold a run that
-    /// counts, the less loaded of the first two under the bound (the first on equal loads).
+    /// plus what this proxy sent it since, in the same units; `rank` is this proxy's place in
+    /// the fleet (0-based). The first tied pod under the held bound, else the one that holds
+    /// least; but when the tied pods hold a run that counts, the less loaded of the first two
+    /// under the bound (the first on equal loads), and when none does, the `rank`-th under
+    /// the bound (modulo their number).
+    ///
     /// When every pod holds the request's prompt (one hot prompt on every pod: every request
     /// ties and the bound passes all), the walk alone spreads requests by the hash, blind to
     /// the queues; two choices and the less loaded keep them even, and still differ request
     /// by request, so the proxies do not all turn to the pod that looked idlest at once.
-    Held(&'a [u64]),
+    ///
+    /// When no pod holds it, the prompt is new to every view, and proxies that place it
+    /// before their next read of the pages place it blind to each other: by the walk alone,
+    /// all of them would send it to one pod, which then computes it once per proxy, side by
+    /// side (a hot prompt three proxies got at once: two copies computing in the pod's two
+    /// slots and one queued, everything behind them waiting 17 to 28 s). By rank, each proxy
+    /// computes it on a pod of its own, and the pages show every proxy where it went from
+    /// the next read on (rank 0 takes the walk's first, as every proxy did before).
+    Held { held: &'a [u64], rank: usize },
 }
 
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
@@ -269,26 +282,36 @@ pub fn choose(
         // of that link); what the pods hold or were sent may pass over it (see `Ties`).
         let pick = match ties {
             Ties::Walk => tied().next(),
-            Ties::Sent(sent) | Ties::Held(sent) => {
+            Ties::Sent(sent) | Ties::Held { held: sent, .. } => {
                 let count = |i: usize| sent.get(i).copied().unwrap_or(0);
                 let units = crate::router::inflow::UNITS_PER_LINK as u64;
                 let adds =
                     |i: usize| (chain.len() as u64).saturating_sub(u64::from(held(i))) * units;
                 let total: u64 = (0..n).map(count).sum();
-                let mut under =
-                    tied().filter(|&i| under_held_bound(count(i) + adds(i), total + adds(i), n));
-                let first = under.next();
-                // Only where every tied pod holds a run that counts: then no copy is at stake,
-                // only a queue. A prompt no pod holds goes where the walk says, so every proxy
-                // sends it to one pod (a first version that placed new documents by load too
-                // took 1.30x smg's time on chat-with-doc with three proxies, run 1796643817).
-                let second = match ties {
-                    Ties::Held(_) if best > 0 => under.next(),
-                    _ => None,
-                };
-                match (first, second) {
-                    (Some(a), Some(b)) if load(b) < load(a) => Some(b),
-                    _ => first,
+                let under =
+                    || tied().filter(|&i| under_held_bound(count(i) + adds(i), total + adds(i), n));
+                match ties {
+                    // Every tied pod holds a run that counts: no copy is at stake, only a
+                    // queue. (A first version that placed new documents by load too took 1.30x
+                    // smg's time on chat-with-doc with three proxies, run 1796643817.)
+                    Ties::Held { .. } if best > 0 => {
+                        let mut two = under();
+                        match (two.next(), two.next()) {
+                            (Some(a), Some(b)) if load(b) < load(a) => Some(b),
+                            (first, _) => first,
+                        }
+                    }
+                    // No pod holds it: each proxy of the fleet places it on a pod of its own,
+                    // among those under the bound, else among those that hold least.
+                    Ties::Held { rank, .. } => match under().count() {
+                        0 => {
+                            let least = tied().map(count).min();
+                            let fewest = || tied().filter(|&i| Some(count(i)) == least);
+                            fewest().nth(rank % fewest().count().max(1))
+                        }
+                        k => under().nth(rank % k),
+                    },
+                    _ => under().next(),
                 }
                 .or_else(|| tied().min_by_key(|&i| count(i)))
             }
@@ -650,7 +673,17 @@ mod tests {
             chain.push(q.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let walked = choose(&r, &chain, &[5; 3], &loads, None, Ties::Walk);
             let first_two: Vec<usize> = all(&r, walked).into_iter().take(2).collect();
-            let c = choose(&r, &chain, &[5; 3], &loads, None, Ties::Held(&held));
+            let c = choose(
+                &r,
+                &chain,
+                &[5; 3],
+                &loads,
+                None,
+                Ties::Held {
+                    held: &held,
+                    rank: 0,
+                },
+            );
             let less = *first_two.iter().min_by_key(|&&i| loads[i]).unwrap();
             assert_eq!(c.pick, Some(less), "request {q}");
             assert!(!c.by_hash_alone, "loads took part: no fleet agrees on it");
@@ -662,15 +695,29 @@ mod tests {
         // Equal loads: the walk's first, as the walk alone would pick.
         let chain = [11, 22, 33, 44, 55, 66];
         let walked = choose(&r, &chain, &[5; 3], &[2; 3], None, Ties::Walk);
-        let held_tie = choose(&r, &chain, &[5; 3], &[2; 3], None, Ties::Held(&held));
+        let held_tie = choose(
+            &r,
+            &chain,
+            &[5; 3],
+            &[2; 3],
+            None,
+            Ties::Held {
+                held: &held,
+                rank: 0,
+            },
+        );
         assert_eq!(held_tie.pick, walked.pick);
         // No pod holds the request's prompt: where it lands decides who holds it next, so the
-        // walk decides, whatever the loads, as it does in every proxy.
+        // loads do not decide; the walk does, from this proxy's place in the fleet on.
         for q in 1u64..100 {
             let new_prompt: Vec<u64> = (0..6).map(|l| q.wrapping_mul(0x9E37_79B9) ^ l).collect();
             let walked = choose(&r, &new_prompt, &[0; 3], &loads, None, Ties::Walk);
-            let c = choose(&r, &new_prompt, &[0; 3], &loads, None, Ties::Held(&held));
-            assert_eq!(c.pick, walked.pick, "request {q}");
+            let order = all(&r, walked.clone());
+            for rank in 0..6 {
+                let held = Ties::Held { held: &held, rank };
+                let c = choose(&r, &new_prompt, &[0; 3], &loads, None, held);
+                assert_eq!(c.pick, Some(order[rank % 3]), "request {q}, rank {rank}");
+            }
         }
         // A pod that holds more than its share is passed over first, however idle.
         let c = choose(
@@ -679,7 +726,10 @@ mod tests {
             &[5; 3],
             &[0, 3, 3],
             None,
-            Ties::Held(&[40 * U, 5 * U, 5 * U]),
+            Ties::Held {
+                held: &[40 * U, 5 * U, 5 * U],
+                rank: 0,
+            },
         );
         assert_ne!(c.pick, Some(0));
     }
@@ -741,6 +791,7 @@ mod tests {
             bound in 1u64..6,
             raw_sent in proptest::option::of(proptest::collection::vec(0u64..100, 12)),
             fleet_views in any::<bool>(),
+            rank in 0usize..8,
         ) {
             let r = ring(n);
             let depths: Vec<u32> = raw_depths[..n].iter().map(|&d| d.min(chain.len() as u32)).collect();
@@ -749,7 +800,7 @@ mod tests {
             // they hold, or in one whose pods do not: the same guarantees.
             let ties = match (&raw_sent, fleet_views) {
                 (Some(e), false) => Ties::Sent(&e[..n]),
-                (Some(e), true) => Ties::Held(&e[..n]),
+                (Some(e), true) => Ties::Held { held: &e[..n], rank },
                 (None, _) => Ties::Walk,
             };
             let c = choose(&r, &chain, &depths, loads, Some(bound), ties);

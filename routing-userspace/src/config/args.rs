@@ -562,6 +562,18 @@ pub struct SignalArgs {
     #[arg(long, env = "FLEXINFER_PROXY_FLEET_SIZE", default_value_t = 0)]
     pub fleet_size: usize,
 
+    /// This proxy's rank in the fleet, 0 to --fleet-size less one (with --fleet-size; counted
+    /// fleets rank by --fleet-pod-name). Where every pod shows what its slots hold, proxies
+    /// of distinct ranks place a prompt no pod holds yet on distinct pods, so that a prompt
+    /// the fleet gets at once is not computed side by side on one pod.
+    #[arg(long, env = "FLEXINFER_PROXY_FLEET_RANK", default_value_t = 0)]
+    pub fleet_rank: usize,
+
+    /// This proxy's own pod (the chart sets it), ranked among the fleet's counted pods by
+    /// name (with --discovery kubernetes and no --fleet-size); empty: rank 0.
+    #[arg(long, env = "FLEXINFER_PROXY_FLEET_POD_NAME", default_value = "")]
+    pub fleet_pod_name: String,
+
     /// Label selector of the proxy's own pods, counted as the fleet (with --discovery
     /// kubernetes and no --fleet-size).
     #[arg(

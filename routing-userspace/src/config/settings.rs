@@ -281,6 +281,7 @@ fn signal_settings(a: &SignalArgs) -> SignalSettings {
         staleness: a.engine_report_staleness.0,
         scrape,
         fleet_size: a.fleet_size,
+        fleet_rank: a.fleet_rank,
     }
 }
 
@@ -298,6 +299,7 @@ fn discovery(args: &ServeArgs) -> DiscoverySettings {
             fleet: FleetOptions {
                 selector: args.signals.fleet_selector.clone(),
                 namespace: Some(args.signals.fleet_namespace.clone()).filter(|n| !n.is_empty()),
+                pod_name: Some(args.signals.fleet_pod_name.clone()).filter(|n| !n.is_empty()),
             },
         }),
     }

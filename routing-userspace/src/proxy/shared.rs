@@ -104,7 +104,7 @@ impl Shared {
             drain_cut: Arc::default(),
             engine_load_reports: false,
             scrape_targets: None,
-            fleet: Fleet::new(0, false, None),
+            fleet: Fleet::new(0, 0, false, None),
             tracer: None,
         }
     }

@@ -24,6 +24,7 @@ use crate::load::userspace::{InFlight, UserspaceGauge};
 use crate::metrics::Metrics;
 use crate::router::health::EjectionPolicy;
 use crate::router::{Attempt, Decision, Router, RoutingKnobs};
+use crate::signals::fleet::FleetPlace;
 use crate::signals::scrape::report_validity;
 use crate::signals::store::DEFAULT_STALENESS;
 use crate::signals::{ScrapeConfig, SignalStore, Source, Usage};
@@ -135,13 +136,17 @@ impl Routers {
         let defaults = ScrapeConfig::default();
         let every =
             crate::signals::scrape::interval(routers, reports.scrape_budget, defaults.min_interval);
-        // Every node knows the fleet's size, as discovery counts it in a cluster.
+        // Every node knows the fleet's size and its own rank, as discovery counts them in a
+        // cluster.
         let fleet = Arc::new(AtomicUsize::new(routers));
         Self {
             nodes: (0..routers)
-                .map(|_| {
+                .map(|rank| {
                     let mut node = Node::new(strategy, pods, knobs, reports.staleness);
-                    node.router.set_fleet(Arc::clone(&fleet));
+                    node.router.set_fleet(FleetPlace {
+                        size: Arc::clone(&fleet),
+                        rank: Arc::new(AtomicUsize::new(rank)),
+                    });
                     node
                 })
                 .collect(),

@@ -2,7 +2,9 @@
 //! in any order that keeps each conversation's turns in order, send every request to the same
 //! pod (as the proxies of a DaemonSet must, each seeing its own interleaving of the fleet's
 //! traffic). Loads stay at zero here, so only the request decides. (A router alone may also
-//! read what it sent each pod lately: see `alone_*` in `balance::cache_aware`.)
+//! read what it sent each pod lately: see `alone_*` in `balance::cache_aware`; where every pod
+//! shows its slots' prompts, a prompt none holds goes by the router's rank in the fleet
+//! instead, and the pods' pages say where it went: see `slot_prompt_tests`.)
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -32,7 +32,6 @@ mod test_world;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -47,6 +46,7 @@ use crate::keys::chain::PromptChain;
 use crate::keys::{self, KeySource, RequestParts};
 use crate::load::{LoadGauge, Slot};
 use crate::rules::{pod_choice, PodChoice};
+use crate::signals::fleet::FleetPlace;
 use crate::signals::slot_prompts::SlotState;
 use crate::signals::{SignalStore, Usage};
 use crate::table::{ModelRoute, Pod, Route, RoutingTable};
@@ -85,8 +85,9 @@ pub struct Router {
     inflow: Inflow,
     /// When an engine report makes a pod full (see [`room`]).
     full_when: FullWhen,
-    /// The proxies in front of the same pods (0 until discovery has counted them).
-    fleet: Arc<AtomicUsize>,
+    /// The proxies in front of the same pods (0 until discovery has counted them), and this
+    /// one's rank among them.
+    fleet: FleetPlace,
     knobs: RoutingKnobs,
 }
 
@@ -120,21 +121,21 @@ impl Router {
             teaching: Teaching::new(),
             inflow: Inflow::default(),
             full_when: FullWhen::default(),
-            fleet: Arc::new(AtomicUsize::new(1)),
+            fleet: FleetPlace::fixed(1, 0),
             knobs,
         }
     }
 
-    /// Read the fleet's size from `fleet` (the count discovery keeps, or `--fleet-size`); a
-    /// new router counts itself alone.
-    pub fn set_fleet(&mut self, fleet: Arc<AtomicUsize>) {
+    /// Read the fleet's size and this proxy's rank from `fleet` (what discovery counts, or
+    /// `--fleet-size` and `--fleet-rank`); a new router counts itself alone.
+    pub fn set_fleet(&mut self, fleet: FleetPlace) {
         self.fleet = fleet;
     }
 
     /// Whether this proxy is known to be the only one in front of its pods: then choices no
     /// other proxy must agree on may read what only it knows (what it sent each pod lately).
     pub fn routes_alone(&self) -> bool {
-        self.fleet.load(Ordering::Relaxed) == 1
+        self.fleet.size() == 1
     }
 
     /// The cache-aware prefix index.
@@ -553,7 +554,10 @@ impl Router {
         let ties = match (&counts, alone) {
             (None, _) => cache_aware::Ties::Walk,
             (Some(sent), true) => cache_aware::Ties::Sent(sent),
-            (Some(held), false) => cache_aware::Ties::Held(held),
+            (Some(held), false) => cache_aware::Ties::Held {
+                held,
+                rank: self.fleet.rank(),
+            },
         };
         let choice = cache_aware::choose(&m.ring, links, &depths, loads, bound, ties);
         // The request waits in the queue of the one pod that holds its prompt rather than pay

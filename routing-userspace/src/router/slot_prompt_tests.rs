@@ -1,6 +1,8 @@
 //! Proxies of a fleet that read what llama.cpp pods say their slots hold (`/slots` with the
-//! prompts shown): a document another proxy placed off its hash is found where it is, and new
-//! documents go where the pods hold least, the same way in every proxy that has the same view.
+//! prompts shown): a document another proxy placed off its hash is found where it is, new
+//! documents go where the pods hold least, the same way in every proxy that has the same view,
+//! and among pods that hold alike, proxies of distinct ranks place a document no pod holds on
+//! distinct pods.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -43,11 +45,16 @@ fn rendered(d: usize, q: usize) -> String {
 }
 
 fn fleet_world() -> World {
+    fleet_world_at(0)
+}
+
+/// The router of rank `rank` in a fleet of three.
+fn fleet_world_at(rank: usize) -> World {
     World::new(
         vec![model("ca", Strategy::CacheAware, [1, 2, 3])],
         RoutingKnobs::default(),
     )
-    .in_fleet(3)
+    .in_fleet_at(3, rank)
 }
 
 /// Each pod's views: the documents its slots hold.
@@ -140,4 +147,36 @@ fn new_documents_go_where_the_pods_hold_least_alike_in_every_proxy() {
         })
         .collect();
     assert!(spread.len() >= 2, "{spread:?}");
+}
+
+#[test]
+fn proxies_of_distinct_ranks_place_a_document_no_pod_holds_on_distinct_pods() {
+    let empty: [&[usize]; 3] = [&[], &[], &[]];
+    for d in 0..8 {
+        let placed: std::collections::BTreeSet<SocketAddr> = (0..3)
+            .map(|rank| {
+                let w = fleet_world_at(rank);
+                show(&w, &empty);
+                pick(&w, d, 1)
+            })
+            .collect();
+        assert_eq!(placed.len(), 3, "document {d}: {placed:?}");
+        // Once a pod shows it, every proxy sends its questions there, whatever its rank.
+        let holder = d % 3;
+        let mut held: [&[usize]; 3] = empty;
+        let doc = [d];
+        held[holder] = &doc;
+        for rank in 0..3 {
+            let w = fleet_world_at(rank);
+            show(&w, &held);
+            assert_eq!(pick(&w, d, 2), pods()[holder], "document {d}, rank {rank}");
+        }
+        // Pods that hold unevenly: the one that holds least takes it, whatever the rank.
+        let uneven: [&[usize]; 3] = [&[50, 51], &[], &[52, 53]];
+        for rank in 0..3 {
+            let w = fleet_world_at(rank);
+            show(&w, &uneven);
+            assert_eq!(pick(&w, d, 1), pods()[1], "document {d}, rank {rank}");
+        }
+    }
 }

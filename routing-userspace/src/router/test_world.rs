@@ -58,10 +58,15 @@ impl World {
     }
 
     /// The same world, its router one of `proxies` in front of the pods (a new router counts
-    /// itself alone).
-    pub(super) fn in_fleet(mut self, proxies: usize) -> World {
+    /// itself alone), the first of them.
+    pub(super) fn in_fleet(self, proxies: usize) -> World {
+        self.in_fleet_at(proxies, 0)
+    }
+
+    /// The same world, its router the one of rank `rank` among `proxies`.
+    pub(super) fn in_fleet_at(mut self, proxies: usize, rank: usize) -> World {
         self.router
-            .set_fleet(Arc::new(std::sync::atomic::AtomicUsize::new(proxies)));
+            .set_fleet(crate::signals::fleet::FleetPlace::fixed(proxies, rank));
         self
     }
 

@@ -17,6 +17,8 @@ pub struct SignalSettings {
     pub scrape: Option<ScrapeConfig>,
     /// A fixed fleet size (0: from discovery).
     pub fleet_size: usize,
+    /// This proxy's rank with a fixed fleet size.
+    pub fleet_rank: usize,
 }
 
 impl Default for SignalSettings {
@@ -26,6 +28,7 @@ impl Default for SignalSettings {
             staleness: DEFAULT_STALENESS,
             scrape: Some(ScrapeConfig::default()),
             fleet_size: 0,
+            fleet_rank: 0,
         }
     }
 }

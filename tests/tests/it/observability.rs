@@ -565,23 +565,31 @@ async fn the_fleet_size_and_its_scrape_interval_are_shown() {
     let dir = TempDir::new("fleet");
     let a = start_sim("pod-a", &[], dir.path()).await;
     let yaml = ModelsFile::new().model(ModelEntry::new("chat").endpoint(a.addr));
-    for (extra, proxies, source, every) in [
-        (&["--fleet-size", "10"][..], 10, "flag", Some(10.0)),
-        (&[][..], 1, "single", Some(1.0)),
+    for (extra, proxies, rank, source, every) in [
+        (&["--fleet-size", "10"][..], 10, 0, "flag", Some(10.0)),
+        (&[][..], 1, 0, "single", Some(1.0)),
         (
-            &["--fleet-size", "100", "--engine-scrape-budget", "0.5"][..],
+            &[
+                "--fleet-size",
+                "100",
+                "--fleet-rank",
+                "7",
+                "--engine-scrape-budget",
+                "0.5",
+            ][..],
             100,
+            7,
             "flag",
             Some(200.0),
         ),
-        (&["--engine-scrape-budget", "0"][..], 1, "single", None),
+        (&["--engine-scrape-budget", "0"][..], 1, 0, "single", None),
     ] {
         let proxy = start_proxy(&yaml, extra, &[], dir.path()).await;
         let (view, _) = debug_routing(&proxy).await;
         assert_eq!(
             view["fleet"],
-            serde_json::json!({"proxies": proxies, "source": source, "alone": proxies == 1,
-                               "engine_scrape_interval_seconds": every}),
+            serde_json::json!({"proxies": proxies, "rank": rank, "source": source,
+                               "alone": proxies == 1, "engine_scrape_interval_seconds": every}),
             "{extra:?}"
         );
         let text = proxy.metrics().await;

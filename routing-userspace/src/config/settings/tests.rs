@@ -208,7 +208,7 @@ fn engine_signals_default_to_in_band_reports_and_a_scrape_budget_of_one() {
     assert_eq!(scrape.budget, 1.0);
     assert_eq!(scrape.path, "/metrics");
     assert_eq!(scrape.max_report_age, Duration::from_secs(60));
-    assert_eq!(s.fleet_size, 0);
+    assert_eq!((s.fleet_size, s.fleet_rank), (0, 0));
 }
 
 #[test]
@@ -224,12 +224,13 @@ fn engine_signal_flags_and_environment() {
             ("FLEXINFER_PROXY_ENGINE_SCRAPE_BUDGET", "0.5"),
             ("FLEXINFER_PROXY_ENGINE_REPORT_STALENESS", "1500ms"),
             ("FLEXINFER_PROXY_FLEET_SIZE", "10"),
+            ("FLEXINFER_PROXY_FLEET_RANK", "3"),
         ],
     )
     .unwrap();
     assert!(!s.inband);
     assert_eq!(s.staleness, Duration::from_millis(1500));
-    assert_eq!(s.fleet_size, 10);
+    assert_eq!((s.fleet_size, s.fleet_rank), (10, 3));
     let scrape = s.scrape.unwrap();
     assert_eq!((scrape.budget, scrape.path.as_str()), (0.5, "/v1/metrics"));
     let off = signals(&[], &[("FLEXINFER_PROXY_ENGINE_SCRAPE_BUDGET", "0")]).unwrap();
@@ -271,6 +272,7 @@ fn the_fleet_is_the_charts_proxy_pods_in_the_service_accounts_namespace_by_defau
         FleetOptions {
             selector: "app.kubernetes.io/name=flexinfer-proxy".into(),
             namespace: None,
+            pod_name: None,
         }
     );
     let set = kube_options(
@@ -280,6 +282,8 @@ fn the_fleet_is_the_charts_proxy_pods_in_the_service_accounts_namespace_by_defau
     .unwrap();
     assert_eq!(set.fleet.selector, "app=proxy,release=r");
     assert_eq!(set.fleet.namespace.as_deref(), Some("flexinfer-system"));
+    let named = kube_options(&[], &[("FLEXINFER_PROXY_FLEET_POD_NAME", "proxy-x7k")]).unwrap();
+    assert_eq!(named.fleet.pod_name.as_deref(), Some("proxy-x7k"));
     let e = kube_options(&["--fleet-selector", ""], &[]).unwrap_err();
     assert!(e.to_string().contains("every pod"), "{e}");
 }

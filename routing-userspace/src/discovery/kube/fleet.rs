@@ -1,6 +1,8 @@
 //! The fleet: the proxy DaemonSet's own Pods, watched and counted, so the engine scraper
 //! spreads its page reads over every proxy that reads the same pods (see
-//! [`crate::signals::fleet`]).
+//! [`crate::signals::fleet`]), and ranked: this proxy's rank is how many counted pods' names
+//! sort before its own (`--fleet-pod-name`, the chart's pod name), so the fleet's proxies have
+//! distinct ranks without talking (cache-aware placement reads it for prompts no pod holds).
 //!
 //! A proxy counts while its pod is Running, Ready and not terminating; the count is at least 1
 //! (this proxy). The watch is separate from model discovery: it never holds readiness back, and
@@ -8,8 +10,7 @@
 //! that is a little off only moves each pod's scrape rate by as much.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -19,6 +20,7 @@ use kube::{Api, Client};
 use tracing::{debug, info, warn};
 
 use super::pods::{PodInfo, RUNNING_PODS};
+use crate::signals::fleet::FleetPlace;
 
 /// The label selector of the proxy's own pods when `--fleet-selector` is not given: the
 /// chart's `app.kubernetes.io/name` (the chart also sets its release's instance label).
@@ -32,6 +34,8 @@ pub struct FleetOptions {
     /// The namespace of the proxy's pods; `None`: the client's default namespace (in a cluster,
     /// the service account's).
     pub namespace: Option<String>,
+    /// This proxy's own pod, to rank it among the counted ones; `None`: rank 0.
+    pub pod_name: Option<String>,
 }
 
 impl Default for FleetOptions {
@@ -39,6 +43,7 @@ impl Default for FleetOptions {
         Self {
             selector: DEFAULT_FLEET_SELECTOR.to_owned(),
             namespace: None,
+            pod_name: None,
         }
     }
 }
@@ -86,6 +91,18 @@ impl FleetCount {
     pub fn count(&self) -> usize {
         self.live.values().filter(|c| **c).count().max(1)
     }
+
+    /// The rank of the pod named `own` (`None`: 0): how many counted pods' names sort before
+    /// it. Every proxy of a settled fleet has its own, from 0 to the count less one.
+    pub fn rank(&self, own: Option<&str>) -> usize {
+        let Some(own) = own else {
+            return 0;
+        };
+        self.live
+            .range::<str, _>((std::ops::Bound::Unbounded, std::ops::Bound::Excluded(own)))
+            .filter(|(_, counted)| **counted)
+            .count()
+    }
 }
 
 /// What an operator can do about a failing fleet watch.
@@ -103,8 +120,9 @@ fn hint(e: &watcher::Error) -> &'static str {
     }
 }
 
-/// Watches the fleet's pods and stores their count into `fleet` until dropped.
-pub async fn count(client: Client, opts: FleetOptions, fleet: Arc<AtomicUsize>) {
+/// Watches the fleet's pods and stores their count and this proxy's rank into `fleet` until
+/// dropped.
+pub async fn count(client: Client, opts: FleetOptions, fleet: FleetPlace) {
     let namespace = opts
         .namespace
         .filter(|ns| !ns.is_empty())
@@ -122,16 +140,18 @@ pub async fn count(client: Client, opts: FleetOptions, fleet: Arc<AtomicUsize>) 
                 let Some(n) = state.apply(super::pods::pod_event(e)) else {
                     continue;
                 };
-                let was = fleet.swap(n, Ordering::Relaxed);
-                if was != n {
-                    info!(proxies = n, was, namespace = %namespace, "fleet size changed; engine scrapes are spread over it");
+                let rank = state.rank(opts.pod_name.as_deref());
+                let was_rank = fleet.rank.swap(rank, Ordering::Relaxed);
+                let was = fleet.size.swap(n, Ordering::Relaxed);
+                if was != n || was_rank != rank {
+                    info!(proxies = n, was, rank, namespace = %namespace, "fleet size changed; engine scrapes are spread over it");
                 }
             }
             Err(watcher::Error::WatchError(s)) if s.code == 410 => {
                 debug!(reason = %s.reason, "fleet watch expired; relisting");
             }
             Err(e) => warn!(
-                error = %e, hint = hint(&e), proxies = fleet.load(Ordering::Relaxed),
+                error = %e, hint = hint(&e), proxies = fleet.size(),
                 "fleet watch failed; retrying, the fleet size stays as it is"
             ),
         }
@@ -174,5 +194,28 @@ mod tests {
             c.apply(Event::Apply(pod(p, false, false)));
         }
         assert_eq!(c.count(), 1);
+    }
+
+    #[test]
+    fn a_proxy_ranks_by_the_counted_names_before_its_own() {
+        let mut c = FleetCount::default();
+        c.apply(Event::Init);
+        for (p, ready) in [("proxy-b", true), ("proxy-a", true), ("proxy-c", true)] {
+            c.apply(Event::InitApply(pod(p, ready, false)));
+        }
+        c.apply(Event::InitDone);
+        let ranks: Vec<usize> = ["proxy-a", "proxy-b", "proxy-c"]
+            .iter()
+            .map(|p| c.rank(Some(p)))
+            .collect();
+        assert_eq!(ranks, [0, 1, 2], "distinct, from 0");
+        assert_eq!(c.rank(None), 0, "no own name: rank 0");
+        // An unready or terminating pod before this one does not count; a new one does.
+        c.apply(Event::Apply(pod("proxy-a", false, false)));
+        assert_eq!(c.rank(Some("proxy-c")), 1);
+        c.apply(Event::Apply(pod("proxy-0", true, false)));
+        assert_eq!(c.rank(Some("proxy-c")), 2);
+        // Not counted itself yet (not Ready): the place it would take.
+        assert_eq!(c.rank(Some("proxy-bb")), 2);
     }
 }

@@ -29,10 +29,9 @@ mod tests;
 #[cfg(test)]
 mod testserver;
 
+use crate::signals::fleet::FleetPlace;
 use std::fmt::Debug;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
 
 use anyhow::Context as _;
 use futures::stream::{AbortHandle, BoxStream};
@@ -87,7 +86,7 @@ impl Default for KubeOptions {
 pub async fn run(
     opts: KubeOptions,
     updates: UnboundedSender<Update>,
-    fleet: Option<Arc<AtomicUsize>>,
+    fleet: Option<FleetPlace>,
 ) -> anyhow::Result<()> {
     let config = match &opts.kubeconfig {
         Some(path) => {
@@ -221,7 +220,7 @@ pub async fn run_with_client(
     client: Client,
     opts: KubeOptions,
     updates: UnboundedSender<Update>,
-    fleet: Option<Arc<AtomicUsize>>,
+    fleet: Option<FleetPlace>,
 ) -> anyhow::Result<()> {
     let counting = match fleet {
         Some(n) => fleet::count(client.clone(), opts.fleet.clone(), n).boxed(),

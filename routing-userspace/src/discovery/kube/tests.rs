@@ -85,7 +85,7 @@ impl Harness {
     fn start_with(
         server: TestApiServer,
         opts: KubeOptions,
-        fleet: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
+        fleet: Option<crate::signals::fleet::FleetPlace>,
     ) -> Self {
         let (tx, rx) = unbounded_channel();
         let task = tokio::spawn(run_with_client(server.client(), opts, tx, fleet));

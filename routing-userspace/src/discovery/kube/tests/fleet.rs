@@ -1,8 +1,7 @@
 //! The fleet count end to end: kube-rs against the in-process API server, the proxy's own pods
 //! counted into the shared fleet size the scraper reads.
 
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
+use crate::signals::fleet::FleetPlace;
 
 use super::*;
 use crate::discovery::kube::FleetOptions;
@@ -33,14 +32,15 @@ fn chart_fleet() -> KubeOptions {
                 "app.kubernetes.io/name=flexinfer-proxy,app.kubernetes.io/instance=flexinfer-proxy"
                     .into(),
             namespace: Some(NS.into()),
+            pod_name: None,
         },
         ..KubeOptions::default()
     }
 }
 
 /// A counted fleet, as `serve` makes it without `--fleet-size`.
-fn counted() -> (Fleet, Arc<AtomicUsize>) {
-    let fleet = Fleet::new(0, true, None);
+fn counted() -> (Fleet, FleetPlace) {
+    let fleet = Fleet::new(0, 0, true, None);
     let counter = fleet.counter().expect("discovery counts");
     (fleet, counter)
 }
@@ -110,6 +110,25 @@ async fn the_count_follows_proxy_pods_added_unready_terminating_and_deleted() {
 }
 
 #[tokio::test]
+async fn a_proxy_ranks_itself_by_its_pod_name_among_the_counted_pods() {
+    let server = fleet().await;
+    for p in ["p1", "p2", "p3"] {
+        server.apply(proxy_pod(p, NS, true));
+    }
+    let (fleet, counter) = counted();
+    let mut opts = chart_fleet();
+    opts.fleet.pod_name = Some("p2".into());
+    let mut h = Harness::start_with(server, opts, Some(counter));
+    assert!(matches!(h.next().await, Update::Reset(_)));
+    until_count(&h, &fleet, 3).await;
+    assert_eq!(fleet.rank(), 1);
+    // The pod before it leaves the count: it moves up.
+    h.server.apply(proxy_pod("p1", NS, false));
+    until_count(&h, &fleet, 2).await;
+    assert_eq!(fleet.rank(), 0);
+}
+
+#[tokio::test]
 async fn a_failing_fleet_watch_keeps_the_last_count_and_never_holds_readiness() {
     let server = fleet().await;
     server.apply(proxy_pod("p1", NS, true));
@@ -148,7 +167,7 @@ async fn a_failing_fleet_watch_keeps_the_last_count_and_never_holds_readiness() 
 
 #[tokio::test]
 async fn fleet_size_overrides_and_no_proxy_pod_is_watched() {
-    let fleet = Fleet::new(10, true, None);
+    let fleet = Fleet::new(10, 0, true, None);
     let server = fleet_server_with_proxies().await;
     let mut h = Harness::start_with(server, chart_fleet(), fleet.counter());
     assert!(matches!(h.next().await, Update::Reset(_)));
@@ -254,6 +273,7 @@ async fn serve_counts_the_fleet_it_shows_and_scrapes_by() {
         &format!("--listen={listen}"),
         &format!("--admin-listen={admin}"),
         &format!("--fleet-namespace={NS}"),
+        "--fleet-pod-name=p3",
     ];
     let cmd = crate::config::ServeArgs::augment_args(clap::Command::new("serve"))
         .mut_args(|a| a.env(None));
@@ -261,10 +281,11 @@ async fn serve_counts_the_fleet_it_shows_and_scrapes_by() {
     let args = crate::config::ServeArgs::from_arg_matches(&matches).unwrap();
     let serving = tokio::spawn(crate::app::serve(args, std::future::pending()));
 
-    let want = |n: usize| json!({"proxies": n, "source": "discovery", "alone": n == 1, "engine_scrape_interval_seconds": n as f64});
-    until_fleet(admin, &serving, want(3)).await;
-    server.apply(proxy_pod("p4", NS, true));
-    until_fleet(admin, &serving, want(4)).await;
+    let want = |n: usize, rank: usize| json!({"proxies": n, "rank": rank, "source": "discovery", "alone": n == 1, "engine_scrape_interval_seconds": n as f64});
+    until_fleet(admin, &serving, want(3, 2)).await;
+    // A proxy whose pod's name sorts first: this one (p3) moves down a rank.
+    server.apply(proxy_pod("p0", NS, true));
+    until_fleet(admin, &serving, want(4, 3)).await;
     let metrics = admin_get(admin, "/metrics").await.unwrap();
     assert!(
         metrics.contains("\nflexinfer_proxy_fleet_proxies 4\n"),
