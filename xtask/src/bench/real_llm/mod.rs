@@ -12,7 +12,9 @@
 //! of prompt tokens the servers found cached (`timings.cache_n`, else
 //! `usage.prompt_tokens_details.cached_tokens`), requests per server and the wall time. The
 //! rows are a paired comparison: every row of a run sends the same salted prompts to servers
-//! started afresh for it (empty caches, one warm-up answer each), so every routing meets the
+//! started afresh for it (empty caches, one warm-up answer each; smg too is started afresh for
+//! each of its runs, and a row of proxies that read the servers' slots starts once every proxy
+//! has read every server anew), so every routing meets the
 //! same documents and the same engines, and only its placement differs; each run (`--repeat`)
 //! has its own salt, so no run finds another's prefixes cached. Requests per server are
 //! counted by a small forwarder in front of each server (it counts the completions it passes
@@ -119,7 +121,8 @@ enum Front {
     /// Three flexinfer-proxies in front of the same servers, as a DaemonSet on three nodes
     /// runs them, request i through proxy i mod 3 (each with its own index and loads, the
     /// servers' metrics pages and answers their shared truth, `--fleet-size 3` as counting
-    /// the DaemonSet's pods gives it). `SlotPrompts::Off`: the proxies do not read the
+    /// the DaemonSet's pods gives it, and proxy i `--fleet-rank i` as its pod's name ranks it
+    /// there). `SlotPrompts::Off`: the proxies do not read the
     /// servers' `/slots` prompts (`--engine-slot-prompts false`), so they place documents by
     /// the hash alone.
     Proxies(&'static str, SlotPrompts),
@@ -226,7 +229,7 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
     let mut fleet = Fleet::start(&python, &model, out.path(), args)?;
     let served_model = served_model_id(fleet.servers[0].addr)?;
     let (proxy, proxy_addr, admin) =
-        start_proxy(&bin, "proxy", out.path(), &fleet.fronts, (1, true), args)?;
+        start_proxy(&bin, "proxy", out.path(), &fleet.fronts, (1, 0, true), args)?;
     let start_fleet = |prompts: SlotPrompts| -> Result<Vec<(Proc, SocketAddr, SocketAddr)>> {
         if !routings
             .iter()
@@ -240,19 +243,16 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
                     SlotPrompts::On => format!("proxy-fleet-{i}"),
                     SlotPrompts::Off => format!("proxy-fleet-hash-{i}"),
                 };
-                let size = (FLEET_PROXIES, prompts == SlotPrompts::On);
-                start_proxy(&bin, &name, out.path(), &fleet.fronts, size, args)
+                let place = (FLEET_PROXIES, i, prompts == SlotPrompts::On);
+                start_proxy(&bin, &name, out.path(), &fleet.fronts, place, args)
             })
             .collect()
     };
     let proxies = start_fleet(SlotPrompts::On)?;
     let hash_proxies = start_fleet(SlotPrompts::Off)?;
     let fleet_addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.1).collect();
+    let fleet_admins: Vec<SocketAddr> = proxies.iter().map(|p| p.2).collect();
     let hash_addrs: Vec<SocketAddr> = hash_proxies.iter().map(|p| p.1).collect();
-    let smg_proc = match &smg {
-        Some(smg) => Some(start_smg(smg, &fleet.fronts, &served_model, out.path())?),
-        None => None,
-    };
     out.stamp(&crate::bench::peers::versions(&[], smg.as_deref()))?;
     let salt = args.salt.clone().unwrap_or_else(|| {
         out.path()
@@ -267,19 +267,45 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
     let mut runs: Vec<Vec<(Run, Vec<u64>)>> = cells.iter().map(|_| Vec::new()).collect();
     for rep in 0..args.repeat {
         for (c, &(workload, (label, front))) in cells.iter().enumerate() {
-            let smg_addr = || smg_proc.as_ref().map(|s| vec![s.1]).context("smg");
+            // Every row of this run: the same prompts, on servers with nothing cached but the
+            // warm-up's chat template.
+            let restarted = Instant::now();
+            fleet.restart(&served_model)?;
+            // A proxy that read a server while it restarted drops its view of the slots and
+            // reads it again a few seconds later; a run started before that places its first
+            // requests by the hash alone. A fleet in service does not restart every server
+            // before a burst: the rows of proxies that read the slots start once every proxy
+            // has read every server anew.
+            match front {
+                Front::Proxies(m, SlotPrompts::On) => {
+                    wait_for_slot_views(&fleet_admins, m, restarted.elapsed())?
+                }
+                Front::Proxy(m @ "llm-cache-aware") => {
+                    wait_for_slot_views(&[admin], m, restarted.elapsed())?
+                }
+                Front::Proxy(_) | Front::Proxies(_, SlotPrompts::Off) | Front::Smg => {}
+            }
+            // smg starts afresh for each of its runs, once the servers answer: started once,
+            // it probed a server while the server restarted for another row, and never sent
+            // that server a request again, although `GET /workers` called it healthy (two
+            // sittings ran smg on two servers of three).
+            let smg_run = match (front, &smg) {
+                (Front::Smg, Some(smg)) => {
+                    let log = format!("smg-{}-{rep}.log", workload.name());
+                    let (p, addr) =
+                        start_smg(smg, &fleet.fronts, &served_model, &out.path().join(log))?;
+                    wait_for_smg(addr, args)?;
+                    Some((p, addr))
+                }
+                (Front::Smg, None) => bail!("smg is not installed"),
+                _ => None,
+            };
             let (addrs, model) = match front {
                 Front::Proxy(m) => (vec![proxy_addr], m),
                 Front::Proxies(m, SlotPrompts::On) => (fleet_addrs.clone(), m),
                 Front::Proxies(m, SlotPrompts::Off) => (hash_addrs.clone(), m),
-                Front::Smg => (smg_addr()?, "llm"),
+                Front::Smg => (smg_run.iter().map(|s| s.1).collect(), "llm"),
             };
-            // Every row of this run: the same prompts, on servers with nothing cached but the
-            // warm-up's chat template.
-            fleet.restart(&served_model)?;
-            if front == Front::Smg {
-                wait_for_smg(addrs[0], args)?;
-            }
             let salt = format!("{rep} of run {salt}");
             let before = fleet.served();
             fleet.take_asked();
@@ -298,6 +324,7 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
                 &name,
                 samples_tsv(&run, workload, &fleet.take_asked(), args),
             )?;
+            drop(smg_run);
             runs[c].push((run, per_server));
             let this_run = std::slice::from_ref(runs[c].last().expect("just pushed"));
             println!("{}", Row::new(workload, label, this_run).markdown());
@@ -314,7 +341,6 @@ pub(crate) fn run(args: &RealLlmBench) -> Result<()> {
         out.write("proxy-metrics.txt", r.text())?;
     }
     println!("\n{table}\nraw output: {}", out.path().display());
-    drop(smg_proc);
     drop(proxies);
     drop(hash_proxies);
     drop(proxy);
@@ -487,14 +513,15 @@ impl Fleet {
     }
 }
 
-/// flexinfer-proxy `name` with one model per routing over the same fronts, one of a fleet of
-/// `fleet.0`, reading the servers' slot prompts when `fleet.1`: (proxy, listen, admin).
+/// flexinfer-proxy `name` with one model per routing over the same fronts, of rank `fleet.1`
+/// in a fleet of `fleet.0`, reading the servers' slot prompts when `fleet.2`: (proxy, listen,
+/// admin).
 fn start_proxy(
     bin: &Path,
     name: &str,
     out: &Path,
     fronts: &[SocketAddr],
-    (fleet_size, slot_prompts): (usize, bool),
+    (fleet_size, rank, slot_prompts): (usize, usize, bool),
     args: &RealLlmBench,
 ) -> Result<(Proc, SocketAddr, SocketAddr)> {
     let models = out.join(format!("{name}-models.yaml"));
@@ -523,6 +550,7 @@ fn start_proxy(
         .args(["--admin-listen", &admin.to_string()])
         .args(["--gauge", "userspace", "--route-header"])
         .args(["--fleet-size", &fleet_size.to_string()])
+        .args(["--fleet-rank", &rank.to_string()])
         .args(["--engine-slot-prompts", &slot_prompts.to_string()]);
     let proxy =
         Proc::spawn(name, cmd, &out.join(format!("{name}.log")))?.graceful(Duration::from_secs(5));
@@ -535,7 +563,7 @@ fn start_smg(
     smg: &Path,
     fronts: &[SocketAddr],
     served_model: &str,
-    out: &Path,
+    log: &Path,
 ) -> Result<(Proc, SocketAddr)> {
     let (port, metrics) = (free_port(), free_port());
     let mut cmd = Command::new(smg);
@@ -549,8 +577,53 @@ fn start_smg(
         .args(["--log-level", "warn", "--prometheus-host", "127.0.0.1"])
         .arg("--prometheus-port")
         .arg(metrics.to_string());
-    let p = Proc::spawn("smg", cmd, &out.join("smg.log"))?.graceful(Duration::from_secs(5));
+    let p = Proc::spawn("smg", cmd, log)?.graceful(Duration::from_secs(5));
     Ok((p, loopback(port)))
+}
+
+/// Wait until every proxy at `admins` shows a fresh view of every pod's slots for `model`, read
+/// within the last `within` (`/debug/routing`).
+fn wait_for_slot_views(admins: &[SocketAddr], model: &str, within: Duration) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    let start = Instant::now();
+    for &admin in admins {
+        loop {
+            let within = within + start.elapsed();
+            let fresh = http_request(admin, "GET", "/debug/routing", &[], b"")
+                .ok()
+                .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+                .is_some_and(|v| views_fresh(&v, model, within));
+            if fresh {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("proxy {admin} has no fresh view of every server's slots");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `/debug/routing` shows `model` with every pod's slot view fresh, read within
+/// `within`.
+fn views_fresh(routing: &serde_json::Value, model: &str, within: Duration) -> bool {
+    let Some(models) = routing["models"].as_array() else {
+        return false;
+    };
+    let Some(m) = models.iter().find(|m| m["name"] == model) else {
+        return false;
+    };
+    m["pods"].as_array().is_some_and(|pods| {
+        !pods.is_empty()
+            && pods.iter().all(|p| {
+                let v = &p["slot_prompts"];
+                v["fresh"] == true
+                    && v["age_seconds"]
+                        .as_f64()
+                        .is_some_and(|age| age <= within.as_secs_f64())
+            })
+    })
 }
 
 /// smg registers its workers in the background: wait until a request goes through.
@@ -559,9 +632,38 @@ fn wait_for_smg(addr: SocketAddr, args: &RealLlmBench) -> Result<()> {
     let body = request_body("llm", "Say ok.", "ok?", args.max_tokens);
     loop {
         match http_request(addr, "POST", PATH, &[], body.as_bytes()) {
-            Ok(r) if r.status == 200 => return Ok(()),
+            Ok(r) if r.status == 200 => break,
             r if Instant::now() > deadline => bail!("smg never answered 200: {r:?}"),
             _ => std::thread::sleep(Duration::from_millis(500)),
         }
     }
+    // smg drops a server whose health probe failed while it restarted (connection reset) and
+    // may not take it back: a sitting once ran smg on two servers of three. Its rows count only
+    // with every server registered and healthy.
+    loop {
+        let healthy = smg_healthy_workers(addr);
+        if healthy == Some(args.servers) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "smg sees {healthy:?} healthy servers of {} (GET /workers)",
+                args.servers
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The servers smg lists as healthy (`GET /workers`), `None` when it does not answer.
+fn smg_healthy_workers(addr: SocketAddr) -> Option<usize> {
+    let r = http_request(addr, "GET", "/workers", &[], b"").ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
+    let workers = v["workers"].as_array()?;
+    Some(
+        workers
+            .iter()
+            .filter(|w| w["is_healthy"].as_bool() == Some(true))
+            .count(),
+    )
 }

@@ -116,7 +116,7 @@ pub(super) fn table(
     };
     let _ = writeln!(
         t,
-        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on, `LLAMA_SERVER_SLOTS_DEBUG=1` so `/slots` shows each slot's prompt, {cpu}); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with {floor} and the proxy's default factor; `-3-proxies` rows: three proxies in front of the same servers, request i through proxy i mod 3, `--fleet-size 3`, reading the servers' slot prompts (`-3-proxies-hash`: not, `--engine-slot-prompts false`); every row of a run sends the same prompts to servers started afresh for it; {repeat}.\n",
+        "{} llama.cpp servers (xllamacpp, {model}, 1 thread, {} slots, prompt cache on, `LLAMA_SERVER_SLOTS_DEBUG=1` so `/slots` shows each slot's prompt, {cpu}); chat-with-doc: {} requests over {} documents (in a shuffled order), {} in flight; hot-prompt: {} requests, one shared system prompt, {} in flight; {} tokens generated each; bounded models with {floor} and the proxy's default factor; `-3-proxies` rows: three proxies in front of the same servers, request i through proxy i mod 3, `--fleet-size 3` and each its own `--fleet-rank`, reading the servers' slot prompts (`-3-proxies-hash`: not, `--engine-slot-prompts false`); every row of a run sends the same prompts to servers started afresh for it (smg too starts afresh for each of its runs, and the rows of proxies that read the slots start once every proxy has read every restarted server); {repeat}.\n",
         args.servers,
         args.slots,
         args.doc_requests,
