@@ -306,7 +306,8 @@ impl PodTemplate {
                 .collect()
         };
         // As the kubelet does: the downward API's pod IP (the node's address on hostNetwork,
-        // loopback here) and namespace, and `$(NAME)` references to earlier variables.
+        // loopback here), namespace and pod name, and `$(NAME)` references to earlier
+        // variables.
         let mut env: Vec<(String, String)> = Vec::new();
         for e in c["env"].as_array().into_iter().flatten() {
             let name = e["name"].as_str().expect("env name").to_owned();
@@ -314,6 +315,8 @@ impl PodTemplate {
                 Some("status.podIP") => POD_IP.to_owned(),
                 // The release namespace the container tests render with.
                 Some("metadata.namespace") => "flexinfer-system".to_owned(),
+                // No fleet is counted here (no API server): the name only ranks a counted pod.
+                Some("metadata.name") => "flexinfer-proxy-test".to_owned(),
                 Some(other) => panic!("no stand-in for the downward API field {other}"),
                 None => {
                     let mut v = e["value"]

@@ -64,7 +64,8 @@ fn kubelet_env(docs: &[Value], pod_ip: &str) -> Vec<(String, String)> {
             match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some("status.podIP") => pod_ip.to_owned(),
                 Some("metadata.namespace") => NAMESPACE.to_owned(),
-                _ => panic!("only the pod IP and namespace come from the downward API: {e}"),
+                Some("metadata.name") => "flexinfer-proxy-x7k2p".to_owned(),
+                _ => panic!("only the pod IP, namespace and name come from the downward API: {e}"),
             }
         };
         seen.insert(name.clone(), value.clone());
@@ -122,6 +123,8 @@ fn every_rendered_env_parses_as_the_proxy_reads_it() {
         "app.kubernetes.io/name=flexinfer-proxy,app.kubernetes.io/instance=flexinfer-proxy"
     );
     assert_eq!(a.signals.fleet_namespace, NAMESPACE);
+    // Its own pod's name ranks it among them.
+    assert_eq!(a.signals.fleet_pod_name, "flexinfer-proxy-x7k2p");
     let fixed = parse(json!({"proxy": {"fleetSize": 10}}), "10.1.2.3");
     assert_eq!(fixed.signals.fleet_size, 10);
     assert!(!parse(json!({"proxy": {"inferencePools": false}}), "10.1.2.3").inference_pools);

@@ -143,8 +143,10 @@ pub async fn count(client: Client, opts: FleetOptions, fleet: FleetPlace) {
                 let rank = state.rank(opts.pod_name.as_deref());
                 let was_rank = fleet.rank.swap(rank, Ordering::Relaxed);
                 let was = fleet.size.swap(n, Ordering::Relaxed);
-                if was != n || was_rank != rank {
+                if was != n {
                     info!(proxies = n, was, rank, namespace = %namespace, "fleet size changed; engine scrapes are spread over it");
+                } else if was_rank != rank {
+                    info!(rank, was = was_rank, proxies = n, namespace = %namespace, "this proxy's rank in the fleet changed; new prompts are placed by it");
                 }
             }
             Err(watcher::Error::WatchError(s)) if s.code == 410 => {
