@@ -163,6 +163,14 @@ pub async fn serve(
         counted,
         settings.signals.scrape.as_ref(),
     );
+    let (size, rank) = (settings.signals.fleet_size, settings.signals.fleet_rank);
+    if size > 0 && rank >= size {
+        tracing::warn!(
+            fleet_rank = rank,
+            fleet_size = size,
+            "--fleet-rank is past --fleet-size; it is taken modulo the pods a new prompt may go to"
+        );
+    }
     let discovery = start_discovery(&settings.discovery, tx, fleet.counter())?;
     if let Some(endpoint) = &settings.trace.endpoint {
         crate::telemetry::check_endpoint(endpoint)?;
