@@ -71,7 +71,8 @@ struct SlotEntry<'a> {
     next_token: Option<NextTokens>,
 }
 
-/// A slot's `next_token`: one object, or a list of them (older servers).
+/// A slot's `next_token`: one object, or a list of them (the xllamacpp build the real-llm bench
+/// runs sends a list).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum NextTokens {
@@ -476,7 +477,7 @@ mod tests {
     fn a_prompt_only_a_busy_slot_holds_is_being_computed_until_a_free_slot_holds_it() {
         let doc = document(3, 1200);
         let (chain, _) = chain_of(&doc, "Which harbor?");
-        // llama.cpp's slot as it computes (no token yet), then as it answers; older servers
+        // llama.cpp's slot as it computes (no token yet), then as it answers; some servers
         // list `next_token` as an array.
         let slot = |work: Option<(bool, u64)>, p: &str, array: bool| {
             let (busy, decoded) = work.unwrap_or((false, 0));
