@@ -38,8 +38,9 @@
 //! then reads it (plus what this proxy sent since), while the pods' own matches find a
 //! document wherever another proxy put it; where the tied pods all hold the prompt, a tie is
 //! a matter of queues, and goes to the less loaded of the walk's first two; where none holds it,
-//! each proxy takes the walk's pod its rank in the fleet names, so that proxies that get one
-//! new prompt at once do not all compute it on one pod (see [`Ties`]).
+//! each proxy takes the pod its rank in the fleet names, in one order of the pods for every
+//! prompt, so that proxies that get new prompts at once do not compute them on one pod (see
+//! [`Ties`]).
 //!
 //! Pure: the matched depths come from the index, the loads from the gauge, both read once.
 
@@ -198,11 +199,14 @@ pub enum Ties<'a> {
     /// least.
     Sent(&'a [u64]),
     /// A fleet whose pods all report what their slots hold: `held[i]` is what pod `i` holds
-    /// plus what this proxy sent it since, in the same units; `rank` is this proxy's place in
-    /// the fleet (0-based). The first tied pod under the held bound, else the one that holds
-    /// least; but when the tied pods hold a run that counts, the less loaded of the first two
-    /// under the bound (the first on equal loads), and when none does, the `rank`-th under
-    /// the bound (modulo their number).
+    /// plus what this proxy sent it since, in the same units (for a prompt no pod holds, what
+    /// it holds alone: see `crate::signals::slot_prompts::held_alone_units`); `rank` is this
+    /// proxy's place in the fleet (0-based). The first tied pod under the held bound, else the
+    /// one that holds least; but when the tied pods hold a run that counts, the less loaded of
+    /// the first two under the bound (the first on equal loads), and when none does, the
+    /// `rank`-th (modulo their number) of the pods under the bound (else of all), those that
+    /// hold least first, and on equal holdings in the walk of [`NEW_PROMPT_LINK`], the same
+    /// for every request.
     ///
     /// When every pod holds the request's prompt (one hot prompt on every pod: every request
     /// ties and the bound passes all), the walk alone spreads requests by the hash, blind to
@@ -215,9 +219,16 @@ pub enum Ties<'a> {
     /// side (a hot prompt three proxies got at once: two copies computing in the pod's two
     /// slots and one queued, everything behind them waiting 17 to 28 s). By rank, each proxy
     /// computes it on a pod of its own, and the pages show every proxy where it went from
-    /// the next read on (rank 0 takes the walk's first, as every proxy did before).
+    /// the next read on. The order is the same for every prompt, so that proxies placing
+    /// *different* new prompts at once do not meet on one pod either: in the request's own
+    /// walk, two documents three proxies got at once met on one pod in 6 runs of 8 (first
+    /// answers after 11 s, against 5.5 s apart; runs 1796657032 and 1796660830).
     Held { held: &'a [u64], rank: usize },
 }
+
+/// The link whose ring walk orders the pods a new prompt may go to in a fleet (see
+/// [`Ties::Held`]): any fixed value; every proxy walks the same ring from it alike.
+pub const NEW_PROMPT_LINK: u64 = 0x6e65_775f_7072_6f6d;
 
 /// Choose among the ring's members. `chain` is the request's prompt chain (at least one link),
 /// `depths[i]` how many of its leading links member `i` holds, `loads[i]` its load, `bound` the
@@ -301,16 +312,25 @@ pub fn choose(
                             (first, _) => first,
                         }
                     }
-                    // No pod holds it: each proxy of the fleet places it on a pod of its own,
-                    // among those under the bound, else among those that hold least.
-                    Ties::Held { rank, .. } => match under().count() {
-                        0 => {
-                            let least = tied().map(count).min();
-                            let fewest = || tied().filter(|&i| Some(count(i)) == least);
-                            fewest().nth(rank % fewest().count().max(1))
+                    // No pod holds it: the pods under the bound (else every eligible one),
+                    // those that hold least first, in an order no prompt changes: the same
+                    // list in every proxy that reads the same pages, of which each takes the
+                    // pod its rank names.
+                    Ties::Held { rank, .. } => {
+                        let fixed = || {
+                            BoundedWalk::new(ring, NEW_PROMPT_LINK, loads, limit)
+                                .iter(ring)
+                                .filter(|&i| eligible(i))
+                        };
+                        let mut order: Vec<usize> = fixed()
+                            .filter(|&i| under_held_bound(count(i) + adds(i), total + adds(i), n))
+                            .collect();
+                        if order.is_empty() {
+                            order = fixed().collect();
                         }
-                        k => under().nth(rank % k),
-                    },
+                        order.sort_by_key(|&i| count(i));
+                        order.get(rank % order.len().max(1)).copied()
+                    }
                     _ => under().next(),
                 }
                 .or_else(|| tied().min_by_key(|&i| count(i)))
@@ -708,11 +728,11 @@ mod tests {
         );
         assert_eq!(held_tie.pick, walked.pick);
         // No pod holds the request's prompt: where it lands decides who holds it next, so the
-        // loads do not decide; the walk does, from this proxy's place in the fleet on.
+        // loads do not decide, nor does the prompt: the proxy's rank does, in one order for
+        // every prompt, so that ranks 0, 1 and 2 take three pods whatever each places.
+        let order: Vec<usize> = r.walk(NEW_PROMPT_LINK).collect();
         for q in 1u64..100 {
             let new_prompt: Vec<u64> = (0..6).map(|l| q.wrapping_mul(0x9E37_79B9) ^ l).collect();
-            let walked = choose(&r, &new_prompt, &[0; 3], &loads, None, Ties::Walk);
-            let order = all(&r, walked.clone());
             for rank in 0..6 {
                 let held = Ties::Held { held: &held, rank };
                 let c = choose(&r, &new_prompt, &[0; 3], &loads, None, held);

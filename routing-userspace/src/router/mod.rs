@@ -547,7 +547,14 @@ impl Router {
                 .per_pod(|slot| m.pod_of_slot(slot), now, &mut inflow);
             Some(inflow)
         } else if views.len() == n && views.iter().all(Option::is_some) {
-            Some(views.iter().flatten().map(|v| v.held_units()).collect())
+            let pods: Vec<_> = views.iter().flatten().map(|v| &**v).collect();
+            // A prompt no pod holds goes where it costs the fleet least (see
+            // `held_alone_units`); any other is kept even by what the pods hold.
+            let new_prompt = !depths.iter().any(|&d| cache_aware::counts(d, links.len()));
+            Some(match new_prompt {
+                true => crate::signals::slot_prompts::held_alone_units(&pods),
+                false => pods.iter().map(|v| v.held_units()).collect(),
+            })
         } else {
             None
         };

@@ -1,8 +1,8 @@
 //! Proxies of a fleet that read what llama.cpp pods say their slots hold (`/slots` with the
 //! prompts shown): a document another proxy placed off its hash is found where it is, new
 //! documents go where the pods hold least, the same way in every proxy that has the same view,
-//! and among pods that hold alike, proxies of distinct ranks place a document no pod holds on
-//! distinct pods.
+//! and among pods that hold alike, proxies of distinct ranks place documents no pod holds on
+//! distinct pods, the same document or different ones.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -50,11 +50,16 @@ fn fleet_world() -> World {
 
 /// The router of rank `rank` in a fleet of three.
 fn fleet_world_at(rank: usize) -> World {
+    fleet_of(3, rank)
+}
+
+/// The router of rank `rank` among `proxies`, in front of three pods.
+fn fleet_of(proxies: usize, rank: usize) -> World {
     World::new(
         vec![model("ca", Strategy::CacheAware, [1, 2, 3])],
         RoutingKnobs::default(),
     )
-    .in_fleet_at(3, rank)
+    .in_fleet_at(proxies, rank)
 }
 
 /// Each pod's views: the documents its slots hold.
@@ -177,6 +182,61 @@ fn proxies_of_distinct_ranks_place_a_document_no_pod_holds_on_distinct_pods() {
             let w = fleet_world_at(rank);
             show(&w, &uneven);
             assert_eq!(pick(&w, d, 1), pods()[1], "document {d}, rank {rank}");
+        }
+    }
+}
+
+#[test]
+fn proxies_of_distinct_ranks_place_different_new_documents_got_at_once_on_distinct_pods() {
+    let empty: [&[usize]; 3] = [&[], &[], &[]];
+    // Three documents at once, one through each proxy, before any page shows one of them:
+    // whatever the documents, three pods (in each document's own walk, two met on one pod
+    // for most triples).
+    for first in 0..12 {
+        let placed: std::collections::BTreeSet<SocketAddr> = (0..3)
+            .map(|rank| {
+                let w = fleet_world_at(rank);
+                show(&w, &empty);
+                pick(&w, first * 3 + rank, 1)
+            })
+            .collect();
+        assert_eq!(placed.len(), 3, "documents from {}: {placed:?}", first * 3);
+    }
+    // Two proxies in front of three pods, placing new documents in step before the pages
+    // show any: at each step they take two pods, and what each sent moves its next document
+    // on, so each proxy's documents go round all three.
+    let proxies = [fleet_of(2, 0), fleet_of(2, 1)];
+    for w in &proxies {
+        show(w, &empty);
+    }
+    let mut each = [std::collections::BTreeSet::new(), Default::default()];
+    for step in 0..3 {
+        let at_once: Vec<SocketAddr> = proxies
+            .iter()
+            .enumerate()
+            .map(|(rank, w)| {
+                let p = pick(w, 100 + step * 2 + rank, 1);
+                each[rank].insert(p);
+                p
+            })
+            .collect();
+        assert_ne!(at_once[0], at_once[1], "step {step}");
+    }
+    assert_eq!(each[0].len(), 3, "{each:?}");
+    assert_eq!(each[1].len(), 3, "{each:?}");
+}
+
+#[test]
+fn where_every_pod_holds_as_much_a_new_document_goes_where_its_documents_are_held_twice() {
+    // Every pod's slots are full: pods 0 and 1 hold two documents each that no other pod
+    // holds; pod 2 holds two that pods 0 and 1 hold too. Room made there loses nothing.
+    let full: [&[usize]; 3] = [&[10, 11], &[12, 13], &[10, 12]];
+    for rank in 0..3 {
+        let w = fleet_world_at(rank);
+        show(&w, &full);
+        for d in 0..4 {
+            assert_eq!(pick(&w, d, 1), pods()[2], "document {d}, rank {rank}");
+            show(&w, &full);
         }
     }
 }

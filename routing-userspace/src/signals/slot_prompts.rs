@@ -320,13 +320,18 @@ impl PodPrompts {
     /// remembered, and what this proxy sent it since. A prompt two slots show (a document two
     /// requests computed side by side) counts once: the pod holds one more document, not two.
     pub fn held_units(&self) -> u64 {
+        self.held_units_where(|_| true)
+    }
+
+    /// [`Self::held_units`], counting only the prompts whose head `keep` keeps.
+    fn held_units_where(&self, keep: impl Fn(u64) -> bool) -> u64 {
         let mut heads = Vec::new();
         let chars: u64 = self
             .prompts()
             .filter(|s| {
                 let new = !heads.contains(&s.head);
                 heads.push(s.head);
-                new
+                new && keep(s.head)
             })
             .map(|s| s.chars)
             .sum();
@@ -335,6 +340,11 @@ impl PodPrompts {
         // documents, or proxies whose views differ by that little would part ways.
         let links = chars / CUT_CHARS as u64;
         links * UNITS_PER_LINK as u64 + self.sent_since.load(Relaxed)
+    }
+
+    /// The heads of the prompts the pod holds, in a slot or remembered.
+    fn heads(&self) -> impl Iterator<Item = u64> + '_ {
+        self.prompts().map(|s| s.head)
     }
 
     /// This proxy sent the pod `links` links it did not hold.
@@ -353,6 +363,32 @@ impl PodPrompts {
             sent_links_since: self.sent_since.load(Relaxed) as f64 / UNITS_PER_LINK,
         }
     }
+}
+
+/// What each of `pods` holds that no other of them shows, in the units of
+/// [`PodPrompts::held_units`] (plus what this proxy sent it since): where a new prompt costs
+/// the fleet least. A pod's slots are all full once it has served as many prompts as it has
+/// slots, so what the pods hold stops telling them apart; a new prompt on a pod whose prompts
+/// another pod holds too costs no prompt the fleet has only once, wherever the pod's engine
+/// makes room for it. (Three proxies, three llama.cpp servers of two slots, every one holding
+/// two documents: a proxy placed a new document on the one whose two were held nowhere else,
+/// and their questions computed them again three times, run 1796663574.)
+pub fn held_alone_units(pods: &[&PodPrompts]) -> Vec<u64> {
+    let mut heads: Vec<(u64, usize)> = pods
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| p.heads().map(move |h| (h, i)))
+        .collect();
+    heads.sort_unstable();
+    heads.dedup();
+    let shared: Vec<u64> = heads
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| w[0].0)
+        .collect();
+    pods.iter()
+        .map(|p| p.held_units_where(|h| shared.binary_search(&h).is_err()))
+        .collect()
 }
 
 /// A pod's view, as `/debug/routing` shows it.
@@ -570,6 +606,25 @@ mod tests {
         let s = v.summary(Instant::now());
         assert_eq!((s.slots, s.fresh), (1, true));
         assert_eq!(s.sent_links_since, 3.0);
+    }
+
+    #[test]
+    fn what_a_pod_holds_alone_leaves_out_what_another_pod_shows() {
+        let (a, b, c) = (document(1, 2000), document(2, 2000), document(3, 2000));
+        let unit = (a.len() / CUT_CHARS) as u64 * UNITS_PER_LINK as u64;
+        let pods = [
+            view(&page(&[Some(&a), Some(&b)])),
+            view(&page(&[Some(&c), None])),
+            view(&page(&[Some(&a), Some(&a)])),
+        ];
+        let refs: Vec<&PodPrompts> = pods.iter().collect();
+        // a is on pods 0 and 2: neither holds it alone; b and c are held once.
+        assert_eq!(held_alone_units(&refs), vec![unit, unit, 0]);
+        // What this proxy sent a pod since counts as its own.
+        pods[2].sent(3);
+        assert_eq!(held_alone_units(&refs)[2], 3 * UNITS_PER_LINK as u64);
+        // A pod alone holds all it holds.
+        assert_eq!(held_alone_units(&refs[..1]), vec![pods[0].held_units()]);
     }
 
     #[test]
