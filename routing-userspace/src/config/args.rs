@@ -564,8 +564,8 @@ pub struct SignalArgs {
 
     /// This proxy's rank in the fleet, 0 to --fleet-size less one (with --fleet-size; counted
     /// fleets rank by --fleet-pod-name). Where every pod shows what its slots hold, proxies
-    /// of distinct ranks place a prompt no pod holds yet on distinct pods, so that a prompt
-    /// the fleet gets at once is not computed side by side on one pod.
+    /// of distinct ranks place prompts no pod holds yet on distinct pods, so that new prompts
+    /// the fleet gets at once (one or several) are not computed side by side on one pod.
     #[arg(long, env = "FLEXINFER_PROXY_FLEET_RANK", default_value_t = 0)]
     pub fleet_rank: usize,
 
