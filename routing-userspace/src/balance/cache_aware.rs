@@ -299,8 +299,8 @@ pub fn choose(
                 let adds =
                     |i: usize| (chain.len() as u64).saturating_sub(u64::from(held(i))) * units;
                 let total: u64 = (0..n).map(count).sum();
-                let under =
-                    || tied().filter(|&i| under_held_bound(count(i) + adds(i), total + adds(i), n));
+                let is_under = |i: usize| under_held_bound(count(i) + adds(i), total + adds(i), n);
+                let under = || tied().filter(|&i| is_under(i));
                 match ties {
                     // Every tied pod holds a run that counts: no copy is at stake, only a
                     // queue. (A first version that placed new documents by load too took 1.30x
@@ -322,9 +322,7 @@ pub fn choose(
                                 .iter(ring)
                                 .filter(|&i| eligible(i))
                         };
-                        let mut order: Vec<usize> = fixed()
-                            .filter(|&i| under_held_bound(count(i) + adds(i), total + adds(i), n))
-                            .collect();
+                        let mut order: Vec<usize> = fixed().filter(|&i| is_under(i)).collect();
                         if order.is_empty() {
                             order = fixed().collect();
                         }

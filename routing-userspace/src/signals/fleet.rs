@@ -71,8 +71,7 @@ impl FleetPlace {
 /// The shared fleet size and what it yields for the scraper.
 #[derive(Debug, Clone)]
 pub struct Fleet {
-    size: Arc<AtomicUsize>,
-    rank: Arc<AtomicUsize>,
+    place: FleetPlace,
     source: FleetSource,
     /// `(budget, shortest interval)` of the scraper; `None`: no scraper.
     scrape: Option<(f64, Duration)>,
@@ -99,8 +98,7 @@ impl Fleet {
             FleetSource::Discovery | FleetSource::Single => 0,
         };
         Self {
-            size: Arc::new(AtomicUsize::new(size)),
-            rank: Arc::new(AtomicUsize::new(rank)),
+            place: FleetPlace::fixed(size, rank),
             source,
             scrape: scrape.map(|c| (c.budget, c.min_interval)),
         }
@@ -114,15 +112,12 @@ impl Fleet {
 
     /// The size and rank the router reads.
     pub fn place(&self) -> FleetPlace {
-        FleetPlace {
-            size: Arc::clone(&self.size),
-            rank: Arc::clone(&self.rank),
-        }
+        self.place.clone()
     }
 
     /// The count the scraper reads.
     pub fn shared(&self) -> Arc<AtomicUsize> {
-        Arc::clone(&self.size)
+        Arc::clone(&self.place.size)
     }
 
     pub fn source(&self) -> FleetSource {
@@ -131,12 +126,12 @@ impl Fleet {
 
     /// The proxies of the fleet (at least 1).
     pub fn proxies(&self) -> usize {
-        self.size.load(Ordering::Relaxed).max(1)
+        self.place.size().max(1)
     }
 
     /// This proxy's rank in the fleet (0-based).
     pub fn rank(&self) -> usize {
-        self.rank.load(Ordering::Relaxed)
+        self.place.rank()
     }
 
     /// How often this proxy reads each pod's page at this fleet size (`None`: no scraping).
